@@ -1,0 +1,124 @@
+"""Every exception scaler-executor raises, in one place.
+
+Two families, kept apart on purpose (CONVENTIONS §14):
+
+* **Per-task failures** derive from :class:`TaskError`. They fail one future and
+  leave the executor usable.  A task's *own* exception is not wrapped: it comes
+  back with its original type and the remote traceback chained as its
+  ``__cause__`` (a :class:`RemoteTraceback`).
+* **Executor-wide failures** derive from :class:`BrokenScalerExecutor`, a
+  :class:`concurrent.futures.BrokenExecutor`, so ``except BrokenExecutor:
+  recreate()`` code written for the standard pools stays right.
+
+Misuse (bad arguments, bad configuration) raises the ordinary built-in types
+(``ValueError``, ``TypeError``) with a message that names the fix.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import BrokenExecutor, CancelledError
+
+__all__ = [
+    "BrokenScalerExecutor",
+    "ConfigError",
+    "DaemonLost",
+    "InitializerFailed",
+    "ProtocolError",
+    "RemoteError",
+    "RemoteTraceback",
+    "TaskCancelled",
+    "TaskError",
+    "TaskTimeout",
+    "WorkerLost",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration value, key or file is invalid; the message names it and the fix."""
+
+
+class ProtocolError(Exception):
+    """A peer sent something this side cannot accept (bad frames, wrong version, refusal)."""
+
+
+# --------------------------------------------------------------------------- per task
+
+
+class TaskError(Exception):
+    """Base class of failures that belong to one task; the executor stays usable."""
+
+
+class RemoteTraceback(Exception):
+    """Carries the text of a traceback from the process that ran the task.
+
+    Attached as ``__cause__`` of a task's exception so that the standard
+    traceback display shows where the error happened remotely (the model is
+    CPython's ``concurrent.futures.process._RemoteTraceback``).
+    """
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb
+
+
+class RemoteError(TaskError):
+    """A task raised an exception that could not travel back as itself.
+
+    Raised when the exception could not be pickled in the worker or unpickled in
+    the client; it keeps the original type's qualified name, its message and the
+    remote traceback text.
+    """
+
+    def __init__(self, type_name: str, message: str, traceback_text: str) -> None:
+        super().__init__(type_name, message, traceback_text)
+        self.type_name = type_name
+        self.message = message
+        self.traceback_text = traceback_text
+
+    def __str__(self) -> str:
+        return f"{self.type_name}: {self.message}"
+
+
+class WorkerLost(TaskError):
+    """The processes that ran a task died on every attempt it was allowed.
+
+    ``attempts`` lists one line per attempt: the worker and how it died.
+    """
+
+    def __init__(self, message: str, task_id: int = 0, attempts: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.attempts = attempts
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]  # keep fields across pickling
+        return (type(self), (self.args[0], self.task_id, self.attempts))
+
+
+class TaskTimeout(TaskError):
+    """A task ran past its ``task_timeout`` and its processor was killed.
+
+    Deliberately not a ``TimeoutError``: around ``result(timeout=...)`` that
+    means "still running", which this is not.
+    """
+
+
+class TaskCancelled(CancelledError):
+    """A running task was cancelled with ``force=True`` and its processor killed."""
+
+
+# --------------------------------------------------------------------------- executor-wide
+
+
+class BrokenScalerExecutor(BrokenExecutor):
+    """The executor cannot run tasks any more; create a new one."""
+
+
+class InitializerFailed(BrokenScalerExecutor):
+    """The ``initializer`` raised in a worker process; the remote traceback is the cause."""
+
+
+class DaemonLost(BrokenScalerExecutor):
+    """The connection to the scheduler daemon was lost (it died or stopped answering)."""

@@ -1,0 +1,286 @@
+"""Every message on the wire, in one place.
+
+Who sends what, and why (C = client agent, D = daemon, W = worker agent,
+M = monitor; every peer starts with ``Hello`` and gets ``Welcome`` or ``Refused``):
+
+=====================  =======  ==========================================================
+message                route    purpose
+=====================  =======  ==========================================================
+Hello                  *→D      handshake: role, versions, capacity; the only message an
+                                unknown peer may send
+Welcome                D→*      handshake accepted: the peer's id and the liveness settings
+Refused                D→*      handshake or message refused, with the reason
+Heartbeat              *↔*      fills silence; any message counts as a heartbeat
+Goodbye                *↔*      orderly disconnect (the receiver forgets the sender)
+RegisterFunction       C→D→W    a pickled callable shared by many tasks (sent once per map
+                                or cached function, then referred to by ``fn_id``)
+ReleaseFunctions       C→D→W    callables no task will refer to any more
+RegisterOptions        C→D      an interned options record (``ex.options(...)``)
+SubmitTasks            C→D      new tasks
+SubmitAck              D→C      credit: that many submitted tasks were taken in
+TasksRunning           D→C      tasks dispatched to a worker (futures turn RUNNING)
+DispatchTasks          D→W      tasks to run (plus callables the worker lacks)
+CancelTasks            C→D→W    drop (or with ``force`` kill) tasks
+TaskResults            W→D→C    outcomes, with attempt number and per-task facts
+ReleaseObjects         C→D      object references dropped by the client (object store)
+ClusterBroken          D→C, W→D the cluster cannot run tasks (e.g. a failing initializer)
+StatsRequest           C/M→D    ask for a snapshot of the daemon's state
+Stats                  D→C/M    the snapshot
+=====================  =======  ==========================================================
+
+Messages are ``typing.NamedTuple``s rather than frozen dataclasses: they are just
+as immutable and slotted, msgpack packs tuples natively in C, and building one
+from decoded fields costs a third of a frozen dataclass's ``__init__`` — which
+matters at tens of thousands of tasks a second.  Field types are part of the
+protocol: the codec derives its validation of untrusted input from them.
+
+Identifiers are plain ``int``s on the wire.  A client's task ids carry the
+client's id in their high bits (``client_id << TASK_ID_BITS | n``), so they are
+unique across the cluster without coordination.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, NewType
+
+ClientId = NewType("ClientId", int)
+WorkerId = NewType("WorkerId", int)
+TaskId = NewType("TaskId", int)
+FunctionId = NewType("FunctionId", int)
+
+PROTOCOL_VERSION = 1
+TASK_ID_BITS = 40  # 10^12 tasks per client before ids wrap
+
+
+class Role:
+    """Roles a peer may declare in ``Hello``; the role decides what it may send."""
+
+    CLIENT = "client"
+    WORKER = "worker"
+    MONITOR = "monitor"  # read-only: may only ask for statistics
+    ALL = frozenset({CLIENT, WORKER, MONITOR})
+
+
+class Status:
+    """Outcome codes of ``TaskResult.status``."""
+
+    OK = 0  # payload: the pickled return value
+    ERROR = 1  # payload: the pickled exception the task raised (or a RemoteError)
+    PROCESSOR_DIED = 2  # W→D only; payload: utf-8 description of how it died
+    CANCELLED = 3  # dropped before it ran; payload empty
+    WORKER_LOST = 4  # D→C: retries exhausted; payload: msgpack [message, [attempt lines]]
+    TIMEOUT = 5  # killed after task_timeout; payload: utf-8 description
+    FORCE_CANCELLED = 6  # killed by cancel(force=True); payload: utf-8 description
+    REJECTED = 7  # D→C: the daemon refused the task; payload: utf-8 reason
+    ALL = frozenset(range(8))
+
+
+class TaskFlags:
+    """Bits of ``TaskSpec.flags``: how the processor interprets the payload."""
+
+    CALL = 0  # payload pickles (args, kwargs) for fn(*args, **kwargs)
+    CHUNK = 1  # payload pickles a list of args tuples; the result is the list of results
+    INLINE_FN = 2  # fn_id is 0 and payload pickles (fn, args, kwargs) (uncached callables)
+
+
+# --------------------------------------------------------------------------- records
+
+
+class TaskOptions(NamedTuple):
+    """Per-task scheduling options (``ex.options(...)``); travels whole."""
+
+    resources: dict[str, float]
+    tags: list[str]
+    priority: int
+    task_timeout: float | None
+    max_retries: int | None
+
+
+DEFAULT_OPTIONS = TaskOptions({}, [], 0, None, None)
+
+
+class TaskSpec(NamedTuple):
+    """A task as the client submits it."""
+
+    task_id: int
+    fn_id: int  # 0 with TaskFlags.INLINE_FN
+    options_id: int  # 0 = default options
+    flags: int
+    payload: bytes
+    deps: list[int]  # task ids whose results this task needs (graphs, futures as args)
+    objects: list[bytes]  # object-store ids the payload refers to
+    parent: int  # id of the task that submitted this one, 0 for none
+
+
+class TaskDispatch(NamedTuple):
+    """A task as the daemon hands it to a worker."""
+
+    task_id: int
+    attempt: int
+    fn_id: int
+    flags: int
+    payload: bytes
+    objects: list[bytes]
+    task_timeout: float | None
+
+
+class TaskFacts(NamedTuple):
+    """What the worker observed while running a task."""
+
+    worker: str
+    started: float  # wall-clock (time.time()) start
+    finished: float
+    peak_memory: int  # bytes of private memory, 0 if unknown
+
+
+NO_FACTS = TaskFacts("", 0.0, 0.0, 0)
+
+
+class TaskResult(NamedTuple):
+    """The outcome of one attempt at a task."""
+
+    task_id: int
+    attempt: int
+    status: int
+    payload: bytes
+    facts: TaskFacts
+
+
+class FunctionBlob(NamedTuple):
+    fn_id: int
+    payload: bytes
+
+
+# --------------------------------------------------------------------------- messages
+
+
+class Hello(NamedTuple):
+    role: str
+    protocol: int
+    python: str  # "3.11"
+    cloudpickle: str
+    package: str
+    name: str
+    pid: int
+    host: str
+    capacity: int  # processors (workers); 0 for others
+    resources: dict[str, float]
+    tags: list[str]
+
+
+class Welcome(NamedTuple):
+    peer_id: int
+    heartbeat_interval: float
+    heartbeat_liveness: int
+
+
+class Refused(NamedTuple):
+    reason: str
+
+
+class Heartbeat(NamedTuple):
+    queued: int
+    running: int
+
+
+class Goodbye(NamedTuple):
+    reason: str
+
+
+class RegisterFunction(NamedTuple):
+    fn_id: int
+    payload: bytes
+
+
+class ReleaseFunctions(NamedTuple):
+    fn_ids: list[int]
+
+
+class RegisterOptions(NamedTuple):
+    options_id: int
+    options: TaskOptions
+
+
+class SubmitTasks(NamedTuple):
+    tasks: list[TaskSpec]
+
+
+class SubmitAck(NamedTuple):
+    count: int
+
+
+class TasksRunning(NamedTuple):
+    task_ids: list[int]
+
+
+class DispatchTasks(NamedTuple):
+    functions: list[FunctionBlob]
+    tasks: list[TaskDispatch]
+
+
+class CancelTasks(NamedTuple):
+    task_ids: list[int]
+    force: bool
+
+
+class TaskResults(NamedTuple):
+    results: list[TaskResult]
+
+
+class ReleaseObjects(NamedTuple):
+    object_ids: list[bytes]
+
+
+class ClusterBroken(NamedTuple):
+    reason: str
+    payload: bytes  # pickled exception with remote traceback, may be empty
+
+
+class StatsRequest(NamedTuple):
+    pass
+
+
+class Stats(NamedTuple):
+    snapshot: dict[str, int | float | str]
+
+
+# Tags on the wire.  Append only: a tag is never reused for another message.
+MESSAGE_TAGS: dict[type, int] = {
+    Hello: 1,
+    Welcome: 2,
+    Refused: 3,
+    Heartbeat: 4,
+    Goodbye: 5,
+    RegisterFunction: 6,
+    ReleaseFunctions: 7,
+    RegisterOptions: 8,
+    SubmitTasks: 9,
+    SubmitAck: 10,
+    TasksRunning: 11,
+    DispatchTasks: 12,
+    CancelTasks: 13,
+    TaskResults: 14,
+    ReleaseObjects: 15,
+    ClusterBroken: 16,
+    StatsRequest: 17,
+    Stats: 18,
+}
+
+# Which roles may send which messages to the daemon.
+ACCEPTED_FROM: dict[str, frozenset[type]] = {
+    Role.CLIENT: frozenset(
+        {
+            Heartbeat,
+            Goodbye,
+            RegisterFunction,
+            ReleaseFunctions,
+            RegisterOptions,
+            SubmitTasks,
+            CancelTasks,
+            ReleaseObjects,
+            StatsRequest,
+        }
+    ),
+    Role.WORKER: frozenset({Heartbeat, Goodbye, TaskResults, ClusterBroken}),
+    Role.MONITOR: frozenset({Heartbeat, Goodbye, StatsRequest}),
+}

@@ -1,0 +1,555 @@
+"""The daemon's brain: a pure state machine, events in, commands out.
+
+::
+
+    loop (loop.py)                       Scheduler.handle(*events)
+    ─────────────────                    ─────────────────────────────────────────
+    recv frames → decode ──Received──►   handshake │ client controller │ worker
+    timer ─────────────────Tick──────►   controller: liveness, results, retries
+    send failed ──────PeerUnreachable─►  → task state machine (state.py)
+                                         → dispatch (allocation policy, policies.py)
+    ◄──────────── [Send(peer, msgs)] ──  one batch per peer per call
+
+No sockets, threads, clocks or processes in here: time arrives in events, and
+everything to do comes back as commands, so tests drive it with plain calls
+(tests/unit/test_core.py) and check ``validate()`` after every step.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import cloudpickle
+
+from scaler_executor._version import __version__
+from scaler_executor.config import ClusterConfig
+from scaler_executor.protocol import messages as m
+from scaler_executor.protocol.messages import Role, Status
+from scaler_executor.scheduler.policies import LeastLoaded, WorkerSlot
+from scaler_executor.scheduler.state import (
+    AT_WORKER_STATES,
+    QUEUED_STATES,
+    ClientRecord,
+    ReadyQueue,
+    TaskRecord,
+    TaskState,
+    WorkerRecord,
+)
+
+log = logging.getLogger("scaler_executor.daemon")
+
+EWMA_WEIGHT = 0.2  # weight of the newest task duration in a worker's mean
+
+# --------------------------------------------------------------------------- events / commands
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    peer: bytes
+    messages: list[Any]
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class PeerUnreachable:
+    """The transport could not deliver to ``peer`` (it disconnected)."""
+
+    peer: bytes
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    peer: bytes
+    messages: list[Any]
+
+
+Event = Received | Tick | PeerUnreachable
+Command = Send
+
+
+def python_version() -> str:
+    return ".".join(platform.python_version_tuple()[:2])
+
+
+def refusal_for(hello: m.Hello) -> str | None:
+    """Why a peer's handshake is refused, or None.  Pickles need equal Python and cloudpickle."""
+    if hello.role not in Role.ALL:
+        return f"unknown role {hello.role!r}; expected one of {sorted(Role.ALL)}"
+    if hello.protocol != m.PROTOCOL_VERSION:
+        return f"protocol {hello.protocol} != daemon's {m.PROTOCOL_VERSION}"
+    mismatches = []
+    if hello.python != python_version():
+        mismatches.append(f"Python {hello.python} (daemon: {python_version()})")
+    if hello.cloudpickle != cloudpickle.__version__:
+        mismatches.append(f"cloudpickle {hello.cloudpickle} (daemon: {cloudpickle.__version__})")
+    if hello.package != __version__:
+        mismatches.append(f"scaler-executor {hello.package} (daemon: {__version__})")
+    if mismatches:
+        return (
+            f"version mismatch: {hello.role} {hello.name!r} runs {', '.join(mismatches)}; "
+            "install the same versions of Python, cloudpickle and scaler-executor everywhere"
+        )
+    if hello.role == Role.WORKER and hello.capacity < 1:
+        return f"worker {hello.name!r} declared capacity {hello.capacity}; it must run at least one task"
+    return None
+
+
+class Scheduler:
+    """The whole daemon state.  ``handle`` is the only entry point that changes it."""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self.policy = LeastLoaded(config.max_prefetch)
+        self.tasks: dict[int, TaskRecord] = {}
+        self.ready = ReadyQueue()
+        self.clients: dict[bytes, ClientRecord] = {}
+        self.workers: dict[bytes, WorkerRecord] = {}
+        self.functions: dict[int, bytes] = {}  # fn_id -> pickled callable
+        self.last_sent: dict[bytes, float] = {}
+        self.counters: dict[str, int] = {
+            "submitted": 0,
+            "finished": 0,
+            "failed": 0,
+            "cancelled": 0,
+            "retried": 0,
+            "workers_lost": 0,
+            "clients_lost": 0,
+            "dropped_messages": 0,
+        }
+        self._monitors: dict[bytes, float] = {}
+        self._next_peer_id = 1
+        self._now = 0.0
+        self._out: dict[bytes, list[Any]] = {}
+        self._results: dict[bytes, list[m.TaskResult]] = {}
+        self._running: dict[bytes, list[int]] = {}
+        self._acks: dict[bytes, int] = {}
+        self._handlers: dict[type, Callable[[bytes, Any], None]] = {
+            m.Heartbeat: self._on_heartbeat,
+            m.Goodbye: self._on_goodbye,
+            m.RegisterFunction: self._on_register_function,
+            m.ReleaseFunctions: self._on_release_functions,
+            m.RegisterOptions: self._on_register_options,
+            m.SubmitTasks: self._on_submit,
+            m.CancelTasks: self._on_cancel,
+            m.ReleaseObjects: self._on_release_objects,
+            m.StatsRequest: self._on_stats_request,
+            m.TaskResults: self._on_task_results,
+            m.ClusterBroken: self._on_cluster_broken,
+        }
+        self._event_handlers: dict[type, Callable[[Any], None]] = {
+            Received: self._on_received,
+            Tick: self._on_tick,
+            PeerUnreachable: self._on_unreachable,
+        }
+
+    # ------------------------------------------------------------------ entry point
+
+    def handle(self, *events: Event) -> list[Command]:
+        for event in events:
+            self._now = event.now
+            self._event_handlers[type(event)](event)
+        self._dispatch()
+        return self._flush()
+
+    # ------------------------------------------------------------------ events
+
+    def _on_received(self, event: Received) -> None:
+        peer = event.peer
+        role_record: Any = self.clients.get(peer) or self.workers.get(peer)
+        messages = event.messages
+        if role_record is None and not self._is_monitor(peer):
+            first = messages[0] if messages else None
+            if type(first) is not m.Hello:
+                if type(first) is not m.Goodbye:
+                    self._send(peer, m.Refused("unknown peer: send Hello first (was the daemon restarted?)"))
+                self.counters["dropped_messages"] += len(messages)
+                return
+            self._on_hello(peer, first)
+            messages = messages[1:]
+            role_record = self.clients.get(peer) or self.workers.get(peer)
+            if role_record is None and not self._is_monitor(peer):
+                return  # refused
+        if role_record is not None:
+            role_record.last_seen = self._now
+        accepted = m.ACCEPTED_FROM[self._role_of(peer)]
+        handlers = self._handlers
+        for message in messages:
+            kind = type(message)
+            if kind not in accepted:
+                self.counters["dropped_messages"] += 1
+                log.warning("dropping %s from %s %r: not accepted from that role", kind.__name__, self._role_of(peer), peer)
+                continue
+            handlers[kind](peer, message)
+            if peer not in self.clients and peer not in self.workers and not self._is_monitor(peer):
+                return  # the peer said goodbye
+
+    def _on_tick(self, event: Tick) -> None:
+        now = event.now
+        deadline = self.config.heartbeat_interval * self.config.heartbeat_liveness
+        for worker in [w for w in self.workers.values() if now - w.last_seen > deadline]:
+            self._lose_worker(worker, f"missed heartbeats: no message for {now - worker.last_seen:.1f} s (host lost or process hung)")
+        for client in [c for c in self.clients.values() if now - c.last_seen > deadline]:
+            self._lose_client(client, f"no message for {now - client.last_seen:.1f} s")
+        interval = self.config.heartbeat_interval
+        for peer in list(self.clients) + list(self.workers) + list(self._monitors):
+            if now - self.last_sent.get(peer, 0.0) >= interval and peer not in self._out:
+                self._send(peer, m.Heartbeat(len(self.ready), len(self.tasks) - len(self.ready)))
+
+    def _on_unreachable(self, event: PeerUnreachable) -> None:
+        if (worker := self.workers.get(event.peer)) is not None:
+            self._lose_worker(worker, "disconnected (unreachable)")
+        elif (client := self.clients.get(event.peer)) is not None:
+            self._lose_client(client, "disconnected (unreachable)")
+        self._monitors.pop(event.peer, None)
+
+    # ------------------------------------------------------------------ handshake
+
+    def _is_monitor(self, peer: bytes) -> bool:
+        return peer in self._monitors
+
+    def _role_of(self, peer: bytes) -> str:
+        if peer in self.clients:
+            return Role.CLIENT
+        if peer in self.workers:
+            return Role.WORKER
+        return Role.MONITOR
+
+    def _on_hello(self, peer: bytes, hello: m.Hello) -> None:
+        reason = refusal_for(hello)
+        if reason is not None:
+            log.warning("refused %s %r (pid %d on %s): %s", hello.role, hello.name, hello.pid, hello.host, reason)
+            self._send(peer, m.Refused(reason))
+            return
+        peer_id = self._next_peer_id
+        self._next_peer_id += 1
+        if hello.role == Role.CLIENT:
+            self.clients[peer] = ClientRecord(peer, peer_id, hello.name, self._now)
+            log.info("client %r joined (pid %d on %s)", hello.name, hello.pid, hello.host)
+        elif hello.role == Role.WORKER:
+            self.workers[peer] = WorkerRecord(
+                peer, peer_id, hello.name, hello.capacity, dict(hello.resources), frozenset(hello.tags), self._now
+            )
+            log.info("worker %r joined with %d processors (pid %d on %s)", hello.name, hello.capacity, hello.pid, hello.host)
+        else:
+            self._monitors[peer] = self._now
+        self._send(peer, m.Welcome(peer_id, self.config.heartbeat_interval, self.config.heartbeat_liveness))
+
+    def _on_heartbeat(self, peer: bytes, message: m.Heartbeat) -> None:
+        worker = self.workers.get(peer)
+        if worker is not None:
+            worker.queued, worker.running = message.queued, message.running
+
+    def _on_goodbye(self, peer: bytes, message: m.Goodbye) -> None:
+        if (worker := self.workers.get(peer)) is not None:
+            self._lose_worker(worker, f"left: {message.reason}", clean=True)
+        elif (client := self.clients.get(peer)) is not None:
+            self._lose_client(client, f"left: {message.reason}")
+        self._monitors.pop(peer, None)
+        self.last_sent.pop(peer, None)
+        self._out.pop(peer, None)
+
+    # ------------------------------------------------------------------ client controller
+
+    def _on_register_function(self, peer: bytes, message: m.RegisterFunction) -> None:
+        self.functions[message.fn_id] = message.payload
+        self.clients[peer].functions.add(message.fn_id)
+
+    def _on_release_functions(self, peer: bytes, message: m.ReleaseFunctions) -> None:
+        client = self.clients[peer]
+        for fn_id in message.fn_ids:
+            if fn_id in client.functions:
+                client.functions.discard(fn_id)
+                self.functions.pop(fn_id, None)
+                for worker in self.workers.values():
+                    worker.functions.discard(fn_id)
+
+    def _on_register_options(self, peer: bytes, message: m.RegisterOptions) -> None:
+        self.clients[peer].options[message.options_id] = message.options
+
+    def _on_submit(self, peer: bytes, message: m.SubmitTasks) -> None:
+        client = self.clients[peer]
+        options_table = client.options
+        tasks = self.tasks
+        ready = self.ready
+        owned = client.tasks
+        for spec in message.tasks:
+            options = options_table.get(spec.options_id)
+            if spec.task_id in tasks or spec.task_id >> m.TASK_ID_BITS != client.client_id:
+                self._reject_spec(peer, spec, f"task id {spec.task_id:#x} is reused or not this client's")
+                continue
+            if options is None:
+                self._reject_spec(peer, spec, f"options record {spec.options_id} was never registered")
+                continue
+            if spec.fn_id and spec.fn_id not in self.functions:
+                self._reject_spec(peer, spec, f"function {spec.fn_id:#x} was never registered or was released")
+                continue
+            if spec.deps:
+                self._reject_spec(peer, spec, "this daemon does not run tasks with dependencies yet")
+                continue
+            task = TaskRecord(
+                spec.task_id, peer, spec.fn_id, options, spec.flags, spec.payload, spec.objects, spec.deps, spec.parent
+            )
+            tasks[spec.task_id] = task
+            owned.add(spec.task_id)
+            ready.push(task)
+        n = len(message.tasks)
+        self.counters["submitted"] += n
+        self._acks[peer] = self._acks.get(peer, 0) + n
+
+    def _reject_spec(self, peer: bytes, spec: m.TaskSpec, reason: str) -> None:
+        log.warning("rejected task %#x from %r: %s", spec.task_id, peer, reason)
+        self.counters["failed"] += 1
+        self._result_to(peer, m.TaskResult(spec.task_id, 0, Status.REJECTED, reason.encode(), m.NO_FACTS))
+
+    def _on_cancel(self, peer: bytes, message: m.CancelTasks) -> None:
+        for task_id in message.task_ids:
+            task = self.tasks.get(task_id)
+            if task is not None and task.client == peer:
+                self._cancel(task, message.force)
+
+    def _cancel(self, task: TaskRecord, force: bool) -> None:
+        if task.state in QUEUED_STATES or task.state is TaskState.WAITING:
+            if task.state in QUEUED_STATES:
+                self.ready.discard()
+            task.transition("cancel")
+            self._forget(task)
+            self.counters["cancelled"] += 1
+        elif task.state in AT_WORKER_STATES:
+            task.transition("cancel")
+            assert task.worker is not None
+            self._send(task.worker, m.CancelTasks([task.task_id], force))
+
+    def _on_release_objects(self, peer: bytes, message: m.ReleaseObjects) -> None:
+        # No object store is attached to this daemon yet: there is nothing to free.
+        # The message is accepted so clients can send it unconditionally.
+        return
+
+    def _on_stats_request(self, peer: bytes, message: m.StatsRequest) -> None:
+        self._send(peer, m.Stats(self.statistics()))
+
+    def _lose_client(self, client: ClientRecord, why: str) -> None:
+        log.info("client %r lost: %s; cancelling its %d tasks", client.name, why, len(client.tasks))
+        self.counters["clients_lost"] += 1
+        del self.clients[client.peer]
+        for task_id in list(client.tasks):
+            task = self.tasks.get(task_id)
+            if task is not None:
+                self._cancel(task, force=False)
+        for fn_id in client.functions:
+            self.functions.pop(fn_id, None)
+        self.last_sent.pop(client.peer, None)
+        self._out.pop(client.peer, None)
+        self._results.pop(client.peer, None)
+        self._running.pop(client.peer, None)
+        self._acks.pop(client.peer, None)
+
+    # ------------------------------------------------------------------ worker controller
+
+    def _on_task_results(self, peer: bytes, message: m.TaskResults) -> None:
+        worker = self.workers[peer]
+        for result in message.results:
+            task = self.tasks.get(result.task_id)
+            if task is None or task.worker != peer or task.attempt != result.attempt:
+                continue  # late: an earlier attempt, or a task already settled elsewhere
+            del worker.inflight[task.task_id]
+            task.worker = None
+            if result.status == Status.PROCESSOR_DIED:
+                self._attempt_failed(task, f"worker {worker.name}: {result.payload.decode(errors='replace')}")
+                continue
+            if result.status == Status.OK and result.facts.finished > result.facts.started:
+                duration = result.facts.finished - result.facts.started
+                mean = worker.mean_task_seconds
+                worker.mean_task_seconds = duration if mean is None else mean + EWMA_WEIGHT * (duration - mean)
+            task.transition("result")
+            self.counters["finished" if result.status == Status.OK else "failed"] += 1
+            self._forget(task)
+            self._result_to(task.client, result)
+
+    def _on_cluster_broken(self, peer: bytes, message: m.ClusterBroken) -> None:
+        worker = self.workers[peer]
+        worker.broken = message.reason
+        log.error("worker %r cannot run tasks: %s", worker.name, message.reason)
+        for client in self.clients.values():
+            self._send(client.peer, message)
+
+    def _lose_worker(self, worker: WorkerRecord, why: str, *, clean: bool = False) -> None:
+        (log.info if clean else log.warning)("worker %r lost: %s; %d tasks affected", worker.name, why, len(worker.inflight))
+        if not clean:
+            self.counters["workers_lost"] += 1
+        del self.workers[worker.peer]
+        self.last_sent.pop(worker.peer, None)
+        self._out.pop(worker.peer, None)
+        for task_id in list(worker.inflight):
+            task = self.tasks[task_id]
+            task.worker = None
+            if clean:
+                # It left in an orderly way: the tasks it returns were not run to a crash.
+                if task.state is TaskState.CANCELLING:
+                    task.transition("returned")
+                    self._forget(task)
+                else:
+                    task.transition("returned")
+                    self.ready.push(task, front=True)
+            else:
+                self._attempt_failed(task, f"worker {worker.name}: {why}")
+        worker.inflight.clear()
+
+    def _attempt_failed(self, task: TaskRecord, line: str) -> None:
+        if task.failures is None:
+            task.failures = []
+        task.failures.append(f"attempt {task.attempt + 1}: {line}")
+        max_retries = task.options.max_retries
+        if max_retries is None:
+            max_retries = self.config.max_retries
+        if task.state is TaskState.CANCELLING:
+            task.transition("attempt-failed")
+            self._forget(task)
+            return
+        if task.attempt >= max_retries:
+            task.transition("retries-exhausted")
+            self._forget(task)
+            self.counters["failed"] += 1
+            text = (
+                f"task {task.task_id:#x} failed: the process running it died on all "
+                f"{task.attempt + 1} attempt(s) allowed (max_retries={max_retries})"
+            )
+            payload = _pack_lost(text, task.failures)
+            self._result_to(task.client, m.TaskResult(task.task_id, task.attempt, Status.WORKER_LOST, payload, m.NO_FACTS))
+            return
+        task.attempt += 1
+        task.transition("attempt-failed")
+        self.counters["retried"] += 1
+        self.ready.push(task, front=True)
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _dispatch(self) -> None:
+        if not self.ready.live or not self.workers:
+            return
+        workers = [w for w in self.workers.values() if w.broken is None]
+        slots = [WorkerSlot(w.capacity, len(w.inflight), w.mean_task_seconds) for w in workers]
+        counts = self.policy.allocate(self.ready.live, slots)
+        for worker, count in zip(workers, counts):
+            if not count:
+                continue
+            batch: list[m.TaskDispatch] = []
+            blobs: list[m.FunctionBlob] = []
+            inflight = worker.inflight
+            known = worker.functions
+            for _ in range(count):
+                task = self.ready.pop()
+                if task is None:
+                    break
+                task.transition("dispatch")
+                task.worker = worker.peer
+                inflight[task.task_id] = None
+                fn_id = task.fn_id
+                if fn_id and fn_id not in known:
+                    known.add(fn_id)
+                    blobs.append(m.FunctionBlob(fn_id, self.functions[fn_id]))
+                batch.append(
+                    m.TaskDispatch(
+                        task.task_id, task.attempt, fn_id, task.flags, task.payload, task.objects, task.options.task_timeout
+                    )
+                )
+                running = self._running.get(task.client)
+                if running is None:
+                    running = self._running[task.client] = []
+                running.append(task.task_id)
+            if batch:
+                self._send(worker.peer, m.DispatchTasks(blobs, batch))
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _forget(self, task: TaskRecord) -> None:
+        self.tasks.pop(task.task_id, None)
+        client = self.clients.get(task.client)
+        if client is not None:
+            client.tasks.discard(task.task_id)
+
+    def _send(self, peer: bytes, message: Any) -> None:
+        out = self._out.get(peer)
+        if out is None:
+            self._out[peer] = [message]
+        else:
+            out.append(message)
+
+    def _result_to(self, peer: bytes, result: m.TaskResult) -> None:
+        if peer not in self.clients:
+            return  # the client is gone; nobody is waiting for this result
+        results = self._results.get(peer)
+        if results is None:
+            self._results[peer] = [result]
+        else:
+            results.append(result)
+
+    def _flush(self) -> list[Command]:
+        for peer, count in self._acks.items():
+            self._send(peer, m.SubmitAck(count))
+        self._acks.clear()
+        for peer, ids in self._running.items():
+            if peer in self.clients:
+                self._send(peer, m.TasksRunning(ids))
+        self._running.clear()
+        for peer, results in self._results.items():
+            self._send(peer, m.TaskResults(results))
+        self._results.clear()
+        commands = [Send(peer, messages) for peer, messages in self._out.items()]
+        for peer in self._out:
+            self.last_sent[peer] = self._now
+        self._out = {}
+        return commands
+
+    # ------------------------------------------------------------------ observability
+
+    def statistics(self) -> dict[str, int | float | str]:
+        states: dict[str, int] = {}
+        for task in self.tasks.values():
+            states[task.state.value] = states.get(task.state.value, 0) + 1
+        snapshot: dict[str, int | float | str] = {f"tasks_{k}": v for k, v in states.items()}
+        snapshot.update(self.counters)
+        snapshot["tasks"] = len(self.tasks)
+        snapshot["workers"] = len(self.workers)
+        snapshot["processors"] = sum(w.capacity for w in self.workers.values())
+        snapshot["clients"] = len(self.clients)
+        snapshot["functions"] = len(self.functions)
+        return snapshot
+
+    def validate(self) -> None:
+        """Check the cross-indexes; raises AssertionError naming the first broken invariant."""
+        queued = {t.task_id for t in self.ready.entries()}
+        assert len(queued) == self.ready.live, f"ready queue live={self.ready.live} but {len(queued)} queued entries"
+        for task_id, task in self.tasks.items():
+            assert task.task_id == task_id
+            assert task.state is not TaskState.DONE, f"{task!r} is done but still recorded"
+            assert (task.state in QUEUED_STATES) == (task_id in queued), f"{task!r} queue membership wrong"
+            if task.state in AT_WORKER_STATES:
+                assert task.worker in self.workers, f"{task!r} at an unknown worker"
+                assert task_id in self.workers[task.worker].inflight, f"{task!r} missing from its worker"
+            else:
+                assert task.worker is None, f"{task!r} has a worker but is {task.state.value}"
+            if task.client in self.clients:
+                assert task_id in self.clients[task.client].tasks, f"{task!r} missing from its client"
+        for worker in self.workers.values():
+            for task_id in worker.inflight:
+                task = self.tasks.get(task_id)
+                assert task is not None and task.worker == worker.peer, f"{worker!r} holds stray task {task_id:#x}"
+        for client in self.clients.values():
+            for task_id in client.tasks:
+                assert self.tasks[task_id].client == client.peer, f"{client!r} owns stray task {task_id:#x}"
+
+
+def _pack_lost(text: str, failures: list[str]) -> bytes:
+    import msgpack
+
+    return msgpack.packb([text, failures], use_bin_type=True)
+

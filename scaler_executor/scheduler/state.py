@@ -1,0 +1,210 @@
+"""The daemon's records and the task state machine, as data.
+
+A task's life in the daemon (the table below is the spec; ``transition``
+enforces it and an illegal move raises :class:`IllegalTransition` carrying the
+task's recent story)::
+
+    WAITING ──deps ready──► PENDING ──dispatch──► DISPATCHED ──result──► (gone)
+                              ▲                      │  │
+                              │   worker/processor   │  └─cancel──► CANCELLING ──result/lost──► (gone)
+                              └──── died, retries ◄──┘
+                                    left: RETRYING
+
+``RETRYING`` is queued exactly like ``PENDING``; it is its own state so that the
+record (and the monitor) tell a first attempt from a repeat.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+from scaler_executor.protocol.messages import DEFAULT_OPTIONS, TaskOptions
+
+
+class TaskState(enum.Enum):
+    WAITING = "waiting"  # for dependencies (graphs, futures as arguments)
+    PENDING = "pending"  # ready, queued in the daemon
+    RETRYING = "retrying"  # ready again after a failed attempt
+    DISPATCHED = "dispatched"  # sent to a worker (queued there or running)
+    CANCELLING = "cancelling"  # cancel forwarded to the worker, its answer awaited
+    DONE = "done"  # terminal: the record is dropped
+
+
+S = TaskState
+
+# (state, event) -> next state.  Anything missing is illegal.
+TRANSITIONS: dict[tuple[TaskState, str], TaskState] = {
+    (S.WAITING, "deps-ready"): S.PENDING,
+    (S.WAITING, "cancel"): S.DONE,
+    (S.WAITING, "dep-failed"): S.DONE,
+    (S.PENDING, "dispatch"): S.DISPATCHED,
+    (S.PENDING, "cancel"): S.DONE,
+    (S.PENDING, "reject"): S.DONE,
+    (S.RETRYING, "dispatch"): S.DISPATCHED,
+    (S.RETRYING, "cancel"): S.DONE,
+    (S.RETRYING, "reject"): S.DONE,
+    (S.DISPATCHED, "result"): S.DONE,
+    (S.DISPATCHED, "attempt-failed"): S.RETRYING,
+    (S.DISPATCHED, "retries-exhausted"): S.DONE,
+    (S.DISPATCHED, "returned"): S.PENDING,  # worker left cleanly before running it
+    (S.DISPATCHED, "cancel"): S.CANCELLING,
+    (S.CANCELLING, "result"): S.DONE,
+    (S.CANCELLING, "attempt-failed"): S.DONE,
+    (S.CANCELLING, "retries-exhausted"): S.DONE,
+    (S.CANCELLING, "returned"): S.DONE,
+    (S.CANCELLING, "cancel"): S.CANCELLING,
+}
+
+QUEUED_STATES = frozenset({S.PENDING, S.RETRYING})
+AT_WORKER_STATES = frozenset({S.DISPATCHED, S.CANCELLING})
+
+
+class IllegalTransition(RuntimeError):
+    """A (state, event) pair the table does not allow: a bug, reported with the task's story."""
+
+
+class TaskRecord:
+    """What the daemon keeps per task.  Slotted: tens of thousands may be pending."""
+
+    __slots__ = (
+        "task_id",
+        "client",
+        "fn_id",
+        "options",
+        "flags",
+        "payload",
+        "objects",
+        "deps",
+        "parent",
+        "state",
+        "attempt",
+        "worker",
+        "failures",
+        "story",
+    )
+
+    def __init__(
+        self,
+        task_id: int,
+        client: bytes,
+        fn_id: int,
+        options: TaskOptions,
+        flags: int,
+        payload: bytes,
+        objects: list[bytes],
+        deps: list[int],
+        parent: int,
+    ) -> None:
+        self.task_id = task_id
+        self.client = client
+        self.fn_id = fn_id
+        self.options = options
+        self.flags = flags
+        self.payload = payload
+        self.objects = objects
+        self.deps = deps
+        self.parent = parent
+        self.state = S.PENDING
+        self.attempt = 0
+        self.worker: bytes | None = None
+        self.failures: list[str] | None = None  # one line per failed attempt
+        self.story: list[str] | None = None  # recent transitions, kept once a task moves twice
+
+    def transition(self, event: str) -> TaskState:
+        new = TRANSITIONS.get((self.state, event))
+        if new is None:
+            raise IllegalTransition(
+                f"task {self.task_id:#x}: event {event!r} is illegal in state {self.state.value}; "
+                f"story: {' -> '.join(self.story or [self.state.value])}"
+            )
+        if self.story is None:
+            self.story = [self.state.value]
+        self.story.append(f"{event}:{new.value}")
+        del self.story[:-8]
+        self.state = new
+        return new
+
+    def __repr__(self) -> str:
+        return f"<Task {self.task_id:#x} {self.state.value} attempt={self.attempt} worker={self.worker!r}>"
+
+
+@dataclass(eq=False)
+class WorkerRecord:
+    peer: bytes
+    worker_id: int
+    name: str
+    capacity: int  # processors: tasks it runs at once
+    resources: dict[str, float]
+    tags: frozenset[str]
+    last_seen: float
+    inflight: dict[int, None] = field(default_factory=dict)  # ordered set of task ids
+    functions: set[int] = field(default_factory=set)  # callables it has been sent
+    mean_task_seconds: float | None = None  # EWMA of observed task durations
+    broken: str | None = None  # set when it can no longer run tasks (e.g. initializer failed)
+    queued: int = 0  # as reported by its heartbeats
+    running: int = 0
+
+    def __repr__(self) -> str:
+        return f"<Worker {self.name} id={self.worker_id} inflight={len(self.inflight)}/{self.capacity}>"
+
+
+@dataclass(eq=False)
+class ClientRecord:
+    peer: bytes
+    client_id: int
+    name: str
+    last_seen: float
+    tasks: set[int] = field(default_factory=set)
+    functions: set[int] = field(default_factory=set)
+    options: dict[int, TaskOptions] = field(default_factory=lambda: {0: DEFAULT_OPTIONS})
+
+    def __repr__(self) -> str:
+        return f"<Client {self.name} id={self.client_id} tasks={len(self.tasks)}>"
+
+
+class ReadyQueue:
+    """Tasks ready to run, highest priority first, FIFO within a priority.
+
+    Cancelled entries are removed lazily (skipped when popped) so that cancel is
+    O(1); ``live`` counts the entries that are still queued.
+    """
+
+    def __init__(self) -> None:
+        self._queues: dict[int, deque[TaskRecord]] = {}
+        self._priorities: list[int] = []  # sorted descending
+        self.live = 0
+
+    def push(self, task: TaskRecord, *, front: bool = False) -> None:
+        priority = task.options.priority
+        queue = self._queues.get(priority)
+        if queue is None:
+            queue = self._queues[priority] = deque()
+            self._priorities.append(priority)
+            self._priorities.sort(reverse=True)
+        if front:
+            queue.appendleft(task)
+        else:
+            queue.append(task)
+        self.live += 1
+
+    def discard(self) -> None:
+        """One queued entry stopped being live (it will be skipped when popped)."""
+        self.live -= 1
+
+    def pop(self) -> TaskRecord | None:
+        for priority in self._priorities:
+            queue = self._queues[priority]
+            while queue:
+                task = queue.popleft()
+                if task.state in QUEUED_STATES:
+                    self.live -= 1
+                    return task
+        return None
+
+    def __len__(self) -> int:
+        return self.live
+
+    def entries(self) -> list[TaskRecord]:
+        return [t for p in self._priorities for t in self._queues[p] if t.state in QUEUED_STATES]
