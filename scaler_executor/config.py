@@ -1,0 +1,589 @@
+"""Cluster configuration: one typed, frozen :class:`ClusterConfig`.
+
+Where a value comes from, highest layer first (each layer overrides the ones below)::
+
+    CLI flags       --heartbeat-interval 1.0              config_from_args(), load(cli=...)
+    environment     SCALER_HEARTBEAT_INTERVAL=1.0         load(env=...), default os.environ
+    TOML file       heartbeat_interval = 1.0              load(file=...), else $SCALER_CONFIG
+    base            the field defaults, or load(base=...)
+
+The TOML file holds the keys at its top level (a ``[scaler]`` table is rejected with a
+message saying so: the file is ours alone, so a namespace would only be a second way to
+write the same thing).  TOML has no null, so the string ``"none"`` unsets an optional key.
+
+Unknown keys are errors in every layer (file keys, ``SCALER_*`` variables not listed in
+:data:`RESERVED_ENV`, CLI mapping keys), with the closest valid key suggested.  Every value
+is checked in the layer it came from, so a bad value is reported with its file, variable or
+flag even when a higher layer overrides it; cross-field rules run on the merged result.
+
+Adding a field is one line in :class:`ClusterConfig`: its flag, environment variable,
+parsing, validation, help text and TOML output all derive from ``dataclasses.fields`` and
+the field's metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import math
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeVar
+
+from scaler_executor.exceptions import ConfigError
+
+__all__ = [
+    "CONFIG_DEST",
+    "CONFIG_ENV",
+    "ENV_PREFIX",
+    "LOG_LEVELS",
+    "RESERVED_ENV",
+    "ClusterConfig",
+    "add_config_arguments",
+    "config_from_args",
+]
+
+ENV_PREFIX: Final = "SCALER_"
+#: Names the TOML file when ``load()`` is given no ``file``.
+CONFIG_ENV: Final = "SCALER_CONFIG"
+#: ``SCALER_*`` variables that are not config keys but must not be rejected as typos.  A
+#: module that reads its own ``SCALER_*`` variable adds the name here at import time
+#: (``RESERVED_ENV.add("SCALER_FOO")``).
+RESERVED_ENV: set[str] = {CONFIG_ENV}
+#: ``argparse`` destination of ``--config FILE``.
+CONFIG_DEST: Final = "config_file"
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+_META: Final = "scaler_executor.config"
+_TRUE: Final = frozenset({"1", "true", "yes"})
+_FALSE: Final = frozenset({"0", "false", "no"})
+_NONE: Final = frozenset({"", "none"})
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    """What a field means and which values it allows (beyond its type)."""
+
+    help: str
+    ge: float | None = None
+    gt: float | None = None
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+
+
+def _opt(
+    default: _T,
+    what: str,
+    tradeoff: str,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    choices: tuple[str, ...] | None = None,
+    metavar: str | None = None,
+) -> _T:
+    """A dataclass field whose help and limits live in metadata, so they exist at runtime."""
+    spec = _Spec(f"{what} ({tradeoff})", ge=ge, gt=gt, choices=choices, metavar=metavar)
+    return field(default=default, metadata={_META: spec})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterConfig:
+    """Every tunable of a cluster, validated on construction.
+
+    Build one with :meth:`load` (file, environment and CLI layers), :meth:`from_dict` or the
+    constructor; derive variants with :meth:`replace`.  Invalid values raise
+    :class:`~scaler_executor.exceptions.ConfigError` naming the key, the value, what is
+    allowed and, when known, where the value came from.  Keyword-only, so adding a field
+    never shifts positional arguments.
+    """
+
+    address: str | None = _opt(
+        None,
+        "the daemon's address, tcp://host:port or ipc:///path",
+        "ipc is faster but reaches the same host only",
+        metavar="ADDRESS",
+    )
+    workers: int = _opt(
+        0,
+        "local worker processes the daemon starts itself, 0 = none",
+        "each costs a process and its memory; remote workers may join anyway",
+        ge=0,
+    )
+    processors_per_worker: int = _opt(
+        1,
+        "processor child processes per worker, each running one task at a time",
+        "more share one worker's connection and queue; each costs a process",
+        ge=1,
+    )
+    heartbeat_interval: float = _opt(
+        0.5,
+        "seconds of silence after which a peer sends a heartbeat",
+        "lower detects deaths sooner but costs idle traffic",
+        gt=0,
+        metavar="SECONDS",
+    )
+    heartbeat_liveness: int = _opt(
+        6,
+        "intervals without any message after which a peer is declared dead",
+        "higher rides out pauses such as swapping but detects deaths later",
+        ge=2,
+    )
+    daemon_loss_timeout: float = _opt(
+        5.0,
+        "seconds of daemon silence after which a client fails pending futures with DaemonLost",
+        "lower fails fast, higher rides out daemon stalls",
+        gt=0,
+        metavar="SECONDS",
+    )
+    max_retries: int = _opt(
+        3,
+        "retries of a task whose worker or processor died",
+        "higher survives flaky nodes but reruns a task that itself kills its process",
+        ge=0,
+    )
+    max_tasks_per_child: int | None = _opt(
+        None,
+        "replace a processor after this many tasks, none = never",
+        "bounds leaks in task code at the cost of process starts",
+        ge=1,
+    )
+    send_hwm: int = _opt(
+        1000,
+        "ZeroMQ send high-water mark, in messages",
+        "higher absorbs bursts but holds more memory before pushing back",
+        ge=1,
+    )
+    submit_window: int = _opt(
+        100_000,
+        "tasks a client may have sent and not yet had acknowledged",
+        "higher pipelines submits, lower bounds client memory and applies backpressure",
+        ge=1,
+    )
+    max_prefetch: int = _opt(
+        256,
+        "cap on the tasks queued at one worker beyond those it runs",
+        "higher hides dispatch latency for short tasks, lower balances load better",
+        ge=1,
+    )
+    log_level: str = _opt(
+        "WARNING",
+        "logging level",
+        "DEBUG is verbose and slows hot paths",
+        choices=LOG_LEVELS,
+        metavar="LEVEL",
+    )
+    allow_tcp_unauthenticated: bool = _opt(
+        True,
+        "allow binding TCP without keys, with a warning",
+        "convenient on a trusted network; anyone who reaches the port can run code",
+    )
+
+    def __post_init__(self) -> None:
+        checked = _validate(self.to_dict(), {})
+        for name, value in checked.items():
+            if value is not getattr(self, name):  # ints widened to float, log level upper-cased
+                object.__setattr__(self, name, value)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def load(
+        cls,
+        *,
+        file: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        cli: Mapping[str, object] | None = None,
+        base: ClusterConfig | None = None,
+    ) -> ClusterConfig:
+        """Merge the layers, CLI > env > file > base (or the defaults), and validate.
+
+        ``file`` is a TOML file with the keys at top level; when None, ``$SCALER_CONFIG`` (read
+        from ``env``) may name one.  ``env`` defaults to ``os.environ``; its ``SCALER_<KEY>``
+        variables are parsed per field type.  ``cli`` maps field names (snake or kebab case)
+        to values; a string is parsed like an environment value, and None is a value (omit
+        a key to leave it unset).  Raises ConfigError for unknown keys, unreadable files and
+        invalid values.
+        """
+        environ: Mapping[str, str] = os.environ if env is None else env
+        start = base if base is not None else cls()
+        label = "base config" if base is not None else "default"
+        values: dict[str, Any] = start.to_dict()
+        sources = dict.fromkeys(values, label)
+
+        layers: list[tuple[dict[str, Any], dict[str, str]]] = []
+        if file is None and environ.get(CONFIG_ENV):
+            path = environ[CONFIG_ENV]
+            layers.append(_file_layer(path, f"config file {path} (named by {CONFIG_ENV})"))
+        elif file is not None:
+            layers.append(_file_layer(file, f"config file {os.fspath(file)}"))
+        layers.append(_env_layer(environ))
+        layers.append(_cli_layer(cli or {}))
+        for layer_values, layer_sources in layers:
+            values.update(layer_values)
+            sources.update(layer_sources)
+        return _build(cls, values, sources)
+
+    @classmethod
+    def from_dict(cls, mapping: Mapping[str, object], source: str = "mapping") -> ClusterConfig:
+        """Defaults overridden by ``mapping`` (TOML-typed values; ``"none"`` unsets).
+
+        ``source`` names where the mapping came from in error messages.  Raises ConfigError
+        for unknown keys and invalid values.
+        """
+        values = cls().to_dict()
+        sources = dict.fromkeys(values, "default")
+        layer_values, layer_sources = _mapping_layer(mapping, source)
+        return _build(cls, values | layer_values, sources | layer_sources)
+
+    def replace(self, **changes: Any) -> ClusterConfig:
+        """A copy with ``changes`` applied and validated; unknown names raise ConfigError."""
+        unknown = [name for name in changes if name not in _FIELDS]
+        if unknown:
+            raise _unknown_keys(unknown, list(_FIELDS), "replace()", "keys")
+        return _build(type(self), self.to_dict() | changes, dict.fromkeys(changes, "replace()"))
+
+    # ------------------------------------------------------------------ output
+
+    def to_dict(self) -> dict[str, Any]:
+        """Field name → value, in declaration order."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def to_toml(self) -> str:
+        """This configuration as a TOML file that :meth:`load` reads back unchanged."""
+        lines = [
+            "# scaler-executor cluster configuration: keys at top level, no [scaler] table.",
+            '# Overridden by SCALER_<KEY> variables and CLI flags; "none" unsets a key.',
+        ]
+        for f in _FIELDS.values():
+            lines += ["", f"# {f.spec.help}", f"{f.name} = {_toml_value(getattr(self, f.name))}"]
+        return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------- field table
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    """One config key as the layers see it, derived from its dataclass field."""
+
+    name: str
+    kind: type  # bool, int, float or str
+    optional: bool  # None allowed
+    default: object
+    spec: _Spec
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+def _describe(cls: type) -> dict[str, _Field]:
+    hints = typing.get_type_hints(cls)
+    table: dict[str, _Field] = {}
+    for f in dataclasses.fields(cls):
+        kind, optional = hints[f.name], False
+        if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
+            members = [a for a in typing.get_args(kind) if a is not type(None)]
+            kind, optional = members[0], len(members) < len(typing.get_args(kind))
+            if len(members) != 1:
+                raise TypeError(f"config field {f.name}: use one type, optionally '| None'")
+        if kind not in (bool, int, float, str) or _META not in f.metadata:
+            raise TypeError(f"config field {f.name}: declare it as bool/int/float/str via _opt()")
+        table[f.name] = _Field(f.name, kind, optional, f.default, f.metadata[_META])
+    return table
+
+
+_FIELDS: Final = _describe(ClusterConfig)
+
+
+# ---------------------------------------------------------------------- validation
+
+
+def _from(source: str | None) -> str:
+    return f" (from {source})" if source else ""
+
+
+def _allowed(f: _Field) -> str:
+    if f.spec.choices:
+        text = "one of " + ", ".join(f.spec.choices) + " (any case)"
+    else:
+        kinds = {
+            bool: "true or false",
+            int: "an integer",
+            float: "a finite number",
+            str: "a string",
+        }
+        text = kinds[f.kind]
+    if f.spec.gt is not None:
+        text += f" > {f.spec.gt:g}"
+    if f.spec.ge is not None:
+        text += f" >= {f.spec.ge:g}"
+    return text + (" or none" if f.optional else "")
+
+
+def _invalid(f: _Field, value: object, source: str | None) -> ConfigError:
+    note = " (a bool is not a number)" if isinstance(value, bool) and f.kind is not bool else ""
+    return ConfigError(f"invalid {f.name}={value!r}{_from(source)}: must be {_allowed(f)}{note}")
+
+
+def _in_range(f: _Field, number: float) -> bool:
+    return (f.spec.gt is None or number > f.spec.gt) and (f.spec.ge is None or number >= f.spec.ge)
+
+
+def _check_value(f: _Field, value: object, source: str | None) -> object:
+    """``value`` if it has ``f``'s type and limits (ints widened to float); else ConfigError."""
+    if value is None:
+        if f.optional:
+            return None
+    elif isinstance(value, bool):  # before int: True is an int, but never a count
+        if f.kind is bool:
+            return value
+    elif isinstance(value, int) and f.kind in (int, float):
+        if _in_range(f, value):
+            return f.kind(value)
+    elif isinstance(value, float) and f.kind is float:
+        if math.isfinite(value) and _in_range(f, value):
+            return value
+    elif isinstance(value, str) and f.kind is str:
+        if not f.spec.choices:
+            return value
+        if value.upper() in f.spec.choices:
+            return value.upper()
+    raise _invalid(f, value, source)
+
+
+def _check_together(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+    interval, timeout = values["heartbeat_interval"], values["daemon_loss_timeout"]
+    if timeout < 2 * interval:
+        raise ConfigError(
+            f"daemon_loss_timeout={timeout!r}{_from(sources.get('daemon_loss_timeout'))} must be"
+            f" >= 2 * heartbeat_interval={interval!r}{_from(sources.get('heartbeat_interval'))},"
+            f" i.e. >= {2 * interval!r}: a shorter timeout declares a healthy but idle daemon"
+            " lost between heartbeats; raise daemon_loss_timeout or lower heartbeat_interval"
+        )
+
+
+def _validate(values: Mapping[str, Any], sources: Mapping[str, str]) -> dict[str, Any]:
+    checked = {n: _check_value(f, values[n], sources.get(n)) for n, f in _FIELDS.items()}
+    _check_together(checked, sources)
+    return checked
+
+
+_C = TypeVar("_C", bound=ClusterConfig)
+
+
+def _build(cls: type[_C], values: Mapping[str, Any], sources: Mapping[str, str]) -> _C:
+    # Validate first so errors carry sources; __post_init__ then re-checks (cheap, no-op).
+    return cls(**_validate(values, sources))
+
+
+def _closest(key: str, valid: Iterable[str]) -> str | None:
+    matches = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def _unknown_keys(keys: Iterable[str], valid: list[str], where: str, what: str) -> ConfigError:
+    named = []
+    for key in sorted(keys):
+        guess = _closest(key.replace("-", "_").lower(), valid)
+        named.append(f"{key!r}" + (f" (did you mean {guess!r}?)" if guess else ""))
+    return ConfigError(
+        f"unknown {what} in {where}: {', '.join(named)}; valid {what}: {', '.join(valid)}"
+    )
+
+
+# ---------------------------------------------------------------------- layers
+
+
+def _parse_text(f: _Field, text: str, source: str) -> object:
+    """A string from the environment or a command line, as ``f``'s type (limits unchecked)."""
+    word = text.strip()
+    if f.optional and word.lower() in _NONE:
+        return None
+    try:
+        if f.kind is bool:
+            if word.lower() in _TRUE | _FALSE:
+                return word.lower() in _TRUE
+        elif f.kind is int:
+            return int(word)
+        elif f.kind is float:
+            return float(word)
+        else:
+            return word
+    except ValueError:
+        pass
+    raise _invalid(f, text, source)
+
+
+def _file_layer(path: str | os.PathLike[str], source: str) -> tuple[dict[str, Any], dict[str, str]]:
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"{source} does not exist: fix the path or drop it") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {source}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source} is not valid TOML: {exc}") from exc
+    if isinstance(data.get("scaler"), dict):
+        raise ConfigError(
+            f"{source} has a [scaler] table, but config keys go at the top level of the"
+            " file: delete the '[scaler]' line"
+        )
+    return _mapping_layer(data, source)
+
+
+def _mapping_layer(
+    mapping: Mapping[str, object], source: str
+) -> tuple[dict[str, Any], dict[str, str]]:
+    unknown = [key for key in mapping if key not in _FIELDS]
+    if unknown:
+        raise _unknown_keys(unknown, list(_FIELDS), source, "keys")
+    values: dict[str, Any] = {}
+    for key, value in mapping.items():
+        f = _FIELDS[key]
+        if f.optional and isinstance(value, str) and value.lower() == "none":
+            value = None  # TOML has no null
+        values[key] = _check_value(f, value, source)
+    return values, dict.fromkeys(values, source)
+
+
+def _env_layer(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    by_env = {f.env: f for f in _FIELDS.values()}
+    unknown = [
+        name
+        for name in environ
+        if name.startswith(ENV_PREFIX) and name not in by_env and name not in RESERVED_ENV
+    ]
+    if unknown:
+        known = sorted(by_env) + sorted(RESERVED_ENV)
+        named = []
+        for name in sorted(unknown):
+            guess = _closest(name, known)
+            named.append(name + (f" (did you mean {guess}?)" if guess else ""))
+        raise ConfigError(
+            f"unknown environment variable(s) {', '.join(named)}: SCALER_* variables must name"
+            f" config keys ({', '.join(known)}); unset it, or reserve a name that another"
+            " component reads in scaler_executor.config.RESERVED_ENV"
+        )
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name, f in by_env.items():
+        if name in environ:
+            source = sources[f.name] = f"environment variable {name}"
+            values[f.name] = _check_value(f, _parse_text(f, environ[name], source), source)
+    return values, sources
+
+
+def _cli_layer(cli: Mapping[str, object]) -> tuple[dict[str, Any], dict[str, str]]:
+    names = {key: key.replace("-", "_") for key in cli}
+    unknown = [key for key, name in names.items() if name not in _FIELDS]
+    if unknown:
+        raise _unknown_keys(unknown, list(_FIELDS), "CLI options", "keys")
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for key, value in cli.items():
+        f = _FIELDS[names[key]]
+        source = sources[f.name] = f"CLI flag {f.flag}"
+        if isinstance(value, str):
+            value = _parse_text(f, value, source)
+        values[f.name] = _check_value(f, value, source)
+    return values, sources
+
+
+def _toml_value(value: object) -> str:
+    if value is None:
+        return '"none"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
+    return repr(value)  # int, or a finite float whose repr is valid TOML
+
+
+# ---------------------------------------------------------------------- argparse
+
+
+def _arg_type(f: _Field) -> Callable[[str], object]:
+    source = f"CLI flag {f.flag}"
+
+    def parse(text: str) -> object:
+        try:
+            return _check_value(f, _parse_text(f, text, source), source)
+        except ConfigError as exc:  # argparse prints an ArgumentTypeError's message as is
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = f.name
+    return parse
+
+
+def add_config_arguments(
+    parser: argparse.ArgumentParser, *, include: Iterable[str] | None = None
+) -> None:
+    """Add ``--config FILE`` and one ``--kebab-case`` flag per field (or per ``include`` name).
+
+    Flags default to ``argparse.SUPPRESS``, so only the flags given on the command line
+    appear in the namespace and override the lower layers; bool fields get
+    ``--flag/--no-flag``.  Raises ConfigError for names in ``include`` that are not fields.
+    """
+    names = list(_FIELDS) if include is None else list(include)
+    unknown = [name for name in names if name not in _FIELDS]
+    if unknown:
+        raise _unknown_keys(unknown, list(_FIELDS), "add_config_arguments(include=...)", "keys")
+    group = parser.add_argument_group(
+        "cluster configuration",
+        f"precedence: these flags > {ENV_PREFIX}<KEY> environment variables > --config file"
+        " > defaults",
+    )
+    group.add_argument(
+        "--config",
+        dest=CONFIG_DEST,
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help=f"TOML file with config keys at top level (default: ${CONFIG_ENV} if set)",
+    )
+    for name in names:
+        f = _FIELDS[name]
+        shown = _toml_value(f.default).strip('"')
+        allowed = "" if f.kind is bool else f"; {_allowed(f)}"
+        help_text = f"{f.spec.help}{allowed} [default: {shown}; env {f.env}]"
+        help_text = help_text.replace("%", "%%")  # argparse %-formats help strings
+        if f.kind is bool:
+            action: Any = argparse.BooleanOptionalAction
+            group.add_argument(
+                f.flag, dest=name, action=action, default=argparse.SUPPRESS, help=help_text
+            )
+        else:
+            metavar = f.spec.metavar or {int: "N", float: "X", str: "TEXT"}[f.kind]
+            group.add_argument(
+                f.flag,
+                dest=name,
+                type=_arg_type(f),
+                metavar=metavar,
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
+
+
+def config_from_args(
+    args: argparse.Namespace, *, env: Mapping[str, str] | None = None
+) -> ClusterConfig:
+    """The configuration for parsed ``args``: flags > ``env`` (default os.environ) > file.
+
+    Reads the attributes that :func:`add_config_arguments` adds and ignores all others;
+    the file is ``--config``, else ``$SCALER_CONFIG``.
+    """
+    given = vars(args)
+    cli = {name: given[name] for name in _FIELDS if name in given}
+    return ClusterConfig.load(file=given.get(CONFIG_DEST), env=env, cli=cli)
