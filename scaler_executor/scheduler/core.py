@@ -67,12 +67,22 @@ class PeerUnreachable:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerExited:
+    """A worker process that this daemon's host started has exited (seen by the local manager)."""
+
+    pid: int
+    host: str
+    how: str  # "killed by signal SIGKILL", "exit code 1", ...
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
 class Send:
     peer: bytes
     messages: list[Any]
 
 
-Event = Received | Tick | PeerUnreachable
+Event = Received | Tick | PeerUnreachable | WorkerExited
 Command = Send
 
 
@@ -114,6 +124,8 @@ class Scheduler:
         self.clients: dict[bytes, ClientRecord] = {}
         self.workers: dict[bytes, WorkerRecord] = {}
         self.functions: dict[int, bytes] = {}  # fn_id -> pickled callable
+        self.function_refs: dict[int, int] = {}  # fn_id -> tasks that refer to it
+        self.released_functions: set[int] = set()  # released by their client, kept while tasks refer
         self.last_sent: dict[bytes, float] = {}
         self.counters: dict[str, int] = {
             "submitted": 0,
@@ -149,6 +161,7 @@ class Scheduler:
             Received: self._on_received,
             Tick: self._on_tick,
             PeerUnreachable: self._on_unreachable,
+            WorkerExited: self._on_worker_exited,
         }
 
     # ------------------------------------------------------------------ entry point
@@ -180,6 +193,8 @@ class Scheduler:
                 return  # refused
         if role_record is not None:
             role_record.last_seen = self._now
+        elif peer in self._monitors:
+            self._monitors[peer] = self._now
         accepted = m.ACCEPTED_FROM[self._role_of(peer)]
         handlers = self._handlers
         for message in messages:
@@ -188,7 +203,11 @@ class Scheduler:
                 self.counters["dropped_messages"] += 1
                 log.warning("dropping %s from %s %r: not accepted from that role", kind.__name__, self._role_of(peer), peer)
                 continue
-            handlers[kind](peer, message)
+            try:
+                handlers[kind](peer, message)
+            except Exception:  # a bug must cost one message, never the daemon
+                self.counters["dropped_messages"] += 1
+                log.exception("daemon: failed to handle %s from %r; message dropped", kind.__name__, peer)
             if peer not in self.clients and peer not in self.workers and not self._is_monitor(peer):
                 return  # the peer said goodbye
 
@@ -199,6 +218,8 @@ class Scheduler:
             self._lose_worker(worker, f"missed heartbeats: no message for {now - worker.last_seen:.1f} s (host lost or process hung)")
         for client in [c for c in self.clients.values() if now - c.last_seen > deadline]:
             self._lose_client(client, f"no message for {now - client.last_seen:.1f} s")
+        for peer in [p for p, seen in self._monitors.items() if now - seen > deadline]:
+            del self._monitors[peer]
         interval = self.config.heartbeat_interval
         for peer in list(self.clients) + list(self.workers) + list(self._monitors):
             if now - self.last_sent.get(peer, 0.0) >= interval and peer not in self._out:
@@ -210,6 +231,11 @@ class Scheduler:
         elif (client := self.clients.get(event.peer)) is not None:
             self._lose_client(client, "disconnected (unreachable)")
         self._monitors.pop(event.peer, None)
+
+    def _on_worker_exited(self, event: WorkerExited) -> None:
+        for worker in list(self.workers.values()):
+            if worker.pid == event.pid and worker.host == event.host:
+                self._lose_worker(worker, f"process {event.pid} exited: {event.how}")
 
     # ------------------------------------------------------------------ handshake
 
@@ -236,7 +262,15 @@ class Scheduler:
             log.info("client %r joined (pid %d on %s)", hello.name, hello.pid, hello.host)
         elif hello.role == Role.WORKER:
             self.workers[peer] = WorkerRecord(
-                peer, peer_id, hello.name, hello.capacity, dict(hello.resources), frozenset(hello.tags), self._now
+                peer,
+                peer_id,
+                hello.name,
+                hello.capacity,
+                dict(hello.resources),
+                frozenset(hello.tags),
+                self._now,
+                pid=hello.pid,
+                host=hello.host,
             )
             log.info("worker %r joined with %d processors (pid %d on %s)", hello.name, hello.capacity, hello.pid, hello.host)
         else:
@@ -268,9 +302,22 @@ class Scheduler:
         for fn_id in message.fn_ids:
             if fn_id in client.functions:
                 client.functions.discard(fn_id)
-                self.functions.pop(fn_id, None)
-                for worker in self.workers.values():
-                    worker.functions.discard(fn_id)
+                self._release_function(fn_id)
+
+    def _release_function(self, fn_id: int) -> None:
+        """The client is done with a callable; it goes once no task refers to it any more."""
+        if self.function_refs.get(fn_id):
+            self.released_functions.add(fn_id)
+            return
+        self.released_functions.discard(fn_id)
+        self.function_refs.pop(fn_id, None)
+        if self.functions.pop(fn_id, None) is None:
+            return
+        forget = m.ReleaseFunctions([fn_id])
+        for worker in self.workers.values():
+            if fn_id in worker.functions:
+                worker.functions.discard(fn_id)
+                self._send(worker.peer, forget)
 
     def _on_register_options(self, peer: bytes, message: m.RegisterOptions) -> None:
         self.clients[peer].options[message.options_id] = message.options
@@ -281,6 +328,7 @@ class Scheduler:
         tasks = self.tasks
         ready = self.ready
         owned = client.tasks
+        refs = self.function_refs
         for spec in message.tasks:
             options = options_table.get(spec.options_id)
             if spec.task_id in tasks or spec.task_id >> m.TASK_ID_BITS != client.client_id:
@@ -300,6 +348,8 @@ class Scheduler:
             )
             tasks[spec.task_id] = task
             owned.add(spec.task_id)
+            if spec.fn_id:
+                refs[spec.fn_id] = refs.get(spec.fn_id, 0) + 1
             ready.push(task)
         n = len(message.tasks)
         self.counters["submitted"] += n
@@ -344,8 +394,8 @@ class Scheduler:
             task = self.tasks.get(task_id)
             if task is not None:
                 self._cancel(task, force=False)
-        for fn_id in client.functions:
-            self.functions.pop(fn_id, None)
+        for fn_id in list(client.functions):
+            self._release_function(fn_id)
         self.last_sent.pop(client.peer, None)
         self._out.pop(client.peer, None)
         self._results.pop(client.peer, None)
@@ -472,6 +522,11 @@ class Scheduler:
 
     def _forget(self, task: TaskRecord) -> None:
         self.tasks.pop(task.task_id, None)
+        if task.fn_id:
+            left = self.function_refs[task.fn_id] - 1
+            self.function_refs[task.fn_id] = left
+            if not left and task.fn_id in self.released_functions:
+                self._release_function(task.fn_id)
         client = self.clients.get(task.client)
         if client is not None:
             client.tasks.discard(task.task_id)
@@ -543,6 +598,13 @@ class Scheduler:
             for task_id in worker.inflight:
                 task = self.tasks.get(task_id)
                 assert task is not None and task.worker == worker.peer, f"{worker!r} holds stray task {task_id:#x}"
+        refs: dict[int, int] = {}
+        for task in self.tasks.values():
+            if task.fn_id:
+                refs[task.fn_id] = refs.get(task.fn_id, 0) + 1
+                assert task.fn_id in self.functions, f"{task!r} refers to a missing function {task.fn_id:#x}"
+        for fn_id, count in self.function_refs.items():
+            assert refs.get(fn_id, 0) == count, f"function {fn_id:#x}: {count} refs recorded, {refs.get(fn_id, 0)} real"
         for client in self.clients.values():
             for task_id in client.tasks:
                 assert self.tasks[task_id].client == client.peer, f"{client!r} owns stray task {task_id:#x}"

@@ -139,6 +139,8 @@ class WorkerRecord:
     resources: dict[str, float]
     tags: frozenset[str]
     last_seen: float
+    pid: int = 0
+    host: str = ""
     inflight: dict[int, None] = field(default_factory=dict)  # ordered set of task ids
     functions: set[int] = field(default_factory=set)  # callables it has been sent
     mean_task_seconds: float | None = None  # EWMA of observed task durations

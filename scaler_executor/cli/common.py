@@ -1,0 +1,42 @@
+"""What the command-line programs share: logging set-up and the TCP warning."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from scaler_executor.config import ClusterConfig
+
+log = logging.getLogger("scaler_executor")
+
+
+def setup_logging(config: ClusterConfig, role: str) -> None:
+    logging.basicConfig(
+        level=config.log_level,
+        stream=sys.stderr,
+        format=f"%(asctime)s {role}[%(process)d] %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def check_tcp(config: ClusterConfig, address: str) -> None:
+    """TCP reaches other hosts: say plainly that nothing authenticates them yet."""
+    if not address.startswith("tcp://"):
+        return
+    if not config.allow_tcp_unauthenticated:
+        raise SystemExit(
+            f"refusing to use {address}: TCP without keys lets anyone who can reach the port run code "
+            "here, and allow_tcp_unauthenticated is off. Use an ipc:// address, or allow it with "
+            "--allow-tcp-unauthenticated on a trusted network."
+        )
+    log.warning(
+        "%s is TCP without authentication: anyone who can reach this port can run code on the "
+        "cluster. Use it only on a trusted network.",
+        address,
+    )
+
+
+def read_initializer(path: str | None) -> bytes | None:
+    if not path:
+        return None
+    with open(path, "rb") as f:
+        return f.read()

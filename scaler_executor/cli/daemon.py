@@ -1,0 +1,61 @@
+"""``scaler-daemon``: the scheduler, and optionally workers on the same host.
+
+    scaler-daemon --address tcp://0.0.0.0:8786 --workers 4
+
+Stops cleanly on SIGINT or SIGTERM (clients see their pending futures fail with
+DaemonLost; local workers stop with it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from scaler_executor.cli.common import check_tcp, setup_logging
+from scaler_executor.config import ClusterConfig, add_config_arguments, config_from_args
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, ClusterConfig]:
+    parser = argparse.ArgumentParser(
+        prog="scaler-daemon",
+        description="Run the scaler-executor scheduler daemon (and, with --workers, local workers).",
+    )
+    add_config_arguments(parser)
+    parser.add_argument(
+        "--initializer",
+        metavar="FILE",
+        help="a file holding cloudpickle.dumps((initializer, initargs)) run in every local processor",
+    )
+    parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)  # stop when stdin closes
+    args = parser.parse_args(argv)
+    config = config_from_args(args)
+    if not config.address:
+        parser.error("an address is required: --address tcp://HOST:PORT or ipc:///PATH")
+    return args, config
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, config = parse_args(argv)
+    setup_logging(config, "scaler-daemon")
+    assert config.address is not None
+    check_tcp(config, config.address)
+    from scaler_executor.manager.local import LocalWorkerManager
+    from scaler_executor.scheduler.loop import Daemon
+
+    manager = None
+    if config.workers:
+        manager = LocalWorkerManager(
+            config,
+            config.address,
+            count=config.workers,
+            processors=config.processors_per_worker,
+            initializer_file=args.initializer,
+            max_tasks_per_child=config.max_tasks_per_child,
+        )
+    daemon = Daemon(config, config.address, lifeline_fd=0 if args.lifeline else None, manager=manager)
+    daemon.install_signal_handlers()
+    return daemon.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,470 @@
+"""The client agent: the background thread that owns the connection to the daemon.
+
+::
+
+    user thread(s)                 agent thread                       completion thread
+    ──────────────                 ────────────                       ─────────────────
+    submit(): pickle, Future  ──►  outbox ─► SubmitTasks (batched,    futures: RUNNING,
+      (wakes the agent via           up to submit_window unacked)      results unpickled,
+       an eventfd)                 recv: TasksRunning, TaskResults ──► set_result / set_exception,
+    Future.cancel() ─ callback ─►  CancelTasks                         done-callbacks run here
+                                   heartbeats, daemon-loss timer
+
+* Only the agent thread touches the socket; it never runs user code, so a
+  slow done-callback delays no result and no heartbeat.
+* Futures are completed only through their public methods, and only on the
+  completion thread, in the order the daemon reported (RUNNING, then done).
+* The agent holds no reference to the executor; the executor's finalizer and
+  the module's ``atexit`` hook are what shut it down.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import platform
+import queue
+import socket
+import threading
+import time
+import weakref
+from collections import deque
+from concurrent.futures import Future, InvalidStateError
+from functools import partial
+from typing import Any, Callable
+
+import cloudpickle
+import zmq
+
+from scaler_executor._version import __version__
+from scaler_executor.client import serialization as ser
+from scaler_executor.client.cluster import EmbeddedCluster
+from scaler_executor.config import ClusterConfig
+from scaler_executor.exceptions import BrokenScalerExecutor, DaemonLost, InitializerFailed
+from scaler_executor.protocol import codec
+from scaler_executor.protocol import messages as m
+from scaler_executor.protocol.messages import TaskFlags, TaskOptions
+
+log = logging.getLogger("scaler_executor.client")
+
+TASK_MASK = (1 << m.TASK_ID_BITS) - 1
+SUBMIT, CANCEL, REGISTER_FN, RELEASE_FN, REGISTER_OPTIONS, STATS = range(6)
+RECV_BURST = 1024
+
+_live_agents: weakref.WeakSet[ClientAgent] = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_at_exit() -> None:
+    """Interpreter exit acts as shutdown(wait=True): outstanding futures complete first."""
+    for agent in list(_live_agents):
+        agent.shutdown(wait=True)
+
+
+class ClientAgent:
+    def __init__(self, config: ClusterConfig, address: str, cluster: EmbeddedCluster | None) -> None:
+        self.config = config
+        self.address = address
+        self.cluster = cluster
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.lock = threading.Lock()  # guards: shutdown flag, broken, outbox order of registrations
+        self.outbox: deque[tuple[Any, ...]] = deque()
+        self.futures: dict[int, Future[Any]] = {}
+        self._counter = itertools.count(1)
+        self._fn_counter = itertools.count(1)
+        self._fn_cache: weakref.WeakKeyDictionary[Callable[..., Any], int] = weakref.WeakKeyDictionary()
+        self._options: dict[tuple[Any, ...], int] = {}
+        self._stats_waiters: deque[Future[dict[str, Any]]] = deque()
+        self.shutdown_requested = False
+        self.broken: BaseException | None = None
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._wake_pending = False
+        self._closed = False
+        self._completions: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="scaler-client-agent", daemon=True)
+        self._completer = threading.Thread(target=self._complete, name="scaler-completion", daemon=True)
+        self._completer.start()
+        self._thread.start()
+        _live_agents.add(self)
+
+    # ================================================================== user-thread side
+
+    def wake(self) -> None:
+        if not self._wake_pending:
+            self._wake_pending = True
+            with self.lock:
+                if not self._closed:
+                    os.eventfd_write(self._wake_fd, 1)
+
+    def check_usable(self) -> None:
+        if self.broken is not None:
+            raise type(self.broken)(*self.broken.args) if isinstance(self.broken, BrokenScalerExecutor) else BrokenScalerExecutor(str(self.broken))
+        if self.shutdown_requested:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+
+    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options_id: int) -> Future[Any]:
+        self.check_usable()
+        future: Future[Any] = Future()
+        try:
+            if ser.is_cacheable(fn):
+                fn_id = self.function_id(fn)
+                flags = TaskFlags.CALL
+                payload = ser.dumps_args(args, kwargs)
+            else:
+                fn_id = 0
+                flags = TaskFlags.INLINE_FN
+                payload = ser.dumps((fn, args, kwargs))
+        except Exception as exc:
+            exc.add_note(ser.pickling_note(fn, args, kwargs))
+            future.set_exception(exc)
+            return future
+        self._enqueue(future, fn_id, options_id, flags, payload)
+        return future
+
+    def _enqueue(self, future: Future[Any], fn_id: int, options_id: int, flags: int, payload: bytes) -> None:
+        with self.lock:
+            self.check_usable()
+            n = next(self._counter)
+            self.futures[n] = future
+            self.outbox.append((SUBMIT, n, fn_id, options_id, flags, payload))
+        future.add_done_callback(partial(self._on_future_done, n))
+        self.wake()
+
+    def submit_packed(self, fn_id: int, options_id: int, flags: int, payload: bytes) -> Future[Any]:
+        """Submit an already pickled call to a registered function (``map`` uses this)."""
+        self.check_usable()
+        future: Future[Any] = Future()
+        self._enqueue(future, fn_id, options_id, flags, payload)
+        return future
+
+    def function_id(self, fn: Callable[..., Any]) -> int:
+        """The id of a cached plain function, registering it with the cluster on first use."""
+        fn_id = self._fn_cache.get(fn)
+        if fn_id is not None:
+            return fn_id
+        payload = ser.dumps(fn)
+        with self.lock:
+            fn_id = self._fn_cache.get(fn)
+            if fn_id is None:
+                fn_id = next(self._fn_counter)
+                self.outbox.append((REGISTER_FN, fn_id, payload))
+                self._fn_cache[fn] = fn_id
+                weakref.finalize(fn, _release_function, weakref.ref(self), fn_id).atexit = False
+        return fn_id
+
+    def register_function(self, fn: Callable[..., Any], owner: object) -> int:
+        """Register ``fn`` for as long as ``owner`` lives (one ``map`` call)."""
+        payload = ser.dumps(fn)
+        with self.lock:
+            self.check_usable()
+            fn_id = next(self._fn_counter)
+            self.outbox.append((REGISTER_FN, fn_id, payload))
+        weakref.finalize(owner, _release_function, weakref.ref(self), fn_id).atexit = False
+        return fn_id
+
+    def release_function(self, fn_id: int) -> None:
+        if self.shutdown_requested and not self.futures:
+            return
+        self.outbox.append((RELEASE_FN, fn_id))
+        self.wake()
+
+    def options_id(self, options: TaskOptions) -> int:
+        key = (tuple(sorted(options.resources.items())), tuple(sorted(options.tags)), *options[2:])
+        options_id = self._options.get(key)
+        if options_id is None:
+            with self.lock:
+                options_id = self._options.get(key)
+                if options_id is None:
+                    options_id = len(self._options) + 1
+                    self.outbox.append((REGISTER_OPTIONS, options_id, options))
+                    self._options[key] = options_id
+        return options_id
+
+    def request_stats(self) -> Future[dict[str, Any]]:
+        future: Future[dict[str, Any]] = Future()
+        with self.lock:
+            self.check_usable()
+            self._stats_waiters.append(future)
+            self.outbox.append((STATS,))
+        self.wake()
+        return future
+
+    def _on_future_done(self, n: int, future: Future[Any]) -> None:
+        if future.cancelled():
+            if self.futures.pop(n, None) is not None:
+                self.outbox.append((CANCEL, n))
+                self.wake()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self.lock:
+            self.shutdown_requested = True
+        if cancel_futures:
+            for future in list(self.futures.values()):
+                future.cancel()
+        self.wake()
+        if wait and threading.current_thread() not in (self._thread, self._completer):
+            self._thread.join()
+            self._completer.join()
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.futures)
+
+    # ================================================================== agent thread
+
+    def _run(self) -> None:
+        context = zmq.Context()
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RECONNECT_IVL, 10)  # the embedded daemon binds moments after we connect
+        sock.setsockopt(zmq.SNDHWM, self.config.send_hwm)
+        sock.setsockopt(zmq.RCVHWM, self.config.send_hwm)
+        sock.connect(self.address)
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_fd, zmq.POLLIN)
+        self._sock = sock
+        self._welcomed = False
+        self._base = 0
+        self._unacked = 0
+        self._pending_frames: list[Any] | None = None
+        started = self._last_recv = self._last_send = time.monotonic()
+        self._send([self._hello()])
+        tick = min(self.config.heartbeat_interval / 2, 0.1)
+        try:
+            while True:
+                timeout = tick * 1000 if self._pending_frames is None else 5
+                for target, _ in poller.poll(timeout):
+                    if target is sock:
+                        self._receive()
+                    else:
+                        self._wake_pending = False
+                        try:
+                            os.eventfd_read(self._wake_fd)
+                        except BlockingIOError:
+                            pass
+                now = time.monotonic()
+                if self.broken is None:
+                    self._check_daemon(now, started)
+                if self.broken is not None:
+                    break
+                if self._welcomed:
+                    self._drain_outbox()
+                if self._pending_frames is not None:
+                    self._retry_pending()
+                elif now - self._last_send >= self.config.heartbeat_interval:
+                    self._send([m.Heartbeat(0, 0)])
+                if self.shutdown_requested and not self.futures and self._pending_frames is None:
+                    if not any(item[0] == SUBMIT for item in self.outbox):
+                        break
+        except Exception as exc:  # a bug here must fail futures, not leave them hanging
+            log.exception("client agent failed")
+            self._break(BrokenScalerExecutor(f"the client agent failed: {exc!r}"))
+        finally:
+            self._teardown(context, sock)
+
+    def _hello(self) -> m.Hello:
+        return m.Hello(
+            m.Role.CLIENT,
+            m.PROTOCOL_VERSION,
+            ".".join(platform.python_version_tuple()[:2]),
+            cloudpickle.__version__,
+            __version__,
+            self.name,
+            os.getpid(),
+            socket.gethostname(),
+            0,
+            {},
+            [],
+        )
+
+    def _send(self, batch: list[Any]) -> None:
+        frames = codec.encode(batch)
+        try:
+            self._sock.send_multipart(frames, flags=zmq.NOBLOCK)
+            self._last_send = time.monotonic()
+        except zmq.Again:
+            self._pending_frames = frames  # the daemon's queue is full: hold it, keep order
+
+    def _retry_pending(self) -> None:
+        assert self._pending_frames is not None
+        try:
+            self._sock.send_multipart(self._pending_frames, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        self._pending_frames = None
+        self._last_send = time.monotonic()
+
+    def _drain_outbox(self) -> None:
+        if self._pending_frames is not None or not self.outbox:
+            return
+        outbox, base = self.outbox, self._base
+        window = self.config.submit_window
+        batch: list[Any] = []
+        specs: list[m.TaskSpec] = []
+        cancels: list[int] = []
+        while outbox:
+            item = outbox[0]
+            kind = item[0]
+            if kind == SUBMIT:
+                if self._unacked >= window:
+                    break
+                outbox.popleft()
+                _, n, fn_id, options_id, flags, payload = item
+                specs.append(m.TaskSpec(base | n, base | fn_id if fn_id else 0, options_id, flags, payload, [], [], 0))
+                self._unacked += 1
+                continue
+            outbox.popleft()
+            if specs:
+                batch.append(m.SubmitTasks(specs))
+                specs = []
+            if kind == CANCEL:
+                cancels.append(base | item[1])
+            elif kind == REGISTER_FN:
+                batch.append(m.RegisterFunction(base | item[1], item[2]))
+            elif kind == RELEASE_FN:
+                batch.append(m.ReleaseFunctions([base | item[1]]))
+            elif kind == REGISTER_OPTIONS:
+                batch.append(m.RegisterOptions(item[1], item[2]))
+            elif kind == STATS:
+                batch.append(m.StatsRequest())
+        if specs:
+            batch.append(m.SubmitTasks(specs))
+        if cancels:
+            batch.append(m.CancelTasks(cancels, False))
+        if batch:
+            self._send(batch)
+
+    def _receive(self) -> None:
+        sock = self._sock
+        for _ in range(RECV_BURST):
+            try:
+                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            self._last_recv = time.monotonic()
+            try:
+                messages, _ = codec.decode(frames)
+            except codec.DecodeError as exc:
+                log.warning("client: dropped a bad transmission from the daemon: %s", exc)
+                continue
+            for message in messages:
+                kind = type(message)
+                if kind is m.TaskResults:
+                    self._completions.put((RESULTS, message.results))
+                elif kind is m.TasksRunning:
+                    self._completions.put((RUNNING, message.task_ids))
+                elif kind is m.SubmitAck:
+                    self._unacked -= message.count
+                elif kind is m.Welcome:
+                    self._welcomed = True
+                    self._base = message.peer_id << m.TASK_ID_BITS
+                elif kind is m.Stats:
+                    if self._stats_waiters:
+                        self._stats_waiters.popleft().set_result(dict(message.snapshot))
+                elif kind is m.ClusterBroken:
+                    self._break(_initializer_failed(message))
+                elif kind is m.Refused:
+                    self._break(DaemonLost(f"the daemon at {self.address} refused this client: {message.reason}"))
+                elif kind is m.Goodbye:
+                    self._break(DaemonLost(f"the daemon at {self.address} stopped ({message.reason})"))
+
+    def _check_daemon(self, now: float, started: float) -> None:
+        if self.cluster is not None:
+            how = self.cluster.exit_status()
+            if how is not None:
+                self._break(DaemonLost(f"the embedded scaler-daemon exited unexpectedly ({how})"))
+                return
+        silence = now - self._last_recv
+        if silence > self.config.daemon_loss_timeout:
+            if self._welcomed:
+                text = f"no message from the daemon at {self.address} for {silence:.1f} s (daemon_loss_timeout)"
+            else:
+                text = f"could not reach the daemon at {self.address} within {now - started:.1f} s (daemon_loss_timeout)"
+            self._break(DaemonLost(text))
+
+    def _break(self, exc: BaseException) -> None:
+        with self.lock:
+            if self.broken is not None:
+                return
+            self.broken = exc
+            self.outbox.clear()
+        log.debug("client broken: %s", exc)
+        self._completions.put((FAIL_ALL, exc))
+
+    def _teardown(self, context: zmq.Context[Any], sock: zmq.Socket[Any]) -> None:
+        if self.broken is None or not isinstance(self.broken, DaemonLost):
+            try:
+                sock.send_multipart(codec.encode([m.Goodbye("client shutting down")]), flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        sock.close(linger=100)
+        context.term()
+        if self.cluster is not None:
+            self.cluster.stop()
+        self._completions.put((FAIL_ALL, DaemonLost("the executor shut down before these tasks finished")))
+        self._completions.put(None)
+        with self.lock:
+            self._closed = True
+            os.close(self._wake_fd)
+        _live_agents.discard(self)
+
+    # ================================================================== completion thread
+
+    def _complete(self) -> None:
+        futures = self.futures
+        while True:
+            item = self._completions.get()
+            if item is None:
+                return
+            kind, data = item
+            if kind == RESULTS:
+                for result in data:
+                    future = futures.pop(result.task_id & TASK_MASK, None)
+                    if future is None:
+                        continue  # cancelled, or a late duplicate
+                    if not future.running() and not future.set_running_or_notify_cancel():
+                        continue
+                    ok, value = ser.outcome(result.status, result.payload, result.task_id)
+                    if ok:
+                        future.set_result(value)
+                    else:
+                        future.set_exception(value)
+            elif kind == RUNNING:
+                for task_id in data:
+                    future = futures.get(task_id & TASK_MASK)
+                    if future is not None and not future.running() and not future.done():
+                        future.set_running_or_notify_cancel()
+            elif kind == FAIL_ALL:
+                self._fail_all(data)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        while self.futures:
+            _, future = self.futures.popitem()
+            try:
+                future.set_exception(type(exc)(*exc.args) if exc.__cause__ is None else exc)
+            except InvalidStateError:
+                pass  # cancelled meanwhile
+        while self._stats_waiters:
+            try:
+                self._stats_waiters.popleft().set_exception(type(exc)(*exc.args))
+            except InvalidStateError:
+                pass
+
+
+RESULTS, RUNNING, FAIL_ALL = "results", "running", "fail-all"
+
+
+def _release_function(agent_ref: weakref.ref[ClientAgent], fn_id: int) -> None:
+    agent = agent_ref()
+    if agent is not None and agent.broken is None:
+        agent.release_function(fn_id)
+
+
+def _initializer_failed(message: m.ClusterBroken) -> InitializerFailed:
+    error = InitializerFailed(f"{message.reason}; the executor is broken (as ProcessPoolExecutor's would be)")
+    if message.payload:
+        error.__cause__ = ser.rebuild_exception(message.payload)
+    return error

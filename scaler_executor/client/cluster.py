@@ -1,0 +1,93 @@
+"""The embedded local cluster that ``ScalerExecutor()`` starts when given no address.
+
+One ``scaler-daemon`` process with one local worker of ``max_workers``
+processors, over ``ipc://`` sockets in a fresh directory only this user can
+enter (0700): file permissions are the authentication.
+
+* The daemon runs in its own session (so its own process group): a Ctrl-C in
+  the terminal interrupts the user's code, not the cluster.
+* Its standard input is a pipe whose write end only this process holds (the
+  lifeline).  When this process exits — cleanly, or by SIGKILL or the OOM
+  killer — the pipe closes, the daemon stops its workers, and the worker's
+  processors follow their agent.  The socket directory goes with them.
+* Workers inherit this process's environment, working directory and
+  ``sys.path`` (as PYTHONPATH), so what imports here imports there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+from scaler_executor.config import ClusterConfig
+from scaler_executor.worker.zygote import describe_wait_status
+
+STOP_TIMEOUT = 5.0  # seconds for the daemon to stop its workers before the group is killed
+
+
+class EmbeddedCluster:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        *,
+        processors: int,
+        initializer: bytes | None = None,
+        max_tasks_per_child: int | None = None,
+    ) -> None:
+        self.directory = tempfile.mkdtemp(prefix="scaler-")  # mode 0700
+        self.address = f"ipc://{self.directory}/daemon.sock"
+        self.config = config.replace(
+            address=self.address,
+            workers=1,
+            processors_per_worker=processors,
+            max_tasks_per_child=max_tasks_per_child,
+        )
+        config_file = os.path.join(self.directory, "config.toml")
+        with open(config_file, "w") as f:
+            f.write(self.config.to_toml())
+        command = [sys.executable, "-m", "scaler_executor.cli.daemon", "--config", config_file, "--lifeline"]
+        if initializer is not None:
+            initializer_file = os.path.join(self.directory, "initializer.pickle")
+            with open(initializer_file, "wb") as f:
+                f.write(initializer)
+            command += ["--initializer", initializer_file]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, env=_worker_environment(), start_new_session=True)
+        self._stopped = False
+
+    def exit_status(self) -> str | None:
+        """How the daemon ended, or None while it runs."""
+        code = self.process.poll()
+        if code is None:
+            return None
+        return describe_wait_status(-code if code < 0 else code << 8)
+
+    def stop(self) -> None:
+        """Stop the daemon and its workers; idempotent.  Kills the group if it does not stop in time."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.process.stdin is not None:
+            try:
+                self.process.stdin.close()  # the lifeline: the daemon stops when it closes
+            except OSError:
+                pass
+        try:
+            self.process.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.process.wait()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _worker_environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCALER_")}  # folded into the config file
+    paths = [os.getcwd() if p == "" else p for p in sys.path]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
+    return env

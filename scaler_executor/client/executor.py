@@ -1,0 +1,328 @@
+"""``ScalerExecutor``: the ``concurrent.futures.Executor`` users touch.
+
+A thin facade over the :class:`~scaler_executor.client.agent.ClientAgent`
+(which owns the connection) and, without an address, an
+:class:`~scaler_executor.client.cluster.EmbeddedCluster`.  The facade holds the
+agent; nothing holds the facade, so dropping the last reference to the
+executor shuts it down as ``shutdown(wait=False)`` would.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, Future
+from typing import Any, TypeVar
+
+import cloudpickle
+
+from scaler_executor.client import serialization as ser
+from scaler_executor.client.agent import ClientAgent
+from scaler_executor.client.cluster import EmbeddedCluster
+from scaler_executor.config import ClusterConfig
+from scaler_executor.protocol.messages import DEFAULT_OPTIONS, TaskFlags, TaskOptions
+
+T = TypeVar("T")
+
+_OPTION_NAMES = ("resources", "tags", "priority", "task_timeout", "max_retries")
+
+
+class _MapOwner:
+    """Lives as long as one ``map`` call's iterator: its callable stays registered until then."""
+
+    __slots__ = ("__weakref__",)
+
+
+class ScalerExecutor(Executor):
+    """Run calls on a scaler-executor cluster, with ``ProcessPoolExecutor``'s contract.
+
+    Args:
+        max_workers: processes that run tasks in the embedded cluster (default: the
+            CPUs this process may use).  Must be None with ``address``: a running
+            cluster's capacity belongs to the cluster.
+        mp_context: must be None (workers are started by the cluster, not by
+            multiprocessing); accepted positionally for ProcessPoolExecutor compatibility.
+        initializer, initargs: called in every process that runs tasks before its
+            first task, replacements included.  If it raises, pending futures fail with
+            :class:`~scaler_executor.exceptions.InitializerFailed` and the executor is broken.
+        max_tasks_per_child: replace a processor after it ran this many tasks.
+        address: ``tcp://host:port`` (or ``ipc://path``) of a running ``scaler-daemon``
+            to join instead of starting an embedded cluster.
+        min_workers: must be None or equal to ``max_workers`` in this version: the
+            embedded cluster runs a fixed number of processes.
+        config: a :class:`~scaler_executor.config.ClusterConfig`; default: loaded from
+            ``SCALER_*`` environment variables and ``$SCALER_CONFIG``.
+
+    Raises:
+        ValueError / TypeError: for invalid arguments, naming the fix.
+    """
+
+    def __init__(
+        self,
+        max_workers: int | None = None,
+        mp_context: Any = None,
+        initializer: Callable[..., object] | None = None,
+        initargs: tuple[Any, ...] = (),
+        *,
+        max_tasks_per_child: int | None = None,
+        address: str | None = None,
+        min_workers: int | None = None,
+        config: ClusterConfig | None = None,
+    ) -> None:
+        if mp_context is not None:
+            raise ValueError(
+                "mp_context is not supported: ScalerExecutor's processes are started by its cluster "
+                "(forked from a pre-imported zygote), not by multiprocessing; leave it None"
+            )
+        if initializer is not None and not callable(initializer):
+            raise TypeError("initializer must be a callable")
+        if max_tasks_per_child is not None:
+            if not isinstance(max_tasks_per_child, int) or isinstance(max_tasks_per_child, bool):
+                raise TypeError("max_tasks_per_child must be an integer")
+            if max_tasks_per_child <= 0:
+                raise ValueError("max_tasks_per_child must be >= 1")
+        if config is None:
+            config = ClusterConfig.load()
+        elif not isinstance(config, ClusterConfig):
+            raise TypeError(f"config must be a ClusterConfig, got {type(config).__name__}")
+        address = address if address is not None else None
+        self._cluster: EmbeddedCluster | None = None
+        if address is not None:
+            if max_workers is not None:
+                raise ValueError(
+                    "max_workers must be None when joining a running cluster (address=...): "
+                    "its capacity belongs to the cluster; start workers with scaler-worker instead"
+                )
+            if initializer is not None or max_tasks_per_child is not None:
+                raise ValueError(
+                    "initializer and max_tasks_per_child configure the processes an embedded cluster "
+                    "starts; for a running cluster pass them to scaler-daemon/scaler-worker "
+                    "(--initializer FILE, --max-tasks-per-child N)"
+                )
+            if min_workers is not None:
+                raise ValueError("min_workers applies to the embedded cluster; leave it None with address=")
+            self._max_workers = 0
+        else:
+            if max_workers is None:
+                max_workers = len(os.sched_getaffinity(0))
+            if not isinstance(max_workers, int) or isinstance(max_workers, bool):
+                raise TypeError(f"max_workers must be an integer, got {type(max_workers).__name__}")
+            if max_workers <= 0:
+                raise ValueError("max_workers must be greater than 0")
+            if min_workers is not None and min_workers != max_workers:
+                raise ValueError(
+                    f"min_workers={min_workers} asks for autoscaling, which the embedded cluster of this "
+                    f"version does not do: it runs max_workers={max_workers} processes; omit min_workers"
+                )
+            init_blob = cloudpickle.dumps((initializer, tuple(initargs)), protocol=5) if initializer else None
+            self._cluster = EmbeddedCluster(
+                config, processors=max_workers, initializer=init_blob, max_tasks_per_child=max_tasks_per_child
+            )
+            address = self._cluster.address
+            config = self._cluster.config
+            self._max_workers = max_workers
+        self._config = config
+        self._address = address
+        self._agent = ClientAgent(config, address, self._cluster)
+        self._finalizer = weakref.finalize(self, ClientAgent.shutdown, self._agent, False)
+        self._finalizer.atexit = False  # interpreter exit is handled by the agent module (wait=True)
+
+    # ------------------------------------------------------------------ Executor contract
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        """Schedule ``fn(*args, **kwargs)``; every keyword goes to ``fn``."""
+        return self._agent.submit(fn, args, kwargs, 0)
+
+    def map(
+        self,
+        fn: Callable[..., T],
+        *iterables: Iterable[Any],
+        timeout: float | None = None,
+        chunksize: int = 1,
+        buffersize: int | None = None,
+    ) -> Iterator[T]:
+        """``Executor.map`` with ``ProcessPoolExecutor``'s ``chunksize`` and Python 3.14's ``buffersize``."""
+        return _map(self._agent, 0, fn, iterables, timeout, chunksize, buffersize)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Standard semantics; idempotent.  Stops the embedded cluster once outstanding work is done."""
+        self._agent.shutdown(wait, cancel_futures=cancel_futures)
+
+    # ------------------------------------------------------------------ extras
+
+    def options(
+        self,
+        *,
+        resources: dict[str, float] | None = None,
+        tags: Iterable[str] | None = None,
+        priority: int = 0,
+        task_timeout: float | None = None,
+        max_retries: int | None = None,
+    ) -> _OptionsView:
+        """A view on this executor whose ``submit``/``map`` carry scheduling options.
+
+        ``ex.options(priority=5).submit(f, x, timeout=3)`` passes ``timeout=3`` to ``f``.
+        """
+        return _OptionsView(self, _make_options(resources, tags, priority, task_timeout, max_retries))
+
+    def statistics(self, timeout: float | None = 10.0) -> dict[str, Any]:
+        """A snapshot of the daemon's counters and task states."""
+        return self._agent.request_stats().result(timeout)
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    def __repr__(self) -> str:
+        state = "broken" if self._agent.broken else "shutdown" if self._agent.shutdown_requested else "running"
+        where = f"embedded, max_workers={self._max_workers}" if self._cluster else self._address
+        return f"<ScalerExecutor {state} ({where}) outstanding={self._agent.outstanding}>"
+
+
+class _OptionsView:
+    """``submit``/``map`` with scheduling options, on the same connection as its executor."""
+
+    def __init__(self, executor: ScalerExecutor, options: TaskOptions) -> None:
+        self._executor = executor
+        self._options = options
+        self._options_id: int | None = None
+
+    def _id(self) -> int:
+        if self._options_id is None:
+            self._options_id = self._executor._agent.options_id(self._options)
+        return self._options_id
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        return self._executor._agent.submit(fn, args, kwargs, self._id())
+
+    def map(
+        self,
+        fn: Callable[..., T],
+        *iterables: Iterable[Any],
+        timeout: float | None = None,
+        chunksize: int = 1,
+        buffersize: int | None = None,
+    ) -> Iterator[T]:
+        return _map(self._executor._agent, self._id(), fn, iterables, timeout, chunksize, buffersize)
+
+    def options(self, **changes: Any) -> _OptionsView:
+        merged = dict(zip(_OPTION_NAMES, self._options))
+        unknown = set(changes) - set(_OPTION_NAMES)
+        if unknown:
+            raise TypeError(f"unknown option(s) {sorted(unknown)}; valid: {list(_OPTION_NAMES)}")
+        merged.update(changes)
+        return _OptionsView(self._executor, _make_options(**merged))
+
+    def __repr__(self) -> str:
+        return f"<options {self._options} on {self._executor!r}>"
+
+
+def _make_options(
+    resources: dict[str, float] | None,
+    tags: Iterable[str] | None,
+    priority: int,
+    task_timeout: float | None,
+    max_retries: int | None,
+) -> TaskOptions:
+    if resources:
+        raise ValueError(
+            f"resources={resources!r}: this version's daemon does not match resources, so the request could "
+            "not be honoured; omit resources"
+        )
+    tag_list = sorted(tags) if tags is not None else []
+    if tag_list:
+        raise ValueError(f"tags={tag_list!r}: this version's daemon does not match tags; omit tags")
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise TypeError(f"priority must be an integer, got {type(priority).__name__}")
+    if task_timeout is not None:
+        if not isinstance(task_timeout, (int, float)) or isinstance(task_timeout, bool) or not task_timeout > 0:
+            raise ValueError(f"task_timeout must be a positive number of seconds or None, got {task_timeout!r}")
+        task_timeout = float(task_timeout)
+    if max_retries is not None and (not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0):
+        raise ValueError(f"max_retries must be an integer >= 0 or None, got {max_retries!r}")
+    options = TaskOptions({}, tag_list, priority, task_timeout, max_retries)
+    return DEFAULT_OPTIONS if options == DEFAULT_OPTIONS else options
+
+
+# --------------------------------------------------------------------------- map
+
+
+def _map(
+    agent: ClientAgent,
+    options_id: int,
+    fn: Callable[..., Any],
+    iterables: tuple[Iterable[Any], ...],
+    timeout: float | None,
+    chunksize: int,
+    buffersize: int | None,
+) -> Iterator[Any]:
+    if not isinstance(chunksize, int) or chunksize < 1:
+        raise ValueError("chunksize must be >= 1.")
+    if buffersize is not None and not isinstance(buffersize, int):
+        raise TypeError("buffersize must be an integer or None")
+    if buffersize is not None and buffersize < 1:
+        raise ValueError("buffersize must be None or > 0")
+    agent.check_usable()
+    end_time = None if timeout is None else timeout + time.monotonic()
+    owner = _MapOwner()
+    try:
+        fn_id = agent.register_function(fn, owner)
+    except Exception as exc:
+        exc.add_note(ser.pickling_note(fn, (), {}))
+        raise
+    zipped: Iterator[tuple[Any, ...]] = zip(*iterables)
+    if chunksize > 1:
+        zipped = iter(lambda it=zipped: list(itertools.islice(it, chunksize)), [])  # type: ignore[misc]
+        flags = TaskFlags.CHUNK
+    else:
+        flags = TaskFlags.CALL
+
+    def submit_one(item: Any) -> Future[Any]:
+        try:
+            payload = ser.dumps(item) if flags == TaskFlags.CHUNK else ser.dumps_args(item, {})
+        except Exception as exc:
+            exc.add_note(ser.pickling_note(fn, item if flags == TaskFlags.CALL else (), {}))
+            future: Future[Any] = Future()
+            future.set_exception(exc)
+            return future
+        return agent.submit_packed(fn_id, options_id, flags, payload)
+
+    if buffersize:
+        fs: collections.deque[Future[Any]] = collections.deque(
+            submit_one(item) for item in itertools.islice(zipped, buffersize)
+        )
+    else:
+        fs = collections.deque(submit_one(item) for item in zipped)
+    agent_ref = weakref.ref(agent)
+
+    def result_iterator() -> Iterator[Any]:
+        keep = owner  # the callable stays registered while this iterator lives
+        try:
+            fs.reverse()
+            while fs:
+                if buffersize and (a := agent_ref()) is not None and not a.shutdown_requested:
+                    item = next(zipped, None)
+                    if item is not None:
+                        fs.appendleft(submit_one(item))
+                future = fs.pop()
+                try:
+                    if end_time is None:
+                        value = future.result()
+                    else:
+                        value = future.result(end_time - time.monotonic())
+                finally:
+                    future.cancel()
+                if flags == TaskFlags.CHUNK:
+                    yield from value
+                else:
+                    yield value
+        finally:
+            for future in fs:
+                future.cancel()
+            del keep
+
+    return result_iterator()

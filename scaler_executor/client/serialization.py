@@ -1,0 +1,133 @@
+"""Turning calls into bytes on the client, and bytes back into results.
+
+* Callables are pickled once and referred to by id: a plain function per
+  executor (weakly cached: when the function is garbage-collected, the
+  cluster is told to drop it), and any callable once per ``map`` call.
+  Other callables (bound methods, callable objects, partials) travel inside
+  each task, as ``ProcessPoolExecutor`` sends them, so their state is current.
+* Arguments use plain ``pickle`` when every one is a builtin scalar (five times
+  cheaper than cloudpickle for small calls) and cloudpickle otherwise, so that
+  lambdas, closures and interactive functions work.
+* When pickling fails, the original exception gets a note naming where the
+  culprit sits: ``while pickling kwargs['conn'] (socket.socket) for f``.
+"""
+
+from __future__ import annotations
+
+import pickle
+import types
+from typing import Any, Callable
+
+import cloudpickle
+import msgpack
+
+from scaler_executor.exceptions import RemoteError, RemoteTraceback, TaskCancelled, TaskError, TaskTimeout, WorkerLost
+from scaler_executor.protocol.messages import Status
+
+_PLAIN = frozenset({int, float, str, bytes, bool, type(None), complex})
+
+
+def describe_callable(fn: Any) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    return name if isinstance(name, str) else type(fn).__name__
+
+
+def dumps(obj: Any) -> bytes:
+    return cloudpickle.dumps(obj, protocol=5)
+
+
+def dumps_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    """Pickle ``(args, kwargs)``: the fast path for builtin scalars, cloudpickle otherwise."""
+    for a in args:
+        if type(a) not in _PLAIN:
+            break
+    else:
+        for v in kwargs.values():
+            if type(v) not in _PLAIN:
+                break
+        else:
+            return pickle.dumps((args, kwargs), protocol=5)
+    return cloudpickle.dumps((args, kwargs), protocol=5)
+
+
+def pickling_note(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """Which part of a call fails to pickle, found by pickling each part alone (error path only)."""
+    target = describe_callable(fn)
+    try:
+        cloudpickle.dumps(fn, protocol=5)
+    except Exception:
+        return f"while pickling the function {target} ({type(fn).__module__}.{type(fn).__qualname__})"
+    for i, a in enumerate(args):
+        try:
+            cloudpickle.dumps(a, protocol=5)
+        except Exception:
+            return f"while pickling args[{i}] ({type(a).__module__}.{type(a).__qualname__}) for {target}"
+    for k, v in kwargs.items():
+        try:
+            cloudpickle.dumps(v, protocol=5)
+        except Exception:
+            return f"while pickling kwargs[{k!r}] ({type(v).__module__}.{type(v).__qualname__}) for {target}"
+    return f"while pickling the call to {target}"
+
+
+def is_cacheable(fn: Any) -> bool:
+    """Plain functions are cached by identity; anything with mutable state travels per task."""
+    return type(fn) is types.FunctionType
+
+
+# --------------------------------------------------------------------------- results
+
+
+def rebuild_exception(payload: bytes) -> BaseException:
+    """The task's exception with its remote traceback as ``__cause__``, or a RemoteError."""
+    pickled, type_name, message, tb_text, tb_dict = msgpack.unpackb(payload, raw=False)
+    exc: BaseException
+    if pickled:
+        try:
+            exc = pickle.loads(pickled)
+            if not isinstance(exc, BaseException):
+                raise TypeError(f"unpickled a {type(exc).__name__}, not an exception")
+        except Exception as unpickling_error:
+            exc = RemoteError(type_name, message, tb_text)
+            exc.add_note(f"the exception could not be unpickled here: {unpickling_error!r}")
+    else:
+        exc = RemoteError(type_name, message, tb_text)
+    cause = RemoteTraceback(f'\n"""\n{tb_text}"""')
+    if tb_dict is not None:
+        try:
+            from tblib import Traceback
+
+            # Real frame objects for debuggers (pdb.post_mortem(exc.__cause__.__traceback__)).
+            cause.__traceback__ = Traceback.from_dict(tb_dict).as_traceback()
+        except Exception:
+            pass
+    exc.__cause__ = cause
+    return exc
+
+
+def outcome(status: int, payload: bytes, task_id: int) -> tuple[bool, Any]:
+    """(True, value) or (False, exception) for a result that reached the client."""
+    if status == Status.OK:
+        try:
+            return True, pickle.loads(payload)
+        except Exception as exc:
+            exc.add_note(f"while unpickling the result of task {task_id:#x} in the client")
+            return False, exc
+    if status == Status.ERROR:
+        return False, rebuild_exception(payload)
+    if status == Status.WORKER_LOST:
+        text, attempts = msgpack.unpackb(payload, raw=False)
+        lost = WorkerLost(text + ":\n  " + "\n  ".join(attempts), task_id, tuple(attempts))
+        return False, lost
+    if status == Status.TIMEOUT:
+        return False, TaskTimeout(f"task {task_id:#x}: {payload.decode(errors='replace')}")
+    if status == Status.FORCE_CANCELLED:
+        return False, TaskCancelled(f"task {task_id:#x}: {payload.decode(errors='replace')}")
+    if status == Status.CANCELLED:
+        return False, TaskCancelled(f"task {task_id:#x} was cancelled by the cluster")
+    if status == Status.REJECTED:
+        return False, TaskError(f"the daemon rejected task {task_id:#x}: {payload.decode(errors='replace')}")
+    return False, TaskError(f"task {task_id:#x} ended with unknown status {status}")
+
+
+Loader = Callable[[bytes], Any]

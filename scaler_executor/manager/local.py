@@ -1,0 +1,138 @@
+"""The local-process capacity adapter: worker processes on the daemon's own host.
+
+It keeps ``count`` workers alive: a worker that exits is reported (so the core
+can blame its tasks precisely, with the exit code or signal, without waiting
+for missed heartbeats) and replaced, with a back-off when workers die young
+(a worker that cannot start must not become a fork bomb).
+
+Each worker's standard input is a pipe whose other end only this process
+holds: the *lifeline*.  If the daemon dies, however abruptly, the pipe closes
+and the workers stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from scaler_executor.config import ClusterConfig
+from scaler_executor.worker.zygote import describe_wait_status
+
+log = logging.getLogger("scaler_executor.manager")
+
+YOUNG_DEATH_SECONDS = 5.0  # a worker that dies sooner counts towards the back-off
+BACKOFF = (0.0, 0.5, 1.0, 2.0, 5.0)
+STOP_GRACE_SECONDS = 2.0
+
+
+class LocalWorkerManager:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        address: str,
+        *,
+        count: int,
+        processors: int,
+        initializer_file: str | None = None,
+        max_tasks_per_child: int | None = None,
+    ) -> None:
+        self.config = config
+        self.address = address
+        self.count = count
+        self.processors = processors
+        self.initializer_file = initializer_file
+        self.max_tasks_per_child = max_tasks_per_child
+        self.workers: dict[int, tuple[subprocess.Popen[bytes], float]] = {}
+        self.young_deaths = 0
+        self.next_start = 0.0
+        self.stopping = False
+        self._dir = tempfile.mkdtemp(prefix="scaler-manager-")
+        self._config_file = os.path.join(self._dir, "config.toml")
+        with open(self._config_file, "w") as f:
+            f.write(config.replace(address=address, workers=0).to_toml())
+
+    def command(self) -> list[str]:
+        cmd = [
+            sys.executable,
+            "-m",
+            "scaler_executor.cli.worker",
+            self.address,
+            "--processors",
+            str(self.processors),
+            "--config",
+            self._config_file,
+            "--lifeline",
+        ]
+        if self.initializer_file:
+            cmd += ["--initializer", self.initializer_file]
+        if self.max_tasks_per_child:
+            cmd += ["--max-tasks-per-child", str(self.max_tasks_per_child)]
+        return cmd
+
+    def start(self) -> None:
+        while len(self.workers) < self.count:
+            self._start_one()
+
+    def _start_one(self) -> None:
+        env = dict(os.environ)
+        env.pop("SCALER_CONFIG", None)  # the worker's config is the file given on its command line
+        process = subprocess.Popen(self.command(), stdin=subprocess.PIPE, env=env)
+        self.workers[process.pid] = (process, time.monotonic())
+
+    def poll(self) -> list[tuple[int, str]]:
+        """Workers that exited since the last call, as (pid, how); restarts replacements when due."""
+        exited = []
+        now = time.monotonic()
+        for pid, (process, started) in list(self.workers.items()):
+            code = process.poll()
+            if code is None:
+                continue
+            del self.workers[pid]
+            if process.stdin is not None:
+                process.stdin.close()
+            how = describe_wait_status(_wait_status(code))
+            exited.append((pid, how))
+            if not self.stopping:
+                log.warning("local worker pid %d %s; starting a replacement", pid, how)
+                if now - started < YOUNG_DEATH_SECONDS:
+                    self.young_deaths += 1
+                else:
+                    self.young_deaths = 0
+                self.next_start = now + BACKOFF[min(self.young_deaths, len(BACKOFF) - 1)]
+        if not self.stopping and len(self.workers) < self.count and now >= self.next_start:
+            self.start()
+        return exited
+
+    def stop(self) -> None:
+        """Stop every worker: close lifelines and SIGTERM, then SIGKILL what remains after a grace."""
+        self.stopping = True
+        for process, _ in self.workers.values():
+            if process.stdin is not None:
+                process.stdin.close()
+            try:
+                process.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for process, _ in self.workers.values():
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("local worker pid %d did not stop in %.0f s; killing it", process.pid, STOP_GRACE_SECONDS)
+                process.kill()
+                process.wait()
+        self.workers.clear()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _wait_status(returncode: int) -> int:
+    """A waitpid-style status from a Popen returncode (negative = signal)."""
+    if returncode < 0:
+        return -returncode  # WIFSIGNALED: low 7 bits hold the signal
+    return returncode << 8

@@ -1,0 +1,243 @@
+"""The daemon's thin loop around the pure core.
+
+::
+
+    poll(ROUTER socket, signal pipe, lifeline)  ── timeout: next tick, or 5 ms while a backlog waits
+      → recv every transmission ready (up to RECV_BURST), decode; bad ones: log (rate-limited), drop
+      → Tick every heartbeat_interval / 4; local worker exits from the manager
+      → core.handle(*events) → [Send(peer, messages)]
+      → encode one transmission per peer; ROUTER_MANDATORY makes an unroutable peer an error
+        (→ PeerUnreachable next turn) and a full one EAGAIN (→ that peer's backlog, kept in order)
+
+Everything the daemon decides is in ``core.py``; this file only moves bytes,
+reads clocks and starts or stops processes.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import socket
+import time
+from collections import deque
+from typing import Any
+
+import zmq
+
+from scaler_executor.config import ClusterConfig
+from scaler_executor.manager.local import LocalWorkerManager
+from scaler_executor.protocol import codec
+from scaler_executor.protocol import messages as m
+from scaler_executor.scheduler import core
+from scaler_executor.scheduler.core import PeerUnreachable, Received, Scheduler, Send, Tick, WorkerExited
+
+log = logging.getLogger("scaler_executor.daemon")
+
+RECV_BURST = 4096  # transmissions read per turn before the core runs: bounds latency under load
+MAX_BACKLOG = 100_000  # transmissions held for one slow peer before it is declared unreachable
+BACKLOG_RETRY_MS = 5
+
+
+class RateLimitedLog:
+    """At most one line per ``key`` every ``interval`` seconds, counting what it held back."""
+
+    def __init__(self, logger: logging.Logger, interval: float = 5.0) -> None:
+        self.logger = logger
+        self.interval = interval
+        self.last: dict[str, float] = {}
+        self.suppressed: dict[str, int] = {}
+
+    def warning(self, key: str, text: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self.last.get(key, -1e9) < self.interval:
+            self.suppressed[key] = self.suppressed.get(key, 0) + 1
+            return
+        held = self.suppressed.pop(key, 0)
+        self.last[key] = now
+        suffix = f" ({held} similar lines suppressed)" if held else ""
+        self.logger.warning(text + suffix, *args)
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        address: str,
+        *,
+        lifeline_fd: int | None = None,
+        manager: LocalWorkerManager | None = None,
+    ) -> None:
+        self.config = config
+        self.address = address
+        self.core = Scheduler(config)
+        self.lifeline_fd = lifeline_fd
+        self.manager = manager
+        self.host = socket.gethostname()
+        self.stopping = False
+        self.context = zmq.Context()
+        self.sock = self.context.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.SNDHWM, config.send_hwm)
+        self.sock.setsockopt(zmq.RCVHWM, config.send_hwm)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(address)
+        self.backlog: dict[bytes, deque[list[Any]]] = {}
+        self.unreachable: list[PeerUnreachable] = []
+        self.bad_input = RateLimitedLog(log)
+        self._signal_r, self._signal_w = os.pipe()
+        os.set_blocking(self._signal_r, False)
+        os.set_blocking(self._signal_w, False)
+
+    def install_signal_handlers(self) -> None:
+        signal.set_wakeup_fd(self._signal_w)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.stopping = True
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> int:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self._signal_r, zmq.POLLIN)
+        if self.lifeline_fd is not None:
+            poller.register(self.lifeline_fd, zmq.POLLIN)
+        if self.manager is not None:
+            self.manager.start()
+        tick_every = max(0.01, min(self.config.heartbeat_interval / 4, 0.25))
+        next_tick = time.monotonic()
+        try:
+            while not self.stopping:
+                now = time.monotonic()
+                timeout = max(0.0, next_tick - now) * 1000
+                if self.backlog:
+                    timeout = min(timeout, BACKLOG_RETRY_MS)
+                ready = dict(poller.poll(timeout))
+                now = time.monotonic()
+                events: list[core.Event] = []
+                if self.sock in ready:
+                    self._receive(events, now)
+                if self._signal_r in ready:
+                    self._drain_signal_pipe()
+                if self.lifeline_fd is not None and self.lifeline_fd in ready:
+                    if not os.read(self.lifeline_fd, 4096):
+                        log.info("daemon: the client that started it is gone; stopping")
+                        self.stopping = True
+                if now >= next_tick:
+                    next_tick = now + tick_every
+                    events.append(Tick(now))
+                    if self.manager is not None:
+                        for pid, how in self.manager.poll():
+                            events.append(WorkerExited(pid, self.host, how, now))
+                if self.unreachable:
+                    events.extend(self.unreachable)
+                    self.unreachable = []
+                if events:
+                    try:
+                        commands = self.core.handle(*events)
+                    except Exception:  # a bug in the core must not take the cluster down
+                        log.exception("daemon: the core failed to handle %d events", len(events))
+                        continue
+                    self._execute(commands, now)
+                if self.backlog:
+                    self._retry_backlog(now)
+        finally:
+            self._shutdown()
+        return 0
+
+    def _drain_signal_pipe(self) -> None:
+        try:
+            os.read(self._signal_r, 512)
+        except BlockingIOError:
+            pass
+
+    def _receive(self, events: list[core.Event], now: float) -> None:
+        sock = self.sock
+        for _ in range(RECV_BURST):
+            try:
+                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            peer = frames[0]
+            try:
+                messages, _buffers = codec.decode(frames[1:])
+            except codec.VersionMismatch as exc:
+                self.bad_input.warning("version", "daemon: refused a transmission from %r: %s", peer, exc)
+                self._execute([Send(peer, [m.Refused(str(exc))])], now)
+                continue
+            except codec.DecodeError as exc:
+                self.core.counters["dropped_messages"] += 1
+                self.bad_input.warning("decode", "daemon: dropped a bad transmission from %r: %s", peer, exc)
+                continue
+            if messages:
+                events.append(Received(peer, messages, now))
+
+    def _execute(self, commands: list[core.Command], now: float) -> None:
+        for command in commands:
+            match command:
+                case Send(peer, messages):
+                    self._send(peer, codec.encode(messages), now)
+                case _:
+                    raise TypeError(f"daemon loop cannot execute unknown command {command!r}")
+
+    def _send(self, peer: bytes, frames: list[Any], now: float) -> None:
+        queue = self.backlog.get(peer)
+        if queue is not None:
+            queue.append(frames)
+            if len(queue) > MAX_BACKLOG:
+                log.warning("daemon: peer %r has not read %d transmissions; dropping it", peer, len(queue))
+                del self.backlog[peer]
+                self.unreachable.append(PeerUnreachable(peer, now))
+            return
+        try:
+            self.sock.send_multipart([peer, *frames], flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self.backlog[peer] = deque([frames])
+        except zmq.ZMQError as exc:
+            if exc.errno == errno.EHOSTUNREACH:
+                self.unreachable.append(PeerUnreachable(peer, now))
+            else:
+                raise
+
+    def _retry_backlog(self, now: float) -> None:
+        for peer in list(self.backlog):
+            queue = self.backlog[peer]
+            while queue:
+                try:
+                    self.sock.send_multipart([peer, *queue[0]], flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                except zmq.ZMQError as exc:
+                    if exc.errno != errno.EHOSTUNREACH:
+                        raise
+                    self.unreachable.append(PeerUnreachable(peer, now))
+                    queue.clear()
+                    break
+                queue.popleft()
+            if not queue:
+                del self.backlog[peer]
+
+    # ------------------------------------------------------------------ stop
+
+    def _shutdown(self) -> None:
+        goodbye = codec.encode([m.Goodbye("daemon stopping")])
+        for peer in [*self.core.clients, *self.core.workers]:
+            try:
+                self.sock.send_multipart([peer, *goodbye], flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        if self.manager is not None:
+            self.manager.stop()
+        self.sock.close(linger=0)
+        self.context.term()
+        if self.address.startswith("ipc://"):
+            try:
+                os.unlink(self.address[len("ipc://") :])
+            except FileNotFoundError:
+                pass
+        os.close(self._signal_r)
+        os.close(self._signal_w)

@@ -1,0 +1,498 @@
+"""The worker agent: one connection to the daemon, N processors doing the work.
+
+::
+
+    daemon ──DispatchTasks──► agent ──RUN──► processor 1..N (children of the zygote)
+           ◄──TaskResults───        ◄─DONE──
+                                      zygote ──SPAWNED/EXITED──► agent
+
+* The agent is single-threaded: one ``zmq.Poller`` over the daemon socket, the
+  processors' sockets, the zygote's control socket, the lifeline and the
+  signal wake-up pipe.
+* A processor gets one task, or two when tasks are short (the second hides
+  the agent's turnaround; a long task never has another queued behind it).
+  The first task a processor holds is the one running: if it dies, that task
+  failed (``PROCESSOR_DIED``, the daemon decides on a retry) and the others go
+  back to the agent's queue without counting as an attempt.
+* Results leave in one batch per loop iteration.  Heartbeats fill silence.
+* ``task_timeout`` and ``cancel(force=True)`` kill the processor running the
+  task; the zygote forks a replacement in a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import time
+from collections import deque
+from multiprocessing.connection import Connection
+
+import cloudpickle
+import msgpack
+import zmq
+
+from scaler_executor._version import __version__
+from scaler_executor.config import ClusterConfig
+from scaler_executor.protocol import codec
+from scaler_executor.protocol import messages as m
+from scaler_executor.protocol.messages import Status
+from scaler_executor.scheduler.core import python_version
+from scaler_executor.worker import processor as proc
+from scaler_executor.worker.zygote import EXITED, SPAWNED, ZygoteHandle, describe_wait_status, start_zygote
+
+log = logging.getLogger("scaler_executor.worker")
+
+SHORT_TASK_SECONDS = 0.005  # below this mean duration a processor gets a second task queued
+EXIT_STATUS_GRACE = 1.0  # seconds to wait for the zygote's report of how a processor died
+RESPAWN_BACKOFF = (0.0, 0.0, 0.1, 0.5, 2.0)  # after consecutive processors died without a task done
+
+
+class Processor:
+    __slots__ = ("pid", "conn", "outstanding", "functions", "sent", "eof_at", "wait_status", "kill", "deadline")
+
+    def __init__(self, pid: int, conn: Connection) -> None:
+        self.pid = pid
+        self.conn = conn
+        self.outstanding: deque[int] = deque()  # task ids sent, in order; [0] is running
+        self.functions: set[int] = set()
+        self.sent = 0
+        self.eof_at: float | None = None  # when its socket closed
+        self.wait_status: int | None = None  # from the zygote
+        self.kill: tuple[int, str] | None = None  # (status, reason) when we killed it on purpose
+        self.deadline: float | None = None  # task_timeout of the running task
+
+
+class WorkerAgent:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        address: str,
+        *,
+        processors: int,
+        name: str | None = None,
+        initializer: bytes | None = None,
+        max_tasks_per_child: int | None = None,
+        lifeline_fd: int | None = None,
+        resources: dict[str, float] | None = None,
+        tags: list[str] | None = None,
+    ) -> None:
+        if processors < 1:
+            raise ValueError(f"a worker needs at least one processor, got {processors}")
+        self.config = config
+        self.address = address
+        self.capacity = processors
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.max_tasks = max_tasks_per_child
+        self.lifeline_fd = lifeline_fd
+        self.resources = resources or {}
+        self.tags = tags or []
+        # Fork the zygote first: no thread and no ZeroMQ context may exist yet.
+        self.zygote: ZygoteHandle = start_zygote(initializer, max_tasks_per_child)
+        self.context = zmq.Context()
+        self.sock = self.context.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 1000)
+        self.sock.setsockopt(zmq.SNDHWM, config.send_hwm)
+        self.sock.setsockopt(zmq.RCVHWM, config.send_hwm)
+        self.sock.connect(address)
+        self.poller = zmq.Poller()
+        self.poller.register(self.sock, zmq.POLLIN)
+        self.poller.register(self.zygote.control.fileno(), zmq.POLLIN)
+        self.processors: dict[int, Processor] = {}  # by fd
+        self.by_pid: dict[int, Processor] = {}
+        self.starting = 0
+        self.queue: deque[m.TaskDispatch] = deque()
+        self.held: dict[int, m.TaskDispatch] = {}  # every task this worker holds
+        self.cancelled: set[int] = set()  # held tasks to answer CANCELLED instead of running/forwarding
+        self.functions: dict[int, bytes] = {}
+        self.results: list[m.TaskResult] = []
+        self.outbox: list[object] = []
+        self.mean_task = 0.0
+        self.welcomed = False
+        self.stopping = False
+        self.broken: str | None = None
+        self.exit_code = 0
+        self.last_recv = time.monotonic()
+        self.last_send = 0.0
+        self.last_hello = 0.0
+        self.died_in_a_row = 0
+        self.respawn_at = 0.0
+        self.pending_respawns = 0
+        self._signal_r, self._signal_w = os.pipe()
+        os.set_blocking(self._signal_r, False)
+        os.set_blocking(self._signal_w, False)
+        self.poller.register(self._signal_r, zmq.POLLIN)
+        if lifeline_fd is not None:
+            self.poller.register(lifeline_fd, zmq.POLLIN)
+
+    # ------------------------------------------------------------------ run
+
+    def install_signal_handlers(self) -> None:
+        signal.set_wakeup_fd(self._signal_w)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.stopping = True
+
+    def run(self) -> int:
+        self._hello()
+        for _ in range(self.capacity):
+            self._spawn()
+        tick = min(self.config.heartbeat_interval / 2, 0.25)
+        try:
+            while not self.stopping:
+                timeout = tick * 1000
+                if self.queue and self.starting:
+                    timeout = min(timeout, 50)
+                for target, _ev in self.poller.poll(timeout):
+                    self._on_ready(target)
+                now = time.monotonic()
+                self._housekeeping(now)
+                self._assign(now)
+                self._flush(now)
+        finally:
+            self._shutdown()
+        return self.exit_code
+
+    def _on_ready(self, target: object) -> None:
+        if target is self.sock:
+            self._on_daemon()
+        elif target == self.zygote.control.fileno():
+            self._on_zygote()
+        elif target == self._signal_r:
+            try:
+                os.read(self._signal_r, 512)
+            except BlockingIOError:
+                pass
+        elif target == self.lifeline_fd:
+            log.info("worker %s: lifeline closed, stopping", self.name)
+            self.stopping = True
+        else:
+            p = self.processors.get(target)  # type: ignore[call-overload]
+            if p is not None:
+                self._on_processor(p)
+
+    # ------------------------------------------------------------------ daemon side
+
+    def _hello(self) -> None:
+        self.last_hello = time.monotonic()
+        hello = m.Hello(
+            m.Role.WORKER,
+            m.PROTOCOL_VERSION,
+            python_version(),
+            cloudpickle.__version__,
+            __version__,
+            self.name,
+            os.getpid(),
+            socket.gethostname(),
+            self.capacity,
+            self.resources,
+            self.tags,
+        )
+        self._send_now([hello])
+
+    def _send_now(self, batch: list[object]) -> None:
+        try:
+            self.sock.send_multipart(codec.encode(batch), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            # The daemon is not keeping up (or not there): keep the batch for the next turn.
+            self.outbox[:0] = batch
+            return
+        self.last_send = time.monotonic()
+
+    def _on_daemon(self) -> None:
+        while True:
+            try:
+                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            self.last_recv = time.monotonic()
+            try:
+                messages, _buffers = codec.decode(frames)
+            except codec.DecodeError as exc:
+                log.warning("worker %s: dropped a bad transmission from the daemon: %s", self.name, exc)
+                continue
+            for message in messages:
+                self._on_message(message)
+
+    def _on_message(self, message: object) -> None:
+        kind = type(message)
+        if kind is m.DispatchTasks:
+            for blob in message.functions:  # type: ignore[attr-defined]
+                self.functions[blob.fn_id] = blob.payload
+            for task in message.tasks:  # type: ignore[attr-defined]
+                self.held[task.task_id] = task
+                self.queue.append(task)
+        elif kind is m.CancelTasks:
+            self._cancel(message.task_ids, message.force)  # type: ignore[attr-defined]
+        elif kind is m.ReleaseFunctions:
+            ids = message.fn_ids  # type: ignore[attr-defined]
+            for fn_id in ids:
+                self.functions.pop(fn_id, None)
+            forget = msgpack.packb([proc.FORGET, ids])
+            for p in self.processors.values():
+                if p.eof_at is None:
+                    p.functions.difference_update(ids)
+                    self._to_processor(p, forget)
+        elif kind is m.Welcome:
+            self.welcomed = True
+            log.info("worker %s joined the daemon at %s as worker %d", self.name, self.address, message.peer_id)  # type: ignore[attr-defined]
+        elif kind is m.Refused:
+            reason = message.reason  # type: ignore[attr-defined]
+            if reason.startswith("unknown peer"):
+                log.warning("worker %s: the daemon does not know this worker (restarted?); joining again", self.name)
+                self._forget_daemon_state()
+                self._hello()
+            else:
+                log.error("worker %s: the daemon refused it: %s", self.name, reason)
+                self.exit_code = 2
+                self.stopping = True
+        elif kind is m.Goodbye:
+            log.info("worker %s: the daemon is stopping (%s)", self.name, message.reason)  # type: ignore[attr-defined]
+            if self.lifeline_fd is not None:
+                self.stopping = True
+            else:
+                self._forget_daemon_state()
+        # Heartbeat and anything else only count as signs of life.
+
+    def _forget_daemon_state(self) -> None:
+        """The daemon lost track of this worker: what it held is no longer expected anywhere."""
+        self.welcomed = False
+        self.queue.clear()
+        for task_id in list(self.held):
+            if not any(task_id in p.outstanding for p in self.processors.values()):
+                del self.held[task_id]
+        self.cancelled.update(self.held)  # results of tasks still running are not wanted
+        self.results.clear()
+
+    def _cancel(self, task_ids: list[int], force: bool) -> None:
+        for task_id in task_ids:
+            if task_id not in self.held:
+                continue
+            holder = next((p for p in self.processors.values() if task_id in p.outstanding), None)
+            if holder is None:  # still in our queue: drop it
+                self.cancelled.add(task_id)
+                task = self.held.pop(task_id)
+                self.results.append(m.TaskResult(task_id, task.attempt, Status.CANCELLED, b"", m.NO_FACTS))
+            elif force and holder.outstanding[0] == task_id:
+                self._kill(holder, Status.FORCE_CANCELLED, "cancelled with force=True while running")
+            else:
+                self.cancelled.add(task_id)  # it will run (not force, or not started); say cancelled
+
+    # ------------------------------------------------------------------ processors
+
+    def _spawn(self) -> None:
+        self.starting += 1
+        self.zygote.request()
+
+    def _on_zygote(self) -> None:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(self.zygote.control, 4096, 1)
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            log.error("worker %s: the zygote died; the worker cannot replace processors and stops", self.name)
+            self.exit_code = 3
+            self.stopping = True
+            return
+        message = msgpack.unpackb(data)
+        if message[0] == SPAWNED:
+            self.starting -= 1
+            conn = Connection(fds[0])
+            p = Processor(message[1], conn)
+            self.processors[conn.fileno()] = p
+            self.by_pid[p.pid] = p
+            self.poller.register(conn.fileno(), zmq.POLLIN)
+        elif message[0] == EXITED:
+            p = self.by_pid.get(message[1])
+            if p is not None:
+                p.wait_status = message[2]
+                if p.eof_at is not None:
+                    self._bury(p)
+
+    def _on_processor(self, p: Processor) -> None:
+        try:
+            while True:
+                raw = p.conn.recv_bytes()
+                self._on_processor_message(p, msgpack.unpackb(raw))
+                if not p.conn.poll(0):
+                    return
+        except (EOFError, OSError):
+            p.eof_at = time.monotonic()
+            self.poller.unregister(p.conn.fileno())
+            if p.wait_status is not None:
+                self._bury(p)
+
+    def _on_processor_message(self, p: Processor, message: list) -> None:  # type: ignore[type-arg]
+        if message[0] == proc.INIT_FAILED:
+            reason = "the executor's initializer failed in a worker process"
+            self.broken = reason
+            log.error("worker %s: %s", self.name, reason)
+            self.outbox.append(m.ClusterBroken(reason, message[1]))
+            return
+        _, task_id, attempt, status, payload, started, finished, peak = message
+        expected = p.outstanding.popleft()
+        assert expected == task_id, f"processor {p.pid} answered task {task_id:#x}, expected {expected:#x}"
+        p.deadline = None
+        task = self.held.pop(task_id, None)
+        if task_id in self.cancelled:
+            self.cancelled.discard(task_id)
+            if task is not None:
+                self.results.append(m.TaskResult(task_id, attempt, Status.CANCELLED, b"", m.NO_FACTS))
+        else:
+            facts = m.TaskFacts(self.name, started, finished, peak)
+            self.results.append(m.TaskResult(task_id, attempt, status, payload, facts))
+        self.mean_task += 0.2 * ((finished - started) - self.mean_task)
+        self.died_in_a_row = 0
+
+    def _kill(self, p: Processor, status: int, reason: str) -> None:
+        if p.kill is None:
+            p.kill = (status, reason)
+        try:
+            os.kill(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def _bury(self, p: Processor) -> None:
+        """A processor is gone (socket closed and exit status known, or the grace passed)."""
+        del self.processors[p.conn.fileno()]
+        self.by_pid.pop(p.pid, None)
+        p.conn.close()
+        how = describe_wait_status(p.wait_status) if p.wait_status is not None else "exit status unknown"
+        if p.outstanding:
+            running = p.outstanding.popleft()
+            task = self.held.get(running)
+            if task is not None:
+                del self.held[running]
+                cancelled = running in self.cancelled
+                self.cancelled.discard(running)
+                if p.kill is not None:
+                    status, text = p.kill[0], f"{p.kill[1]} (processor pid {p.pid} {how})"
+                elif cancelled:
+                    status, text = Status.CANCELLED, ""
+                else:
+                    status, text = Status.PROCESSOR_DIED, f"processor pid {p.pid} {how} while running the task"
+                self.results.append(m.TaskResult(running, task.attempt, status, text.encode(), m.NO_FACTS))
+            # Tasks queued behind it never started: they go back to the front of our queue.
+            for task_id in reversed(p.outstanding):
+                if task_id in self.held:
+                    self.queue.appendleft(self.held[task_id])
+            self.died_in_a_row += 1
+        elif p.wait_status is not None and not (self.max_tasks and p.sent >= self.max_tasks):
+            log.warning("worker %s: idle processor pid %d %s", self.name, p.pid, how)
+            self.died_in_a_row += 1
+        if not self.stopping and self.broken is None:
+            delay = RESPAWN_BACKOFF[min(self.died_in_a_row, len(RESPAWN_BACKOFF) - 1)]
+            self.respawn_at = time.monotonic() + delay
+            if delay == 0:
+                self._spawn()
+            else:
+                self.pending_respawns += 1
+
+    def _to_processor(self, p: Processor, data: bytes) -> None:
+        try:
+            p.conn.send_bytes(data)
+        except OSError:
+            pass  # it died; its socket's EOF will be noticed by the poller
+
+    def _assign(self, now: float) -> None:
+        if not self.queue or self.broken is not None:
+            return
+        depth = 2 if self.mean_task < SHORT_TASK_SECONDS else 1
+        live = [p for p in self.processors.values() if p.eof_at is None and p.kill is None]
+        for level in range(1, depth + 1):
+            for p in live:
+                while len(p.outstanding) < level and self.queue:
+                    if self.max_tasks is not None and p.sent >= self.max_tasks:
+                        break
+                    task = self.queue.popleft()
+                    if task.task_id not in self.held:
+                        continue  # cancelled while queued
+                    self._run_on(p, task, now)
+                if not self.queue:
+                    return
+
+    def _run_on(self, p: Processor, task: m.TaskDispatch, now: float) -> None:
+        fn_payload = None
+        if task.fn_id and task.fn_id not in p.functions:
+            fn_payload = self.functions.get(task.fn_id)
+            p.functions.add(task.fn_id)
+        p.outstanding.append(task.task_id)
+        p.sent += 1
+        if len(p.outstanding) == 1 and task.task_timeout is not None:
+            p.deadline = now + task.task_timeout
+        self._to_processor(
+            p,
+            msgpack.packb(
+                [proc.RUN, task.task_id, task.attempt, task.fn_id, fn_payload, task.flags, task.payload],
+                use_bin_type=True,
+            ),
+        )
+
+    # ------------------------------------------------------------------ timers
+
+    def _housekeeping(self, now: float) -> None:
+        for p in list(self.processors.values()):
+            if p.eof_at is not None and p.wait_status is None and now - p.eof_at > EXIT_STATUS_GRACE:
+                self._bury(p)
+            elif p.outstanding and p.kill is None:
+                if p.deadline is None:
+                    task = self.held.get(p.outstanding[0])
+                    if task is not None and task.task_timeout is not None:
+                        p.deadline = now + task.task_timeout
+                elif now >= p.deadline:
+                    task = self.held.get(p.outstanding[0])
+                    limit = task.task_timeout if task is not None else 0
+                    self._kill(p, Status.TIMEOUT, f"task ran longer than its task_timeout of {limit} s")
+        if self.pending_respawns and now >= self.respawn_at:
+            for _ in range(self.pending_respawns):
+                self._spawn()
+            self.pending_respawns = 0
+        silence = now - self.last_recv
+        if silence > self.config.heartbeat_interval * self.config.heartbeat_liveness:
+            if self.lifeline_fd is not None:
+                log.error("worker %s: no message from the daemon for %.1f s; stopping", self.name, silence)
+                self.exit_code = 4
+                self.stopping = True
+            elif now - self.last_hello > self.config.heartbeat_interval * self.config.heartbeat_liveness:
+                log.warning("worker %s: no message from the daemon for %.1f s; joining again", self.name, silence)
+                self._forget_daemon_state()
+                self._hello()
+
+    def _flush(self, now: float) -> None:
+        batch = self.outbox
+        if self.results:
+            batch.append(m.TaskResults(self.results))
+            self.results = []
+        if not batch and now - self.last_send >= self.config.heartbeat_interval:
+            running = sum(1 for p in self.processors.values() if p.outstanding)
+            batch.append(m.Heartbeat(len(self.queue), running))
+        if batch and self.welcomed:
+            self.outbox = []
+            self._send_now(batch)
+
+    # ------------------------------------------------------------------ stop
+
+    def _shutdown(self) -> None:
+        try:
+            if self.welcomed:
+                self._send_now([m.Goodbye("worker stopping")])
+        except zmq.ZMQError:
+            pass
+        for p in list(self.processors.values()):
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.conn.close()
+        self.zygote.close()  # the zygote reaps its processors, then exits
+        try:
+            os.waitpid(self.zygote.pid, 0)
+        except ChildProcessError:
+            pass
+        self.sock.close(linger=200)
+        self.context.term()
+        os.close(self._signal_r)
+        os.close(self._signal_w)

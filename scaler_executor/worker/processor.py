@@ -1,0 +1,180 @@
+"""A processor: the child process that runs user code, one task at a time.
+
+It speaks to its worker agent over one stream socket (framed by
+``multiprocessing.connection.Connection``), never over ZeroMQ::
+
+    agent ──[RUN, task, attempt, fn_id, fn_payload|None, flags, payload]──► processor
+    agent ◄──[DONE, task, attempt, status, payload, started, finished, peak]── processor
+    agent ──[FORGET, [fn_id, ...]]──► processor        (drop cached callables)
+    agent ◄──[INIT_FAILED, exception payload]── processor (then it exits)
+
+Tasks are run in the order received; the agent therefore knows that the first
+task it sent and has not had back is the one running — which is what it blames
+if this process dies.
+
+A watchdog thread waits for the agent's end of the socket to hang up
+(``POLLRDHUP``) and exits at once, so a processor busy in user code never
+outlives its agent.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import resource
+import select
+import sys
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any, Callable
+
+import cloudpickle
+import msgpack
+
+from scaler_executor.protocol.messages import Status, TaskFlags
+
+RUN, DONE, FORGET, INIT_FAILED = 1, 2, 3, 4
+
+_current_task: dict[str, Any] = {}
+
+
+def dump_value(value: Any) -> bytes:
+    """Pickle a value for the wire: plain pickle when it can, cloudpickle otherwise."""
+    try:
+        return pickle.dumps(value, protocol=5)
+    except Exception:
+        return cloudpickle.dumps(value, protocol=5)
+
+
+def dump_exception(exc: BaseException) -> bytes:
+    """The wire form of a task's exception: msgpack [pickled exc | b"", type, message, traceback text, tb dict]."""
+    tb_text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    type_name = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not lose the error
+        message = f"<unprintable {type_name}>"
+    try:
+        pickled = dump_value(exc)
+    except Exception as pickling_error:
+        pickled = b""
+        tb_text += f"\n(the exception could not be pickled: {pickling_error!r})"
+    tb_dict = None
+    try:
+        from tblib import Traceback
+
+        if exc.__traceback__ is not None:
+            tb_dict = Traceback(exc.__traceback__).to_dict()
+    except Exception:
+        tb_dict = None
+    try:
+        return msgpack.packb([pickled, type_name, message, tb_text, tb_dict], use_bin_type=True)
+    except Exception:  # tb dict with odd values
+        return msgpack.packb([pickled, type_name, message, tb_text, None], use_bin_type=True)
+
+
+def _describe(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def _run(fn: Callable[..., Any], flags: int, payload: bytes) -> tuple[int, bytes]:
+    try:
+        if flags & TaskFlags.INLINE_FN:
+            fn, args, kwargs = pickle.loads(payload)
+        elif flags & TaskFlags.CHUNK:
+            chunk = pickle.loads(payload)
+        else:
+            args, kwargs = pickle.loads(payload)
+    except BaseException as exc:
+        exc.add_note("while unpickling the task's arguments in the worker")
+        return Status.ERROR, dump_exception(exc)
+    try:
+        if flags & TaskFlags.CHUNK:
+            value: Any = [fn(*item) for item in chunk]
+        else:
+            value = fn(*args, **kwargs)
+    except BaseException as exc:  # the task's own error, whatever it is, goes back to the caller
+        return Status.ERROR, dump_exception(exc)
+    try:
+        return Status.OK, dump_value(value)
+    except BaseException as exc:
+        exc.add_note(
+            f"while pickling the return value ({type(value).__module__}.{type(value).__qualname__}) "
+            f"of {_describe(fn)}: return something picklable"
+        )
+        return Status.ERROR, dump_exception(exc)
+
+
+def _watch_agent(fd: int) -> None:
+    poller = select.poll()
+    poller.register(fd, select.POLLRDHUP)
+    while True:
+        for _fd, events in poller.poll():
+            if events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR):
+                os._exit(0)
+
+
+def _flush_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None) -> None:
+    """Run tasks from the agent on socket ``fd`` until it hangs up; never returns."""
+    conn = Connection(fd)
+    threading.Thread(target=_watch_agent, args=(fd,), name="scaler-agent-watchdog", daemon=True).start()
+    if initializer:
+        try:
+            init, initargs = pickle.loads(initializer)
+            init(*initargs)
+        except BaseException as exc:
+            exc.add_note("while running the executor's initializer in a worker process")
+            conn.send_bytes(msgpack.packb([INIT_FAILED, dump_exception(exc)], use_bin_type=True))
+            _flush_streams()
+            os._exit(1)
+    import gc
+
+    gc.freeze()  # what was imported so far is long-lived: keep the collector off it
+    functions: dict[int, Any] = {}
+    packb, unpackb = msgpack.packb, msgpack.unpackb
+    done = 0
+    while True:
+        try:
+            raw = conn.recv_bytes()
+        except (EOFError, OSError):
+            os._exit(0)
+        message = unpackb(raw)
+        kind = message[0]
+        if kind == FORGET:
+            for fn_id in message[1]:
+                functions.pop(fn_id, None)
+            continue
+        _, task_id, attempt, fn_id, fn_payload, flags, payload = message
+        fn: Any = None
+        if fn_id:
+            fn = functions.get(fn_id)
+            if fn is None:
+                try:
+                    fn = functions[fn_id] = pickle.loads(fn_payload)
+                except BaseException as exc:
+                    exc.add_note("while unpickling the task's function in the worker")
+                    started = time.time()
+                    conn.send_bytes(
+                        packb([DONE, task_id, attempt, Status.ERROR, dump_exception(exc), started, started, 0])
+                    )
+                    continue
+        _current_task["id"] = task_id
+        started = time.time()
+        status, result = _run(fn, flags, payload)
+        finished = time.time()
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        _flush_streams()
+        conn.send_bytes(packb([DONE, task_id, attempt, status, result, started, finished, peak], use_bin_type=True))
+        done += 1
+        if max_tasks is not None and done >= max_tasks:
+            os._exit(0)

@@ -1,0 +1,183 @@
+"""The zygote: a pre-imported, single-threaded process that forks processors.
+
+Why a zygote rather than ``spawn`` or forking the agent:
+
+* ``spawn`` pays an interpreter start and every import per processor (~100 ms
+  and more with NumPy); a replacement after a crash or a timeout should take a
+  few milliseconds.
+* The agent cannot fork safely: it runs ZeroMQ's I/O threads, and a fork of a
+  multi-threaded process may copy a lock that some other thread holds.
+* So the agent forks *once*, at start, before it creates any ZeroMQ context:
+  that child (the zygote) keeps the imports and stays single-threaded, and
+  forks each processor on request (~1-3 ms).
+
+Control channel (a ``SOCK_SEQPACKET`` socketpair, so messages keep their
+boundaries; msgpack bodies)::
+
+    agent  ──[SPAWN]──────────────────────────────►  zygote
+    agent  ◄──[SPAWNED, pid] + the processor's socket (SCM_RIGHTS)── zygote
+    agent  ◄──[EXITED, pid, wait status]──  zygote (it reaps its children)
+
+The zygote exits when the agent's end closes.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+
+import msgpack
+
+SPAWN, SPAWNED, EXITED = 1, 2, 3
+
+
+@dataclass
+class ZygoteHandle:
+    pid: int
+    control: socket.socket
+
+    def request(self) -> None:
+        self.control.send(msgpack.packb([SPAWN]))
+
+    def close(self) -> None:
+        try:
+            self.control.close()
+        except OSError:
+            pass
+
+
+def start_zygote(initializer: bytes | None, max_tasks: int | None) -> ZygoteHandle:
+    """Fork the zygote.  Call before creating any thread or ZeroMQ context."""
+    parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:  # the zygote
+        try:
+            parent_end.close()
+            _zygote_main(child_end, initializer, max_tasks)
+        finally:
+            os._exit(0)
+    child_end.close()
+    return ZygoteHandle(pid, parent_end)
+
+
+def _zygote_main(control: socket.socket, initializer: bytes | None, max_tasks: int | None) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent decides when processes stop
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    os.set_blocking(wake_r, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup fd is written
+    poller = select.poll()
+    poller.register(control.fileno(), select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    children: set[int] = set()
+    while True:
+        try:
+            ready = poller.poll()
+        except InterruptedError:
+            continue
+        for fd, _events in ready:
+            if fd == wake_r:
+                try:
+                    os.read(wake_r, 4096)
+                except BlockingIOError:
+                    pass
+                _reap(control, children)
+            else:
+                try:
+                    data = control.recv(4096)
+                except InterruptedError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    _kill_all(children)  # the agent is gone: so are its processors
+                    return
+                if msgpack.unpackb(data)[0] == SPAWN:
+                    children.add(_spawn(control, wake_r, wake_w, initializer, max_tasks))
+
+
+def _kill_all(children: set[int]) -> None:
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in children:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def _spawn(control: socket.socket, wake_r: int, wake_w: int, initializer: bytes | None, max_tasks: int | None) -> int:
+    agent_end, processor_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:  # the processor
+        code = 0
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            os.close(wake_r)
+            os.close(wake_w)
+            control.close()
+            agent_end.close()
+            from scaler_executor.worker.processor import processor_main
+
+            processor_main(processor_end.detach(), initializer, max_tasks)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 70
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    processor_end.close()
+    try:
+        socket.send_fds(control, [msgpack.packb([SPAWNED, pid])], [agent_end.fileno()])
+    finally:
+        agent_end.close()
+    return pid
+
+
+def _reap(control: socket.socket, children: set[int]) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
+        if pid == 0:
+            return
+        children.discard(pid)
+        try:
+            control.send(msgpack.packb([EXITED, pid, status]))
+        except OSError as exc:
+            if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+                return
+            raise
+
+
+def describe_wait_status(status: int) -> str:
+    """'exit code 3', 'killed by signal SIGKILL', … from a waitpid status."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        extra = " (segmentation fault)" if sig == signal.SIGSEGV else ""
+        return f"killed by signal {name}{extra}"
+    if os.WIFEXITED(status):
+        return f"exit code {os.WEXITSTATUS(status)}"
+    return f"wait status {status}"

@@ -1,0 +1,88 @@
+"""Fixtures shared by the whole suite.
+
+* ``executor``: one embedded cluster per test module (2 processors, fast heartbeats).
+* ``fresh_executor``: a factory for tests that exercise a cluster's lifecycle; every
+  executor it made is shut down after the test.
+* Leak checks: after every module, no child process of the test process may remain,
+  and no ``scaler-*`` socket directory this run created may be left in the temp dir.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psutil
+import pytest
+
+from scaler_executor import ClusterConfig, ScalerExecutor
+
+FAST = ClusterConfig(heartbeat_interval=0.1, heartbeat_liveness=10, daemon_loss_timeout=3.0)
+
+
+def fast_config(**changes: Any) -> ClusterConfig:
+    return FAST.replace(**changes)
+
+
+def _scaler_dirs() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "scaler-*")))
+
+
+def _children() -> list[psutil.Process]:
+    try:
+        return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` passes (for states only the real clock decides)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_leaks() -> Iterator[None]:
+    before = _scaler_dirs()
+    yield
+    # Every executor was shut down by its fixture; shutdown(wait=True) returns after the
+    # cluster's processes have exited, so nothing may remain now.
+    leftover = _children()
+    for p in leftover:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    assert not leftover, f"processes leaked by this module: {[(p.pid, p.cmdline()) for p in leftover]}"
+    new_dirs = _scaler_dirs() - before
+    assert not new_dirs, f"socket directories leaked by this module: {sorted(new_dirs)}"
+
+
+@pytest.fixture(scope="module")
+def executor() -> Iterator[ScalerExecutor]:
+    ex = ScalerExecutor(max_workers=2, config=FAST)
+    yield ex
+    ex.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture
+def fresh_executor() -> Iterator[Callable[..., ScalerExecutor]]:
+    made: list[ScalerExecutor] = []
+
+    def make(*args: Any, **kwargs: Any) -> ScalerExecutor:
+        kwargs.setdefault("config", FAST)
+        ex = ScalerExecutor(*args, **kwargs)
+        made.append(ex)
+        return ex
+
+    yield make
+    for ex in made:
+        ex.shutdown(wait=True, cancel_futures=True)
