@@ -11,30 +11,58 @@
 
 from __future__ import annotations
 
-from scaler_executor._version import __version__
-from scaler_executor.client.executor import ScalerExecutor
-from scaler_executor.config import ClusterConfig
-from scaler_executor.exceptions import (
-    BrokenScalerExecutor,
-    DaemonLost,
-    InitializerFailed,
-    RemoteError,
-    TaskCancelled,
-    TaskError,
-    TaskTimeout,
-    WorkerLost,
-)
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "BrokenScalerExecutor",
-    "ClusterConfig",
-    "DaemonLost",
-    "InitializerFailed",
-    "RemoteError",
-    "ScalerExecutor",
-    "TaskCancelled",
-    "TaskError",
-    "TaskTimeout",
-    "WorkerLost",
-    "__version__",
-]
+from scaler_executor._version import __version__
+
+if TYPE_CHECKING:
+    from scaler_executor.client.executor import ScalerExecutor
+    from scaler_executor.config import ClusterConfig
+    from scaler_executor.exceptions import (
+        BrokenScalerExecutor,
+        DaemonLost,
+        InitializerFailed,
+        RemoteError,
+        TaskCancelled,
+        TaskError,
+        TaskTimeout,
+        WorkerLost,
+    )
+
+# Imported on first use (PEP 562): the daemon and worker processes import this
+# package too, and must not pay for the client's modules at start-up.
+_LAZY = {
+    "ScalerExecutor": "scaler_executor.client.executor",
+    "ClusterConfig": "scaler_executor.config",
+    **{
+        name: "scaler_executor.exceptions"
+        for name in (
+            "BrokenScalerExecutor",
+            "DaemonLost",
+            "InitializerFailed",
+            "RemoteError",
+            "TaskCancelled",
+            "TaskError",
+            "TaskTimeout",
+            "WorkerLost",
+        )
+    },
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'scaler_executor' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
+
+__all__ = ["__version__", *_LAZY]

@@ -40,7 +40,6 @@ def main(argv: list[str] | None = None) -> int:
     assert config.address is not None
     check_tcp(config, config.address)
     from scaler_executor.manager.local import LocalWorkerManager
-    from scaler_executor.scheduler.loop import Daemon
 
     manager = None
     if config.workers:
@@ -52,6 +51,11 @@ def main(argv: list[str] | None = None) -> int:
             initializer_file=args.initializer,
             max_tasks_per_child=config.max_tasks_per_child,
         )
+        # Start the workers before importing the daemon's own modules: their start-up
+        # (an interpreter and its imports) then overlaps ours; they connect and wait.
+        manager.start()
+    from scaler_executor.scheduler.loop import Daemon
+
     daemon = Daemon(config, config.address, lifeline_fd=0 if args.lifeline else None, manager=manager)
     daemon.install_signal_handlers()
     return daemon.run()

@@ -24,7 +24,6 @@ import atexit
 import itertools
 import logging
 import os
-import platform
 import queue
 import socket
 import threading
@@ -38,6 +37,7 @@ from typing import Any, Callable
 import cloudpickle
 import zmq
 
+from scaler_executor._compat import python_version
 from scaler_executor._version import __version__
 from scaler_executor.client import serialization as ser
 from scaler_executor.client.cluster import EmbeddedCluster
@@ -269,7 +269,7 @@ class ClientAgent:
         return m.Hello(
             m.Role.CLIENT,
             m.PROTOCOL_VERSION,
-            ".".join(platform.python_version_tuple()[:2]),
+            python_version(),
             cloudpickle.__version__,
             __version__,
             self.name,

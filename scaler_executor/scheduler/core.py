@@ -18,12 +18,12 @@ everything to do comes back as commands, so tests drive it with plain calls
 from __future__ import annotations
 
 import logging
-import platform
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import cloudpickle
 
+from scaler_executor._compat import python_version
 from scaler_executor._version import __version__
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import messages as m
@@ -84,10 +84,6 @@ class Send:
 
 Event = Received | Tick | PeerUnreachable | WorkerExited
 Command = Send
-
-
-def python_version() -> str:
-    return ".".join(platform.python_version_tuple()[:2])
 
 
 def refusal_for(hello: m.Hello) -> str | None:

@@ -33,12 +33,12 @@ import cloudpickle
 import msgpack
 import zmq
 
+from scaler_executor._compat import python_version
 from scaler_executor._version import __version__
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status
-from scaler_executor.scheduler.core import python_version
 from scaler_executor.worker import processor as proc
 from scaler_executor.worker.zygote import EXITED, SPAWNED, ZygoteHandle, describe_wait_status, start_zygote
 
