@@ -103,14 +103,13 @@ class ObjectStoreStats:
 
 
 def _object_id(object_id: Any) -> bytes:
-    try:
-        oid = bytes(object_id)
-    except TypeError:
+    if not isinstance(object_id, (bytes, bytearray, memoryview)):
         raise TypeError(
             f"object ids are 16-byte bytes objects (e.g. uuid.uuid4().bytes), not "
             f"{type(object_id).__name__}"
-        ) from None
-    if len(oid) != ID_SIZE or isinstance(object_id, (str, int)):
+        )
+    oid = bytes(object_id)
+    if len(oid) != ID_SIZE:
         raise ValueError(
             f"object ids are {ID_SIZE} bytes (e.g. uuid.uuid4().bytes); got {len(oid)} bytes"
         )
@@ -352,12 +351,23 @@ class ObjectStore:
         ObjectStoreFull, ObjectTableFull, StoreLockTimeout.
         """
         oid = _object_id(object_id)
+        handle = self._handle
         view = memoryview(data)
         if not view.c_contiguous:
             view = memoryview(view.tobytes())
         size = view.nbytes
-        source = ffi.from_buffer(view) if size else ffi.NULL
-        self._check(lib.objstore_put(self._handle, oid, source, size), "put", oid, size)
+        # The export taken by from_buffer is released before anything is raised: a frame
+        # kept by a traceback cycle that still holds an exported memoryview can crash
+        # CPython's garbage collector (memory_clear drops the buffer under the export).
+        try:
+            if size:
+                with ffi.from_buffer(view) as source:
+                    st = lib.objstore_put(handle, oid, source, size)
+            else:
+                st = lib.objstore_put(handle, oid, ffi.NULL, 0)
+        finally:
+            view.release()
+        self._check(st, "put", oid, size)
 
     def create_buffer(self, object_id: bytes, size: int) -> memoryview:
         """Create an unsealed object of ``size`` bytes; return a writable view of it.

@@ -1,0 +1,251 @@
+"""Helpers and child-process targets of the object store tests.
+
+A module of its own (not a test module) so that processes started with the ``spawn``
+context import it cheaply. Every target reports through a ``multiprocessing`` Pipe
+connection: a dict with counters, or ``{"error": traceback}``.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import os
+import random
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from scaler_executor.objstore import (
+    ObjectExists,
+    ObjectNotFound,
+    ObjectNotSealed,
+    ObjectStore,
+    ObjectStoreFull,
+)
+
+MAX_OBJECT = 24_000  # bytes; sizes vary with the id so blocks of many classes mix
+
+
+def make_id(group: int, n: int) -> bytes:
+    return hashlib.blake2b(f"{group}:{n}".encode(), digest_size=16).digest()
+
+
+def content(oid: bytes) -> bytes:
+    """The bytes every object with this id must hold: derived from the id alone."""
+    size = int.from_bytes(oid[:4], "little") % MAX_OBJECT
+    pattern = hashlib.blake2b(oid, digest_size=64).digest()
+    return (pattern * (size // 64 + 1))[:size]
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 15.0) -> bool:
+    """Poll ``predicate`` until true or ``timeout`` (for states only the real clock decides)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return predicate()
+
+
+def proc_state(pid: int) -> str:
+    """State letter of /proc/PID/stat ('' if the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _report(conn: Any, body: Callable[[], dict[str, Any]]) -> None:
+    try:
+        result = body()
+    except BaseException:  # noqa: BLE001 - everything goes back to the test
+        result = {"error": traceback.format_exc()}
+    conn.send(result)
+    conn.close()
+
+
+# ------------------------------------------------------------------ small scenarios
+
+
+def attach_check_put(name: str, oid: bytes, expected: bytes, new_oid: bytes, conn: Any) -> None:
+    """A second process: attach, read an object, add one, close."""
+
+    def body() -> dict[str, Any]:
+        with ObjectStore.attach(name) as store:
+            view = store.get(oid)
+            same = bytes(view) == expected
+            view.release()
+            store.put(new_oid, b"from the child " + str(os.getpid()).encode())
+            return {"same": same, "pid": os.getpid(), "processes": store.stats().processes}
+
+    _report(conn, body)
+
+
+def hold_and_vanish(name: str, oids: list[bytes], conn: Any) -> None:
+    """Take references and an unsealed object, then die without closing."""
+    store = ObjectStore.attach(name)
+    views = [store.get(oid) for oid in oids]
+    buf = store.create_buffer(make_id(99, os.getpid()), 100)
+    conn.send({"held": len(views), "pid": os.getpid(), "unsealed": len(buf)})
+    conn.close()
+    os._exit(0)
+
+
+def stop_in_lock(name: str, oid: bytes) -> None:
+    """Stop (SIGSTOP) inside the critical section of a get, holding the lock."""
+    store = ObjectStore.attach(name)
+    store._test_crash_point("get_after_incref", action="stop")
+    store.get(oid)
+    os._exit(0)  # only reached if someone sends SIGCONT
+
+
+def run_ops(store: ObjectStore, group: int, rounds: int) -> None:
+    """put, get, release, delete on own ids: reaches every crash point but reap."""
+    for n in range(rounds):
+        oid = make_id(group, n)
+        store.put(oid, content(oid))
+        view = store.get(oid)
+        store.release(oid)
+        del view
+        buf = store.create_buffer(make_id(group + 1, n), 10)
+        store.abort(make_id(group + 1, n))
+        del buf
+        store.delete(oid)
+
+
+def crash_at(name: str, point: str, holder_oid: bytes, conn: Any) -> None:
+    """Hold one reference, arm `point`, work until the process exits inside the lock."""
+    store = ObjectStore.attach(name)
+    view = store.get(holder_oid)
+    if point == "reap":
+        conn.send("attached")
+        conn.recv()  # the parent has made a process die holding references
+        store._test_crash_point("reap", countdown=2)
+        store.reap()
+    else:
+        store._test_crash_point(point)
+        run_ops(store, 500, 3)
+    del view
+    os._exit(3)  # the crash point was not reached
+
+
+# ------------------------------------------------------------------ stress
+
+
+def creator(name: str, group: int, count: int, deadline: float, conn: Any) -> None:
+    def body() -> dict[str, Any]:
+        made = full = exists = 0
+        with ObjectStore.attach(name) as store:
+            while time.monotonic() < deadline:
+                for n in range(count):
+                    oid = make_id(group, n)
+                    data = content(oid)
+                    try:
+                        if n % 2:
+                            buf = store.create_buffer(oid, len(data))
+                            buf[:] = data
+                            store.seal(oid)
+                        else:
+                            store.put(oid, data)
+                        made += 1
+                    except ObjectStoreFull:
+                        full += 1
+                    except ObjectExists:
+                        exists += 1
+                    if time.monotonic() >= deadline:
+                        break
+        return {"made": made, "full": full, "exists": exists}
+
+    _report(conn, body)
+
+
+def reader(name: str, groups: list[int], count: int, seed: int, deadline: float, conn: Any) -> None:
+    def body() -> dict[str, Any]:
+        rng = random.Random(seed)
+        read = missing = bad = 0
+        held: collections.deque[tuple[bytes, memoryview]] = collections.deque()
+        with ObjectStore.attach(name) as store:
+            while time.monotonic() < deadline:
+                oid = make_id(rng.choice(groups), rng.randrange(count))
+                try:
+                    view = store.get(oid)
+                except (ObjectNotFound, ObjectNotSealed):
+                    missing += 1
+                    continue
+                read += 1
+                if view != content(oid):
+                    bad += 1
+                held.append((oid, view))
+                if len(held) > 4:
+                    old_oid, old = held.popleft()
+                    if rng.random() < 0.5:
+                        old.release()
+                    else:
+                        store.release(old_oid)
+                    del old
+            for _oid, view in held:
+                if view != content(_oid):
+                    bad += 1
+                view.release()
+        return {"read": read, "missing": missing, "bad": bad}
+
+    _report(conn, body)
+
+
+def deleter(name: str, groups: list[int], count: int, seed: int, deadline: float, conn: Any) -> None:
+    def body() -> dict[str, Any]:
+        rng = random.Random(seed)
+        deleted = deferred = missing = 0
+        with ObjectStore.attach(name) as store:
+            while time.monotonic() < deadline:
+                oid = make_id(rng.choice(groups), rng.randrange(count))
+                try:
+                    if store.delete(oid):
+                        deleted += 1
+                    else:
+                        deferred += 1
+                except (ObjectNotFound, ObjectNotSealed):
+                    missing += 1
+        return {"deleted": deleted, "deferred": deferred, "missing": missing}
+
+    _report(conn, body)
+
+
+def victim(name: str, point: str, countdown: int, group: int, hold: list[bytes], deadline: float) -> None:
+    """Hold references, then work until the armed crash point exits the process (86)."""
+    store = ObjectStore.attach(name)
+    views = []
+    for oid in hold:
+        try:
+            views.append(store.get(oid))
+        except (ObjectNotFound, ObjectNotSealed):
+            pass
+    store._test_crash_point(point, countdown=countdown)
+    n = 0
+    while time.monotonic() < deadline:
+        try:
+            run_ops(store, group * 100_000 + 2 * n, 1)
+        except (ObjectStoreFull, ObjectExists, ObjectNotFound):
+            pass
+        n += 1
+    os._exit(3)  # not reached
+
+
+def doomed_reader(name: str, groups: list[int], count: int, seed: int, deadline: float, conn: Any) -> None:
+    """Read and hold until killed; says "ready" once it has done some work."""
+    rng = random.Random(seed)
+    store = ObjectStore.attach(name)
+    held: collections.deque[memoryview] = collections.deque(maxlen=8)
+    ops = 0
+    while time.monotonic() < deadline:
+        oid = make_id(rng.choice(groups), rng.randrange(count))
+        try:
+            held.append(store.get(oid))
+        except (ObjectNotFound, ObjectNotSealed):
+            pass
+        ops += 1
+        if ops == 300:
+            conn.send("ready")
+    os._exit(0)
