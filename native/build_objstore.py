@@ -122,6 +122,7 @@ objstore_status_t objstore_get(objstore_t *s, const char *id, const void **data,
 objstore_status_t objstore_release(objstore_t *s, const char *id);
 objstore_status_t objstore_delete(objstore_t *s, const char *id, int *deferred);
 objstore_status_t objstore_contains(objstore_t *s, const char *id, int *state);
+objstore_status_t objstore_list(objstore_t *s, char *ids, uint64_t max, uint64_t *count);
 
 objstore_status_t objstore_stats(objstore_t *s, objstore_stats_t *out);
 objstore_status_t objstore_reap(objstore_t *s, uint32_t *reaped);

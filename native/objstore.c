@@ -388,6 +388,24 @@ objstore_status_t objstore_contains(objstore_t *s, const char *id, int *state) {
     return st;
 }
 
+objstore_status_t objstore_list(objstore_t *s, char *ids, uint64_t max, uint64_t *count) {
+    if (s == NULL || count == NULL || (ids == NULL && max > 0)) return OBJSTORE_E_INVALID;
+    *count = 0;
+    const os_header_t *h = os_hdr(s);
+    const os_entry_t *E = os_entries(s);
+    objstore_status_t st = os_lock(s);
+    if (st != OBJSTORE_OK) return st;
+    uint64_t n = 0;
+    for (uint64_t e = 0; e < h->max_objects; e++) {
+        if (E[e].state == OS_ENTRY_FREE) continue;
+        if (n < max) memcpy(ids + n * OBJSTORE_ID_SIZE, E[e].id, OBJSTORE_ID_SIZE);
+        n++;
+    }
+    *count = n;
+    os_unlock(s);
+    return st;
+}
+
 /* ---------------------------------------------------------------- maintenance */
 
 objstore_status_t objstore_stats(objstore_t *s, objstore_stats_t *out) {

@@ -213,6 +213,12 @@ objstore_status_t objstore_delete(objstore_t *s, const char *id, int *deferred);
 /* objstore_contains: *state = an objstore_state_t. Returns OK, LOCK_TIMEOUT, FORKED. */
 objstore_status_t objstore_contains(objstore_t *s, const char *id, int *state);
 
+/* objstore_list: copy the ids of up to `max` objects (any state) into `ids`
+ * (OBJSTORE_ID_SIZE bytes each, in index order); *count = how many there are in all,
+ * which may exceed `max`. A snapshot: objects may come and go right after. Returns OK,
+ * INVALID, LOCK_TIMEOUT, FORKED. */
+objstore_status_t objstore_list(objstore_t *s, char *ids, uint64_t max, uint64_t *count);
+
 /* ---------------------------------------------------------------- maintenance */
 
 /* objstore_stats: a consistent snapshot (taken under the lock). */

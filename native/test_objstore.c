@@ -184,6 +184,22 @@ static void test_full_and_tables(void) {
     }
     make_id(id, 99);
     CHECK_ST(objstore_create(s, id, 1, &w), OBJSTORE_E_TABLE_FULL);
+    char ids[8 * OBJSTORE_ID_SIZE];
+    uint64_t count = 0;
+    CHECK_ST(objstore_list(s, ids, 8, &count), OBJSTORE_OK);
+    CHECK(count == 8);
+    unsigned seen = 0;
+    for (unsigned i = 0; i < 8; i++) {
+        unsigned k;
+        memcpy(&k, ids + i * OBJSTORE_ID_SIZE, sizeof k);
+        if (k >= 10 && k < 18) seen |= 1u << (k - 10);
+    }
+    CHECK(seen == 0xffu);
+    CHECK_ST(objstore_list(s, ids, 3, &count), OBJSTORE_OK);
+    CHECK(count == 8);
+    CHECK_ST(objstore_list(s, NULL, 0, &count), OBJSTORE_OK);
+    CHECK(count == 8);
+    CHECK_ST(objstore_list(s, NULL, 1, &count), OBJSTORE_E_INVALID);
     VALID(s);
     drop_store(s);
 }

@@ -469,6 +469,18 @@ class ObjectStore:
         """True if ``object_id`` is sealed and not being deleted (``get`` would succeed)."""
         return self.state(object_id) == "sealed"
 
+    def list_ids(self) -> list[bytes]:
+        """The ids of every object in the store, in any state (a snapshot)."""
+        count = ffi.new("uint64_t *")
+        room = 0
+        while True:
+            ids = ffi.new("char[]", max(1, room) * ID_SIZE)
+            self._check(lib.objstore_list(self._handle, ids, room, count), "list")
+            if count[0] <= room:
+                raw = ffi.buffer(ids, count[0] * ID_SIZE)[:]
+                return [raw[i : i + ID_SIZE] for i in range(0, len(raw), ID_SIZE)]
+            room = int(count[0]) + 64  # objects were added meanwhile: ask again
+
     def __contains__(self, object_id: object) -> bool:
         return self.contains(object_id)  # type: ignore[arg-type]  # validated inside
 

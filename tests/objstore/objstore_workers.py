@@ -19,6 +19,7 @@ from typing import Any
 from scaler_executor.objstore import (
     ObjectExists,
     ObjectNotFound,
+    ObjectNotHeld,
     ObjectNotSealed,
     ObjectStore,
     ObjectStoreFull,
@@ -132,12 +133,22 @@ def crash_at(name: str, point: str, holder_oid: bytes, conn: Any) -> None:
 
 
 # ------------------------------------------------------------------ stress
+#
+# Every stress worker attaches, says "ready", and waits for the parent to send the common
+# deadline (time.monotonic() is the same clock in every process), so the concurrent part
+# lasts as long as asked even when spawning the interpreters is slow.
 
 
-def creator(name: str, group: int, count: int, deadline: float, conn: Any) -> None:
+def _ready(conn: Any) -> float:
+    conn.send("ready")
+    return float(conn.recv())
+
+
+def creator(name: str, group: int, count: int, conn: Any) -> None:
     def body() -> dict[str, Any]:
         made = full = exists = 0
         with ObjectStore.attach(name) as store:
+            deadline = _ready(conn)
             while time.monotonic() < deadline:
                 for n in range(count):
                     oid = make_id(group, n)
@@ -161,12 +172,13 @@ def creator(name: str, group: int, count: int, deadline: float, conn: Any) -> No
     _report(conn, body)
 
 
-def reader(name: str, groups: list[int], count: int, seed: int, deadline: float, conn: Any) -> None:
+def reader(name: str, groups: list[int], count: int, seed: int, conn: Any) -> None:
     def body() -> dict[str, Any]:
         rng = random.Random(seed)
         read = missing = bad = 0
         held: collections.deque[tuple[bytes, memoryview]] = collections.deque()
         with ObjectStore.attach(name) as store:
+            deadline = _ready(conn)
             while time.monotonic() < deadline:
                 oid = make_id(rng.choice(groups), rng.randrange(count))
                 try:
@@ -183,7 +195,12 @@ def reader(name: str, groups: list[int], count: int, seed: int, deadline: float,
                     if rng.random() < 0.5:
                         old.release()
                     else:
-                        store.release(old_oid)
+                        # releases the newest live view of old_oid: maybe a later one in
+                        # `held` when the id was read twice; then `old` is the one left
+                        try:
+                            store.release(old_oid)
+                        except ObjectNotHeld:
+                            bad += _still_usable(old)
                     del old
             for _oid, view in held:
                 if view != content(_oid):
@@ -194,11 +211,21 @@ def reader(name: str, groups: list[int], count: int, seed: int, deadline: float,
     _report(conn, body)
 
 
-def deleter(name: str, groups: list[int], count: int, seed: int, deadline: float, conn: Any) -> None:
+def _still_usable(view: memoryview) -> int:
+    """1 if `view` was not released (so a release that found no view was wrong)."""
+    try:
+        view.nbytes
+    except ValueError:
+        return 0
+    return 1
+
+
+def deleter(name: str, groups: list[int], count: int, seed: int, conn: Any) -> None:
     def body() -> dict[str, Any]:
         rng = random.Random(seed)
         deleted = deferred = missing = 0
         with ObjectStore.attach(name) as store:
+            deadline = _ready(conn)
             while time.monotonic() < deadline:
                 oid = make_id(rng.choice(groups), rng.randrange(count))
                 try:
@@ -213,9 +240,10 @@ def deleter(name: str, groups: list[int], count: int, seed: int, deadline: float
     _report(conn, body)
 
 
-def victim(name: str, point: str, countdown: int, group: int, hold: list[bytes], deadline: float) -> None:
+def victim(name: str, point: str, countdown: int, group: int, hold: list[bytes], conn: Any) -> None:
     """Hold references, then work until the armed crash point exits the process (86)."""
     store = ObjectStore.attach(name)
+    deadline = _ready(conn)
     views = []
     for oid in hold:
         try:
@@ -233,10 +261,11 @@ def victim(name: str, point: str, countdown: int, group: int, hold: list[bytes],
     os._exit(3)  # not reached
 
 
-def doomed_reader(name: str, groups: list[int], count: int, seed: int, deadline: float, conn: Any) -> None:
-    """Read and hold until killed; says "ready" once it has done some work."""
+def doomed_reader(name: str, groups: list[int], count: int, seed: int, conn: Any) -> None:
+    """Read and hold until killed; says "busy" once it has done some work."""
     rng = random.Random(seed)
     store = ObjectStore.attach(name)
+    deadline = _ready(conn)
     held: collections.deque[memoryview] = collections.deque(maxlen=8)
     ops = 0
     while time.monotonic() < deadline:
@@ -247,5 +276,5 @@ def doomed_reader(name: str, groups: list[int], count: int, seed: int, deadline:
             pass
         ops += 1
         if ops == 300:
-            conn.send("ready")
+            conn.send("busy")
     os._exit(0)

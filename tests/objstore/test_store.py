@@ -268,6 +268,16 @@ def test_stats_snapshot(store: ObjectStore) -> None:
     del view, buf
 
 
+def test_list_ids(store: ObjectStore) -> None:
+    assert store.list_ids() == []
+    ids = {oid() for _ in range(100)}
+    for a in ids:
+        store.put(a, b"v")
+    buf = store.create_buffer(b := oid(), 1)
+    assert set(store.list_ids()) == ids | {b}
+    del buf
+
+
 def test_invalid_arguments(store: ObjectStore, region_name: Callable[[], str]) -> None:
     with pytest.raises(ValueError, match="16 bytes"):
         store.put(b"short", b"x")
