@@ -47,6 +47,8 @@ __all__ = [
     "ClusterConfig",
     "add_config_arguments",
     "config_from_args",
+    "parse_resources",
+    "parse_tags",
 ]
 
 ENV_PREFIX: Final = "SCALER_"
@@ -171,6 +173,32 @@ class ClusterConfig:
         "cap on the tasks queued at one worker beyond those it runs",
         "higher hides dispatch latency for short tasks, lower balances load better",
         ge=1,
+    )
+    worker_resources: str = _opt(
+        "",
+        "resources each worker this config starts declares, e.g. 'cpu=4,gpu=1,mem=16e9'",
+        "tasks asking for resources run only where they fit, at most as many at once as the quantities allow",
+        metavar="NAME=QTY,...",
+    )
+    worker_tags: str = _opt(
+        "",
+        "tags each worker this config starts declares, comma-separated, e.g. 'linux,ssd'",
+        "tasks asking for tags run only on workers that have them all",
+        metavar="TAG,...",
+    )
+    memory_limit: str = _opt(
+        "auto",
+        "private memory a worker's processors may use together: a size like 4G, 'auto' (95% of RAM "
+        "shared by the host's workers) or 'none'",
+        "the processor using most is killed when the sum goes over, before the kernel's OOM killer strikes",
+        metavar="SIZE",
+    )
+    unsatisfiable_timeout: float | None = _opt(
+        None,
+        "seconds a task that no connected worker can ever satisfy waits before it fails, none = forever",
+        "waiting lets a matching worker join later; 0 fails at once (the embedded cluster's setting)",
+        ge=0,
+        metavar="SECONDS",
     )
     log_level: str = _opt(
         "WARNING",
@@ -363,6 +391,32 @@ def _check_value(f: _Field, value: object, source: str | None) -> object:
     raise _invalid(f, value, source)
 
 
+def parse_resources(text: str, source: str = "worker_resources") -> dict[str, float]:
+    """``'cpu=4,gpu=1,mem=16e9'`` -> ``{'cpu': 4.0, 'gpu': 1.0, 'mem': 16e9}``; ConfigError naming the bad part."""
+    resources: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, quantity = part.partition("=")
+        name = name.strip()
+        try:
+            value = float(quantity) if sep else math.nan
+        except ValueError:
+            value = math.nan
+        if not name or not math.isfinite(value) or value < 0:
+            raise ConfigError(
+                f"invalid resource {part!r} in {source}: write NAME=QUANTITY with a number >= 0, "
+                "e.g. 'cpu=4,gpu=1,mem=16e9'"
+            )
+        if name in resources:
+            raise ConfigError(f"resource {name!r} appears twice in {source}")
+        resources[name] = value
+    return resources
+
+
+def parse_tags(text: str) -> list[str]:
+    """``'linux, ssd'`` -> ``['linux', 'ssd']``."""
+    return sorted({t.strip() for t in text.split(",") if t.strip()})
+
+
 def _check_together(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
     interval, timeout = values["heartbeat_interval"], values["daemon_loss_timeout"]
     if timeout < 2 * interval:
@@ -372,6 +426,14 @@ def _check_together(values: Mapping[str, Any], sources: Mapping[str, str]) -> No
             f" i.e. >= {2 * interval!r}: a shorter timeout declares a healthy but idle daemon"
             " lost between heartbeats; raise daemon_loss_timeout or lower heartbeat_interval"
         )
+    parse_resources(values["worker_resources"], "worker_resources" + _from(sources.get("worker_resources")))
+    if values["memory_limit"].strip().lower() not in ("auto", "none"):
+        from scaler_executor.worker.memory import parse_size
+
+        try:
+            parse_size(values["memory_limit"])
+        except ValueError as exc:
+            raise ConfigError(f"invalid memory_limit{_from(sources.get('memory_limit'))}: {exc}") from None
 
 
 def _validate(values: Mapping[str, Any], sources: Mapping[str, str]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def fast_config(**changes: Any) -> ClusterConfig:
 
 
 def _scaler_dirs() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "scaler-*")))
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), f"scaler-{os.getpid()}-*")))
 
 
 def _children() -> list[psutil.Process]:

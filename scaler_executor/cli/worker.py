@@ -9,7 +9,6 @@ Stops cleanly on SIGINT or SIGTERM.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
@@ -29,10 +28,29 @@ def _parser() -> argparse.ArgumentParser:
         help="processor processes per worker (default: processors_per_worker from the config)",
     )
     parser.add_argument("--name", help="the worker's name in logs and task facts (default host:pid)")
+    parser.add_argument(
+        "--resources",
+        metavar="NAME=QTY,...",
+        help="resources this worker offers, e.g. cpu=4,gpu=1,mem=16e9 (default: worker_resources from the config)",
+    )
+    parser.add_argument("--tags", metavar="TAG,...", help="tags this worker has, e.g. linux,ssd (default: worker_tags)")
     parser.add_argument("--initializer", metavar="FILE", help="cloudpickle.dumps((initializer, initargs)) file")
     parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)  # stop when stdin closes
-    add_config_arguments(parser, include=["heartbeat_interval", "heartbeat_liveness", "send_hwm", "log_level",
-                                          "max_tasks_per_child", "allow_tcp_unauthenticated"])
+    parser.add_argument("--workers-on-host", type=int, default=1, help=argparse.SUPPRESS)  # shares memory_limit=auto
+    add_config_arguments(
+        parser,
+        include=[
+            "heartbeat_interval",
+            "heartbeat_liveness",
+            "send_hwm",
+            "log_level",
+            "max_tasks_per_child",
+            "allow_tcp_unauthenticated",
+            "worker_resources",
+            "worker_tags",
+            "memory_limit",
+        ],
+    )
     return parser
 
 
@@ -47,7 +65,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--workers and --processors must be at least 1")
     if args.workers > 1:
         return _run_several(argv or sys.argv[1:], args.workers)
+    from scaler_executor.config import parse_resources, parse_tags
+    from scaler_executor.exceptions import ConfigError
     from scaler_executor.worker.agent import WorkerAgent
+
+    try:
+        resources = parse_resources(args.resources if args.resources is not None else config.worker_resources, "--resources")
+    except ConfigError as exc:
+        parser.error(str(exc))
+    tags = parse_tags(args.tags if args.tags is not None else config.worker_tags)
+    from scaler_executor.worker.memory import memory_limit
+
+    limit = memory_limit(config.memory_limit, max(1, args.workers_on_host))
 
     agent = WorkerAgent(
         config,
@@ -57,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         initializer=read_initializer(args.initializer),
         max_tasks_per_child=config.max_tasks_per_child,
         lifeline_fd=0 if args.lifeline else None,
+        resources=resources,
+        tags=tags,
+        memory_limit=limit,
     )
     agent.install_signal_handlers()
     return agent.run()
@@ -64,10 +96,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_several(argv: list[str], count: int) -> int:
     """Run ``count`` single-worker processes and forward SIGINT/SIGTERM to them."""
-    rest = [a for a in argv if not a.startswith("--workers")]
-    if "--workers" in argv:
-        i = argv.index("--workers")
-        rest = argv[:i] + argv[i + 2 :]
+    rest = list(argv)
+    for i, arg in enumerate(rest):
+        if arg == "--workers":
+            del rest[i : i + 2]
+            break
+        if arg.startswith("--workers="):
+            del rest[i]
+            break
+    rest += ["--workers-on-host", str(count)]
     children = [subprocess.Popen([sys.executable, "-m", "scaler_executor.cli.worker", *rest]) for _ in range(count)]
 
     def forward(signum: int, frame: object) -> None:

@@ -38,13 +38,15 @@ class EmbeddedCluster:
         initializer: bytes | None = None,
         max_tasks_per_child: int | None = None,
     ) -> None:
-        self.directory = tempfile.mkdtemp(prefix="scaler-")  # mode 0700
+        self.directory = tempfile.mkdtemp(prefix=f"scaler-{os.getpid()}-")  # mode 0700; pid names the owner
         self.address = f"ipc://{self.directory}/daemon.sock"
         self.config = config.replace(
             address=self.address,
             workers=1,
             processors_per_worker=processors,
             max_tasks_per_child=max_tasks_per_child,
+            # A private cluster gains no workers later: a task none can satisfy fails at once.
+            unsatisfiable_timeout=0.0 if config.unsatisfiable_timeout is None else config.unsatisfiable_timeout,
         )
         config_file = os.path.join(self.directory, "config.toml")
         with open(config_file, "w") as f:

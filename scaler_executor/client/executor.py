@@ -228,14 +228,23 @@ def _make_options(
     task_timeout: float | None,
     max_retries: int | None,
 ) -> TaskOptions:
-    if resources:
-        raise ValueError(
-            f"resources={resources!r}: this version's daemon does not match resources, so the request could "
-            "not be honoured; omit resources"
-        )
-    tag_list = sorted(tags) if tags is not None else []
-    if tag_list:
-        raise ValueError(f"tags={tag_list!r}: this version's daemon does not match tags; omit tags")
+    checked: dict[str, float] = {}
+    if resources is not None:
+        if not isinstance(resources, dict):
+            raise TypeError(f"resources must be a dict like {{'gpu': 1}}, got {type(resources).__name__}")
+        for name, quantity in resources.items():
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"resource names must be non-empty strings, got {name!r}")
+            if isinstance(quantity, bool) or not isinstance(quantity, (int, float)) or not quantity >= 0:
+                raise ValueError(f"resource {name!r} needs a quantity >= 0, got {quantity!r}")
+            if quantity:
+                checked[name] = float(quantity)
+    if isinstance(tags, str):
+        raise TypeError(f"tags must be a collection of strings such as {{'linux'}}, not the string {tags!r}")
+    tag_list = sorted(set(tags)) if tags is not None else []
+    for tag in tag_list:
+        if not isinstance(tag, str) or not tag:
+            raise TypeError(f"tags must be non-empty strings, got {tag!r}")
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise TypeError(f"priority must be an integer, got {type(priority).__name__}")
     if task_timeout is not None:
@@ -244,7 +253,7 @@ def _make_options(
         task_timeout = float(task_timeout)
     if max_retries is not None and (not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0):
         raise ValueError(f"max_retries must be an integer >= 0 or None, got {max_retries!r}")
-    options = TaskOptions({}, tag_list, priority, task_timeout, max_retries)
+    options = TaskOptions(checked, tag_list, priority, task_timeout, max_retries)
     return DEFAULT_OPTIONS if options == DEFAULT_OPTIONS else options
 
 

@@ -68,6 +68,8 @@ class LocalWorkerManager:
             "--config",
             self._config_file,
             "--lifeline",
+            "--workers-on-host",
+            str(self.count),
         ]
         if self.initializer_file:
             cmd += ["--initializer", self.initializer_file]

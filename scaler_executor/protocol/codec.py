@@ -65,7 +65,7 @@ def _primitive(tp: type) -> _Validator:
     name = tp.__name__
 
     def check(value: Any) -> Any:
-        if isinstance(value, accepted):
+        if type(value) in accepted:  # exact types: a bool is not an int on this wire
             return value
         _fail(name, value)
 
@@ -87,7 +87,7 @@ def _list_of(inner: _Validator, inner_accepted: tuple[type, ...] | None) -> _Val
             if not isinstance(value, list):
                 _fail("list", value)
             for item in value:
-                if not isinstance(item, inner_accepted):
+                if type(item) not in inner_accepted:
                     _fail("list of " + inner_accepted[0].__name__, item)
             return value
 
@@ -151,7 +151,7 @@ def _record(cls: type) -> _Validator:
         accepted = getattr(_validator_for(_strip_none(tp)), "accepted", None)
         if accepted is not None:
             env[f"T{i}"] = accepted
-            cond = f"not isinstance(a{i}, T{i})"
+            cond = f"type(a{i}) not in T{i}"
             if optional:
                 cond = f"a{i} is not None and " + cond
             lines.append(f"    if {cond}:")

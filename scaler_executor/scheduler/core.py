@@ -27,16 +27,21 @@ from scaler_executor._compat import python_version
 from scaler_executor._version import __version__
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import messages as m
+from scaler_executor.protocol.messages import DEFAULT_OPTIONS as DEFAULT
 from scaler_executor.protocol.messages import Role, Status
-from scaler_executor.scheduler.policies import LeastLoaded, WorkerSlot
+from scaler_executor.scheduler.policies import LeastLoaded, WorkerSlot, prefetch_window
+from scaler_executor.config import parse_resources, parse_tags
 from scaler_executor.scheduler.state import (
     AT_WORKER_STATES,
     QUEUED_STATES,
     ClientRecord,
+    ConstraintKey,
     ReadyQueue,
     TaskRecord,
     TaskState,
     WorkerRecord,
+    constraint_key,
+    describe_key,
 )
 
 log = logging.getLogger("scaler_executor.daemon")
@@ -116,7 +121,16 @@ class Scheduler:
         self.config = config
         self.policy = LeastLoaded(config.max_prefetch)
         self.tasks: dict[int, TaskRecord] = {}
-        self.ready = ReadyQueue()
+        self.ready = ReadyQueue()  # tasks any worker can run
+        self.constrained: dict[ConstraintKey, ReadyQueue] = {}  # tasks that need resources or tags
+        self._warned: set[ConstraintKey] = set()
+        # The workers this daemon starts itself (local manager) and what they declare.
+        self.template: WorkerRecord | None = None
+        if config.workers:
+            self.template = WorkerRecord(
+                b"", 0, "template", config.processors_per_worker, parse_resources(config.worker_resources),
+                frozenset(parse_tags(config.worker_tags)), 0.0,
+            )
         self.clients: dict[bytes, ClientRecord] = {}
         self.workers: dict[bytes, WorkerRecord] = {}
         self.functions: dict[int, bytes] = {}  # fn_id -> pickled callable
@@ -134,6 +148,7 @@ class Scheduler:
             "dropped_messages": 0,
         }
         self._monitors: dict[bytes, float] = {}
+        self._heartbeats_due = False
         self._next_peer_id = 1
         self._now = 0.0
         self._out: dict[bytes, list[Any]] = {}
@@ -175,6 +190,11 @@ class Scheduler:
         peer = event.peer
         role_record: Any = self.clients.get(peer) or self.workers.get(peer)
         messages = event.messages
+        if messages and type(messages[0]) is m.Hello and (role_record is not None or self._is_monitor(peer)):
+            # A known peer joining again on the same connection (a worker that heard nothing
+            # for its liveness period forgets what it held): start it afresh.
+            self._on_goodbye(peer, m.Goodbye("joined again"))
+            role_record = None
         if role_record is None and not self._is_monitor(peer):
             first = messages[0] if messages else None
             if type(first) is not m.Hello:
@@ -216,10 +236,9 @@ class Scheduler:
             self._lose_client(client, f"no message for {now - client.last_seen:.1f} s")
         for peer in [p for p, seen in self._monitors.items() if now - seen > deadline]:
             del self._monitors[peer]
-        interval = self.config.heartbeat_interval
-        for peer in list(self.clients) + list(self.workers) + list(self._monitors):
-            if now - self.last_sent.get(peer, 0.0) >= interval and peer not in self._out:
-                self._send(peer, m.Heartbeat(len(self.ready), len(self.tasks) - len(self.ready)))
+        if self.constrained:
+            self._expire_unsatisfiable(now)
+        self._heartbeats_due = True  # decided in _flush, once every message of this turn is known
 
     def _on_unreachable(self, event: PeerUnreachable) -> None:
         if (worker := self.workers.get(event.peer)) is not None:
@@ -339,6 +358,10 @@ class Scheduler:
             if spec.deps:
                 self._reject_spec(peer, spec, "this daemon does not run tasks with dependencies yet")
                 continue
+            key = constraint_key(options.resources, options.tags) if options is not DEFAULT else None
+            if key is not None and self.config.unsatisfiable_timeout == 0 and not self._satisfiable(key):
+                self._reject_spec(peer, spec, self._unsatisfiable_text(key))
+                continue
             task = TaskRecord(
                 spec.task_id, peer, spec.fn_id, options, spec.flags, spec.payload, spec.objects, spec.deps, spec.parent
             )
@@ -346,10 +369,30 @@ class Scheduler:
             owned.add(spec.task_id)
             if spec.fn_id:
                 refs[spec.fn_id] = refs.get(spec.fn_id, 0) + 1
-            ready.push(task)
+            if key is None:
+                ready.push(task)
+            else:
+                task.queue_key = key
+                task.queued_at = self._now
+                self._queue(task)
         n = len(message.tasks)
         self.counters["submitted"] += n
         self._acks[peer] = self._acks.get(peer, 0) + n
+
+    def _satisfiable(self, key: ConstraintKey) -> bool:
+        if self.template is not None and self.template.fits_ever(key):
+            return True
+        return any(w.fits_ever(key) for w in self.workers.values() if w.broken is None)
+
+    def _unsatisfiable_text(self, key: ConstraintKey) -> str:
+        have = "; ".join(
+            f"{w.name}: {describe_key((tuple(sorted(w.resources.items())), tuple(sorted(w.tags)))) or 'nothing'}"
+            for w in self.workers.values()
+        )
+        return (
+            f"no worker can provide {describe_key(key)} (workers have: {have or 'no workers connected'}); "
+            "start workers with --resources/--tags that match, or change the task's options"
+        )
 
     def _reject_spec(self, peer: bytes, spec: m.TaskSpec, reason: str) -> None:
         log.warning("rejected task %#x from %r: %s", spec.task_id, peer, reason)
@@ -365,7 +408,7 @@ class Scheduler:
     def _cancel(self, task: TaskRecord, force: bool) -> None:
         if task.state in QUEUED_STATES or task.state is TaskState.WAITING:
             if task.state in QUEUED_STATES:
-                self.ready.discard()
+                self._unqueue(task)
             task.transition("cancel")
             self._forget(task)
             self.counters["cancelled"] += 1
@@ -406,8 +449,7 @@ class Scheduler:
             task = self.tasks.get(result.task_id)
             if task is None or task.worker != peer or task.attempt != result.attempt:
                 continue  # late: an earlier attempt, or a task already settled elsewhere
-            del worker.inflight[task.task_id]
-            task.worker = None
+            self._unassign(worker, task)
             if result.status == Status.PROCESSOR_DIED:
                 self._attempt_failed(task, f"worker {worker.name}: {result.payload.decode(errors='replace')}")
                 continue
@@ -436,7 +478,7 @@ class Scheduler:
         self._out.pop(worker.peer, None)
         for task_id in list(worker.inflight):
             task = self.tasks[task_id]
-            task.worker = None
+            self._unassign(worker, task)
             if clean:
                 # It left in an orderly way: the tasks it returns were not run to a crash.
                 if task.state is TaskState.CANCELLING:
@@ -444,10 +486,9 @@ class Scheduler:
                     self._forget(task)
                 else:
                     task.transition("returned")
-                    self.ready.push(task, front=True)
+                    self._queue(task, front=True)
             else:
                 self._attempt_failed(task, f"worker {worker.name}: {why}")
-        worker.inflight.clear()
 
     def _attempt_failed(self, task: TaskRecord, line: str) -> None:
         if task.failures is None:
@@ -474,45 +515,128 @@ class Scheduler:
         task.attempt += 1
         task.transition("attempt-failed")
         self.counters["retried"] += 1
-        self.ready.push(task, front=True)
+        self._queue(task, front=True)
 
     # ------------------------------------------------------------------ dispatch
 
     def _dispatch(self) -> None:
-        if not self.ready.live or not self.workers:
+        if not self.workers:
             return
-        workers = [w for w in self.workers.values() if w.broken is None]
-        slots = [WorkerSlot(w.capacity, len(w.inflight), w.mean_task_seconds) for w in workers]
-        counts = self.policy.allocate(self.ready.live, slots)
-        for worker, count in zip(workers, counts):
-            if not count:
+        out: dict[bytes, tuple[list[m.FunctionBlob], list[m.TaskDispatch]]] = {}
+        if self.constrained:
+            self._dispatch_constrained(out)
+        if self.ready.live:
+            workers = [w for w in self.workers.values() if w.broken is None]
+            slots = [WorkerSlot(w.capacity, len(w.inflight), w.mean_task_seconds) for w in workers]
+            for worker, count in zip(workers, self.policy.allocate(self.ready.live, slots)):
+                for _ in range(count):
+                    task = self.ready.pop()
+                    if task is None:
+                        break
+                    self._assign(worker, task, out)
+        for peer, (blobs, batch) in out.items():
+            self._send(peer, m.DispatchTasks(blobs, batch))
+
+    def _dispatch_constrained(self, out: dict[bytes, tuple[list[m.FunctionBlob], list[m.TaskDispatch]]]) -> None:
+        """Tasks that need resources or tags: each to a worker that has them free now.
+
+        A task that fits nowhere yet stays in its own queue and delays no other task.
+        Quantities are honoured: a worker's resources held by its in-flight tasks are in use.
+        """
+        max_prefetch = self.config.max_prefetch
+        keys = sorted(self.constrained, key=lambda k: -self.constrained[k].head_priority())
+        for key in keys:
+            queue = self.constrained[key]
+            if not queue.live:
+                del self.constrained[key]
                 continue
-            batch: list[m.TaskDispatch] = []
-            blobs: list[m.FunctionBlob] = []
-            inflight = worker.inflight
-            known = worker.functions
-            for _ in range(count):
-                task = self.ready.pop()
-                if task is None:
+            for worker in self.workers.values():
+                if worker.broken is not None or not worker.fits_ever(key):
+                    continue
+                window = prefetch_window(WorkerSlot(worker.capacity, 0, worker.mean_task_seconds), max_prefetch)
+                while queue.live and len(worker.inflight) < window and worker.fits_now(key):
+                    task = queue.pop()
+                    if task is None:
+                        break
+                    self._assign(worker, task, out)
+                if not queue.live:
                     break
-                task.transition("dispatch")
-                task.worker = worker.peer
-                inflight[task.task_id] = None
-                fn_id = task.fn_id
-                if fn_id and fn_id not in known:
-                    known.add(fn_id)
-                    blobs.append(m.FunctionBlob(fn_id, self.functions[fn_id]))
-                batch.append(
-                    m.TaskDispatch(
-                        task.task_id, task.attempt, fn_id, task.flags, task.payload, task.objects, task.options.task_timeout
-                    )
-                )
-                running = self._running.get(task.client)
-                if running is None:
-                    running = self._running[task.client] = []
-                running.append(task.task_id)
-            if batch:
-                self._send(worker.peer, m.DispatchTasks(blobs, batch))
+
+    def _assign(
+        self,
+        worker: WorkerRecord,
+        task: TaskRecord,
+        out: dict[bytes, tuple[list[m.FunctionBlob], list[m.TaskDispatch]]],
+    ) -> None:
+        entry = out.get(worker.peer)
+        if entry is None:
+            entry = out[worker.peer] = ([], [])
+        task.transition("dispatch")
+        task.worker = worker.peer
+        worker.inflight[task.task_id] = None
+        if task.queue_key is not None:
+            used = worker.used
+            for name, quantity in task.queue_key[0]:
+                used[name] = used.get(name, 0.0) + quantity
+        fn_id = task.fn_id
+        if fn_id and fn_id not in worker.functions:
+            worker.functions.add(fn_id)
+            entry[0].append(m.FunctionBlob(fn_id, self.functions[fn_id]))
+        entry[1].append(
+            m.TaskDispatch(task.task_id, task.attempt, fn_id, task.flags, task.payload, task.objects, task.options.task_timeout)
+        )
+        running = self._running.get(task.client)
+        if running is None:
+            running = self._running[task.client] = []
+        running.append(task.task_id)
+
+    def _unassign(self, worker: WorkerRecord, task: TaskRecord) -> None:
+        del worker.inflight[task.task_id]
+        task.worker = None
+        if task.queue_key is not None:
+            used = worker.used
+            for name, quantity in task.queue_key[0]:
+                left = used[name] - quantity
+                if left <= 1e-9:
+                    del used[name]
+                else:
+                    used[name] = left
+
+    def _queue(self, task: TaskRecord, *, front: bool = False) -> None:
+        key = task.queue_key
+        if key is None:
+            self.ready.push(task, front=front)
+            return
+        queue = self.constrained.get(key)
+        if queue is None:
+            queue = self.constrained[key] = ReadyQueue()
+        queue.push(task, front=front)
+
+    def _unqueue(self, task: TaskRecord) -> None:
+        """A queued task leaves its queue other than by dispatch (lazily: skipped when popped)."""
+        if task.queue_key is None:
+            self.ready.discard()
+        else:
+            self.constrained[task.queue_key].discard()
+
+    def _expire_unsatisfiable(self, now: float) -> None:
+        timeout = self.config.unsatisfiable_timeout
+        for key, queue in list(self.constrained.items()):
+            if not queue.live or self._satisfiable(key):
+                continue
+            if key not in self._warned:
+                self._warned.add(key)
+                log.warning("tasks wait for %s, which no connected worker has", describe_key(key))
+            if timeout is None:
+                continue
+            for task in queue.entries():
+                if now - task.queued_at >= timeout:
+                    self._unqueue(task)
+                    task.transition("reject")
+                    self._forget(task)
+                    self.counters["failed"] += 1
+                    reason = self._unsatisfiable_text(key) + f" within unsatisfiable_timeout={timeout:g} s"
+                    self._result_to(task.client, m.TaskResult(task.task_id, 0, Status.REJECTED, reason.encode(), m.NO_FACTS))
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -554,6 +678,12 @@ class Scheduler:
         for peer, results in self._results.items():
             self._send(peer, m.TaskResults(results))
         self._results.clear()
+        if self._heartbeats_due:
+            self._heartbeats_due = False
+            interval, now = self.config.heartbeat_interval, self._now
+            for peer in [*self.clients, *self.workers, *self._monitors]:
+                if peer not in self._out and now - self.last_sent.get(peer, 0.0) >= interval:
+                    self._send(peer, m.Heartbeat(self.ready.live, len(self.tasks) - self.ready.live))
         commands = [Send(peer, messages) for peer, messages in self._out.items()]
         for peer in self._out:
             self.last_sent[peer] = self._now
@@ -579,6 +709,11 @@ class Scheduler:
         """Check the cross-indexes; raises AssertionError naming the first broken invariant."""
         queued = {t.task_id for t in self.ready.entries()}
         assert len(queued) == self.ready.live, f"ready queue live={self.ready.live} but {len(queued)} queued entries"
+        for key, queue in self.constrained.items():
+            entries = queue.entries()
+            assert len(entries) == queue.live, f"queue {key} live={queue.live} but {len(entries)} entries"
+            assert all(t.queue_key == key for t in entries), f"queue {key} holds a task of another key"
+            queued.update(t.task_id for t in entries)
         for task_id, task in self.tasks.items():
             assert task.task_id == task_id
             assert task.state is not TaskState.DONE, f"{task!r} is done but still recorded"
@@ -591,9 +726,15 @@ class Scheduler:
             if task.client in self.clients:
                 assert task_id in self.clients[task.client].tasks, f"{task!r} missing from its client"
         for worker in self.workers.values():
+            used: dict[str, float] = {}
             for task_id in worker.inflight:
                 task = self.tasks.get(task_id)
                 assert task is not None and task.worker == worker.peer, f"{worker!r} holds stray task {task_id:#x}"
+                for name, quantity in (task.queue_key or ((), ()))[0]:
+                    used[name] = used.get(name, 0.0) + quantity
+            for name in set(used) | set(worker.used):
+                assert abs(used.get(name, 0.0) - worker.used.get(name, 0.0)) < 1e-6, f"{worker!r} {name} use is off"
+                assert used.get(name, 0.0) <= worker.resources.get(name, 0.0) + 1e-6, f"{worker!r} over its {name}"
         refs: dict[int, int] = {}
         for task in self.tasks.values():
             if task.fn_id:

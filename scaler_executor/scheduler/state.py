@@ -23,6 +23,23 @@ from dataclasses import dataclass, field
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS, TaskOptions
 
 
+# What a constrained task needs: ((resource, quantity), ...) and (tag, ...), both sorted.
+ConstraintKey = tuple[tuple[tuple[str, float], ...], tuple[str, ...]]
+
+
+def constraint_key(resources: dict[str, float], tags: list[str]) -> ConstraintKey | None:
+    if not resources and not tags:
+        return None
+    return tuple(sorted(resources.items())), tuple(sorted(set(tags)))
+
+
+def describe_key(key: ConstraintKey) -> str:
+    parts = [f"{name}={quantity:g}" for name, quantity in key[0]]
+    if key[1]:
+        parts.append("tags " + ",".join(key[1]))
+    return " ".join(parts)
+
+
 class TaskState(enum.Enum):
     WAITING = "waiting"  # for dependencies (graphs, futures as arguments)
     PENDING = "pending"  # ready, queued in the daemon
@@ -83,6 +100,8 @@ class TaskRecord:
         "worker",
         "failures",
         "story",
+        "queue_key",
+        "queued_at",
     )
 
     def __init__(
@@ -111,6 +130,8 @@ class TaskRecord:
         self.worker: bytes | None = None
         self.failures: list[str] | None = None  # one line per failed attempt
         self.story: list[str] | None = None  # recent transitions, kept once a task moves twice
+        self.queue_key: ConstraintKey | None = None  # resources/tags it needs; None = any worker
+        self.queued_at = 0.0
 
     def transition(self, event: str) -> TaskState:
         new = TRANSITIONS.get((self.state, event))
@@ -145,8 +166,19 @@ class WorkerRecord:
     functions: set[int] = field(default_factory=set)  # callables it has been sent
     mean_task_seconds: float | None = None  # EWMA of observed task durations
     broken: str | None = None  # set when it can no longer run tasks (e.g. initializer failed)
+    used: dict[str, float] = field(default_factory=dict)  # resources held by its in-flight tasks
     queued: int = 0  # as reported by its heartbeats
     running: int = 0
+
+    def fits_ever(self, key: ConstraintKey) -> bool:
+        """Could this worker ever run a task with these needs (ignoring what is in use)?"""
+        resources, tags = key
+        return self.tags.issuperset(tags) and all(self.resources.get(n, 0.0) >= q for n, q in resources)
+
+    def fits_now(self, key: ConstraintKey) -> bool:
+        resources, _ = key
+        used = self.used
+        return all(self.resources.get(n, 0.0) - used.get(n, 0.0) >= q - 1e-9 for n, q in resources)
 
     def __repr__(self) -> str:
         return f"<Worker {self.name} id={self.worker_id} inflight={len(self.inflight)}/{self.capacity}>"
@@ -204,6 +236,13 @@ class ReadyQueue:
                     self.live -= 1
                     return task
         return None
+
+    def head_priority(self) -> int:
+        """The highest priority with a queued entry (an estimate: lazily removed entries count)."""
+        for priority in self._priorities:
+            if self._queues[priority]:
+                return priority
+        return 0
 
     def __len__(self) -> int:
         return self.live

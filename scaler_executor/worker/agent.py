@@ -40,6 +40,7 @@ from scaler_executor.protocol import codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status
 from scaler_executor.worker import processor as proc
+from scaler_executor.worker.memory import OomCounter, private_memory
 from scaler_executor.worker.zygote import EXITED, SPAWNED, ZygoteHandle, describe_wait_status, start_zygote
 
 log = logging.getLogger("scaler_executor.worker")
@@ -49,12 +50,34 @@ EXIT_STATUS_GRACE = 1.0  # seconds to wait for the zygote's report of how a proc
 RESPAWN_BACKOFF = (0.0, 0.0, 0.1, 0.5, 2.0)  # after consecutive processors died without a task done
 
 
-class Processor:
-    __slots__ = ("pid", "conn", "outstanding", "functions", "sent", "eof_at", "wait_status", "kill", "deadline")
+STDERR_TAIL_BYTES = 4096  # kept per processor to explain a crash
+MEMORY_SAMPLE_SECONDS = 0.1
 
-    def __init__(self, pid: int, conn: Connection) -> None:
+
+class Processor:
+    __slots__ = (
+        "pid",
+        "conn",
+        "err_fd",
+        "err_tail",
+        "outstanding",
+        "functions",
+        "sent",
+        "eof_at",
+        "wait_status",
+        "kill",
+        "deadline",
+        "memory",
+        "peak",
+    )
+
+    def __init__(self, pid: int, conn: Connection, err_fd: int) -> None:
         self.pid = pid
         self.conn = conn
+        self.err_fd = err_fd  # read end of its stderr pipe, -1 once closed
+        self.err_tail = bytearray()
+        self.memory = 0  # last sampled private memory
+        self.peak = 0  # highest sample during the running task
         self.outstanding: deque[int] = deque()  # task ids sent, in order; [0] is running
         self.functions: set[int] = set()
         self.sent = 0
@@ -77,6 +100,7 @@ class WorkerAgent:
         lifeline_fd: int | None = None,
         resources: dict[str, float] | None = None,
         tags: list[str] | None = None,
+        memory_limit: int | None = None,
     ) -> None:
         if processors < 1:
             raise ValueError(f"a worker needs at least one processor, got {processors}")
@@ -88,6 +112,9 @@ class WorkerAgent:
         self.lifeline_fd = lifeline_fd
         self.resources = resources or {}
         self.tags = tags or []
+        self.memory_limit = memory_limit
+        self.oom = OomCounter()
+        self.next_sample = 0.0
         # Fork the zygote first: no thread and no ZeroMQ context may exist yet.
         self.zygote: ZygoteHandle = start_zygote(initializer, max_tasks_per_child)
         self.context = zmq.Context()
@@ -100,6 +127,7 @@ class WorkerAgent:
         self.poller.register(self.sock, zmq.POLLIN)
         self.poller.register(self.zygote.control.fileno(), zmq.POLLIN)
         self.processors: dict[int, Processor] = {}  # by fd
+        self.stderr_of: dict[int, Processor] = {}  # by the fd of its stderr pipe
         self.by_pid: dict[int, Processor] = {}
         self.starting = 0
         self.queue: deque[m.TaskDispatch] = deque()
@@ -173,6 +201,10 @@ class WorkerAgent:
             p = self.processors.get(target)  # type: ignore[call-overload]
             if p is not None:
                 self._on_processor(p)
+            else:
+                p = self.stderr_of.get(target)  # type: ignore[call-overload]
+                if p is not None:
+                    self._on_stderr(p)
 
     # ------------------------------------------------------------------ daemon side
 
@@ -289,7 +321,7 @@ class WorkerAgent:
 
     def _on_zygote(self) -> None:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(self.zygote.control, 4096, 1)
+            data, fds, _flags, _addr = socket.recv_fds(self.zygote.control, 4096, 2)
         except OSError:
             data, fds = b"", []
         if not data:
@@ -301,10 +333,13 @@ class WorkerAgent:
         if message[0] == SPAWNED:
             self.starting -= 1
             conn = Connection(fds[0])
-            p = Processor(message[1], conn)
+            p = Processor(message[1], conn, fds[1])
+            os.set_blocking(fds[1], False)
             self.processors[conn.fileno()] = p
+            self.stderr_of[fds[1]] = p
             self.by_pid[p.pid] = p
             self.poller.register(conn.fileno(), zmq.POLLIN)
+            self.poller.register(fds[1], zmq.POLLIN)
         elif message[0] == EXITED:
             p = self.by_pid.get(message[1])
             if p is not None:
@@ -336,6 +371,9 @@ class WorkerAgent:
         expected = p.outstanding.popleft()
         assert expected == task_id, f"processor {p.pid} answered task {task_id:#x}, expected {expected:#x}"
         p.deadline = None
+        if p.peak > peak:
+            peak = p.peak
+        p.peak = 0
         task = self.held.pop(task_id, None)
         if task_id in self.cancelled:
             self.cancelled.discard(task_id)
@@ -346,6 +384,48 @@ class WorkerAgent:
             self.results.append(m.TaskResult(task_id, attempt, status, payload, facts))
         self.mean_task += 0.2 * ((finished - started) - self.mean_task)
         self.died_in_a_row = 0
+
+    def _on_stderr(self, p: Processor) -> None:
+        """Forward what a processor wrote to stderr, and keep its tail."""
+        while p.err_fd >= 0:
+            try:
+                data = os.read(p.err_fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self.poller.unregister(p.err_fd)
+                del self.stderr_of[p.err_fd]
+                os.close(p.err_fd)
+                p.err_fd = -1
+                return
+            _write_all(2, data)
+            p.err_tail += data
+            del p.err_tail[:-STDERR_TAIL_BYTES]
+
+    def _sample_memory(self, now: float) -> None:
+        if now < self.next_sample:
+            return
+        self.next_sample = now + MEMORY_SAMPLE_SECONDS
+        total = 0
+        busiest: Processor | None = None
+        for p in self.processors.values():
+            if p.eof_at is not None:
+                continue
+            p.memory = private_memory(p.pid)
+            total += p.memory
+            if p.outstanding and p.memory > p.peak:
+                p.peak = p.memory
+            if busiest is None or p.memory > busiest.memory:
+                busiest = p
+        if self.memory_limit is not None and busiest is not None and total > self.memory_limit:
+            self._kill(
+                busiest,
+                Status.PROCESSOR_DIED,
+                f"killed by scaler-executor: the worker's processors held {_size(total)} of private memory, "
+                f"over its memory limit of {_size(self.memory_limit)}; this processor held {_size(busiest.memory)}",
+            )
 
     def _kill(self, p: Processor, status: int, reason: str) -> None:
         if p.kill is None:
@@ -360,7 +440,19 @@ class WorkerAgent:
         del self.processors[p.conn.fileno()]
         self.by_pid.pop(p.pid, None)
         p.conn.close()
+        if p.err_fd >= 0:
+            os.set_blocking(p.err_fd, True)  # it is dead: read what it wrote up to EOF
+            self._on_stderr(p)
         how = describe_wait_status(p.wait_status) if p.wait_status is not None else "exit status unknown"
+        if p.kill is None and p.wait_status is not None and os.WIFSIGNALED(p.wait_status):
+            if os.WTERMSIG(p.wait_status) == signal.SIGKILL:
+                if self.oom.killed_since_last():
+                    how += " by the kernel's out-of-memory killer (the cgroup's memory.events counted an oom_kill)"
+                elif self.memory_limit is not None:
+                    how += f", last private memory {_size(p.memory)} of the worker's limit {_size(self.memory_limit)}"
+        tail = _last_lines(p.err_tail)
+        if tail:
+            how += "; its last stderr lines:\n    " + "\n    ".join(tail)
         if p.outstanding:
             running = p.outstanding.popleft()
             task = self.held.get(running)
@@ -434,6 +526,7 @@ class WorkerAgent:
     # ------------------------------------------------------------------ timers
 
     def _housekeeping(self, now: float) -> None:
+        self._sample_memory(now)
         for p in list(self.processors.values()):
             if p.eof_at is not None and p.wait_status is None and now - p.eof_at > EXIT_STATUS_GRACE:
                 self._bury(p)
@@ -487,6 +580,8 @@ class WorkerAgent:
             except ProcessLookupError:
                 pass
             p.conn.close()
+            if p.err_fd >= 0:
+                os.close(p.err_fd)
         self.zygote.close()  # the zygote reaps its processors, then exits
         try:
             os.waitpid(self.zygote.pid, 0)
@@ -496,3 +591,27 @@ class WorkerAgent:
         self.context.term()
         os.close(self._signal_r)
         os.close(self._signal_w)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            continue
+        except OSError:
+            return  # our own stderr is gone: nothing better to do with the text
+
+
+def _last_lines(tail: bytearray, count: int = 6) -> list[str]:
+    lines = bytes(tail).decode(errors="replace").splitlines()
+    return [line for line in lines if line.strip()][-count:]
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"

@@ -15,7 +15,8 @@ Control channel (a ``SOCK_SEQPACKET`` socketpair, so messages keep their
 boundaries; msgpack bodies)::
 
     agent  ──[SPAWN]──────────────────────────────►  zygote
-    agent  ◄──[SPAWNED, pid] + the processor's socket (SCM_RIGHTS)── zygote
+    agent  ◄──[SPAWNED, pid] + the processor's socket and the read end of
+              its stderr pipe (SCM_RIGHTS)──  zygote
     agent  ◄──[EXITED, pid, wait status]──  zygote (it reaps its children)
 
 The zygote exits when the agent's end closes.
@@ -118,10 +119,17 @@ def _kill_all(children: set[int]) -> None:
 
 def _spawn(control: socket.socket, wake_r: int, wake_w: int, initializer: bytes | None, max_tasks: int | None) -> int:
     agent_end, processor_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    # The processor's stderr goes through the agent, which forwards it and keeps the last
+    # lines to explain a crash ("Fatal Python error: ...", a C library's complaint).
+    err_r, err_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the processor
         code = 0
         try:
+            os.close(err_r)
+            sys.stderr.flush()
+            os.dup2(err_w, 2)
+            os.close(err_w)
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -142,10 +150,12 @@ def _spawn(control: socket.socket, wake_r: int, wake_w: int, initializer: bytes 
             sys.stderr.flush()
             os._exit(code)
     processor_end.close()
+    os.close(err_w)
     try:
-        socket.send_fds(control, [msgpack.packb([SPAWNED, pid])], [agent_end.fileno()])
+        socket.send_fds(control, [msgpack.packb([SPAWNED, pid])], [agent_end.fileno(), err_r])
     finally:
         agent_end.close()
+        os.close(err_r)
     return pid
 
 

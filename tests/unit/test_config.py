@@ -49,6 +49,10 @@ def test_defaults() -> None:
         "send_hwm": 1000,
         "submit_window": 100_000,
         "max_prefetch": 256,
+        "worker_resources": "",
+        "worker_tags": "",
+        "memory_limit": "auto",
+        "unsatisfiable_timeout": None,
         "log_level": "WARNING",
         "allow_tcp_unauthenticated": True,
     }
@@ -343,3 +347,14 @@ def test_argparse_help_comes_from_field_metadata() -> None:
         assert "SCALER_" + f.name.upper() in text
     assert "--no-allow-tcp-unauthenticated" in text
     assert "seconds of silence after which a peer sends a heartbeat" in text
+
+
+def test_worker_resources_are_parsed_and_checked() -> None:
+    from scaler_executor.config import parse_resources, parse_tags
+
+    assert parse_resources("cpu=4, gpu=1,mem=16e9") == {"cpu": 4.0, "gpu": 1.0, "mem": 16e9}
+    assert parse_resources("") == {}
+    assert parse_tags(" linux, ssd ,linux") == ["linux", "ssd"]
+    for bad in ("gpu", "gpu=x", "=1", "gpu=-1", "gpu=1,gpu=2"):
+        with pytest.raises(ConfigError, match="worker_resources|resource"):
+            ClusterConfig(worker_resources=bad)
