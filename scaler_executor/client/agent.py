@@ -30,6 +30,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from dataclasses import dataclass
 from concurrent.futures import Future, InvalidStateError
 from functools import partial
 from typing import Any, Callable
@@ -50,10 +51,40 @@ from scaler_executor.protocol.messages import TaskFlags, TaskOptions
 log = logging.getLogger("scaler_executor.client")
 
 TASK_MASK = (1 << m.TASK_ID_BITS) - 1
-SUBMIT, CANCEL, REGISTER_FN, RELEASE_FN, REGISTER_OPTIONS, STATS = range(6)
+SUBMIT, CANCEL, REGISTER_FN, RELEASE_FN, REGISTER_OPTIONS, STATS, FORCE_CANCEL = range(7)
 RECV_BURST = 1024
 
 _live_agents: weakref.WeakSet[ClientAgent] = weakref.WeakSet()
+
+
+@dataclass(frozen=True, slots=True)
+class TaskInfo:
+    """What is known about a finished task (``scaler_executor.task_info(future)``).
+
+    Times are wall-clock seconds (``time.time()``); ``started``/``finished`` come from the
+    worker's clock.  ``peak_memory`` is the highest private memory (RssAnon) of the process
+    that ran it, sampled every 100 ms and at the end of tasks of 10 ms or more; 0 if unknown.
+    """
+
+    task_id: int
+    worker: str
+    submitted: float
+    started: float
+    finished: float
+    attempts: int
+    peak_memory: int
+
+    @property
+    def queued_seconds(self) -> float:
+        return max(0.0, self.started - self.submitted) if self.started else 0.0
+
+    @property
+    def duration(self) -> float:
+        return max(0.0, self.finished - self.started)
+
+
+# Facts of completed futures, for as long as the future lives.
+TASK_INFO: weakref.WeakKeyDictionary[Future[Any], TaskInfo] = weakref.WeakKeyDictionary()
 
 
 @atexit.register
@@ -72,6 +103,8 @@ class ClientAgent:
         self.lock = threading.Lock()  # guards: shutdown flag, broken, outbox order of registrations
         self.outbox: deque[tuple[Any, ...]] = deque()
         self.futures: dict[int, Future[Any]] = {}
+        self._ids: dict[int, int] = {}  # id(future) -> n, while the future is outstanding
+        self._submitted: dict[int, float] = {}  # n -> time.time() of submit
         self._counter = itertools.count(1)
         self._fn_counter = itertools.count(1)
         self._fn_cache: weakref.WeakKeyDictionary[Callable[..., Any], int] = weakref.WeakKeyDictionary()
@@ -128,6 +161,8 @@ class ClientAgent:
             self.check_usable()
             n = next(self._counter)
             self.futures[n] = future
+            self._ids[id(future)] = n
+            self._submitted[n] = time.time()
             self.outbox.append((SUBMIT, n, fn_id, options_id, flags, payload))
         future.add_done_callback(partial(self._on_future_done, n))
         self.wake()
@@ -194,8 +229,23 @@ class ClientAgent:
     def _on_future_done(self, n: int, future: Future[Any]) -> None:
         if future.cancelled():
             if self.futures.pop(n, None) is not None:
+                self._ids.pop(id(future), None)
+                self._submitted.pop(n, None)
                 self.outbox.append((CANCEL, n))
                 self.wake()
+
+    def cancel(self, future: Future[Any], force: bool) -> bool:
+        """``Future.cancel()``, plus killing the process running it when ``force``."""
+        if future.cancel():
+            return True
+        if not force or future.done():
+            return False
+        n = self._ids.get(id(future))
+        if n is None or self.futures.get(n) is not future:
+            return False  # not one of ours, or it finished meanwhile
+        self.outbox.append((FORCE_CANCEL, n))
+        self.wake()
+        return True
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self.lock:
@@ -305,6 +355,7 @@ class ClientAgent:
         batch: list[Any] = []
         specs: list[m.TaskSpec] = []
         cancels: list[int] = []
+        forced: list[int] = []
         while outbox:
             item = outbox[0]
             kind = item[0]
@@ -322,6 +373,8 @@ class ClientAgent:
                 specs = []
             if kind == CANCEL:
                 cancels.append(base | item[1])
+            elif kind == FORCE_CANCEL:
+                forced.append(base | item[1])
             elif kind == REGISTER_FN:
                 batch.append(m.RegisterFunction(base | item[1], item[2]))
             elif kind == RELEASE_FN:
@@ -334,6 +387,8 @@ class ClientAgent:
             batch.append(m.SubmitTasks(specs))
         if cancels:
             batch.append(m.CancelTasks(cancels, False))
+        if forced:
+            batch.append(m.CancelTasks(forced, True))
         if batch:
             self._send(batch)
 
@@ -422,11 +477,20 @@ class ClientAgent:
             kind, data = item
             if kind == RESULTS:
                 for result in data:
-                    future = futures.pop(result.task_id & TASK_MASK, None)
+                    n = result.task_id & TASK_MASK
+                    future = futures.pop(n, None)
                     if future is None:
                         continue  # cancelled, or a late duplicate
+                    self._ids.pop(id(future), None)
+                    submitted = self._submitted.pop(n, 0.0)
                     if not future.running() and not future.set_running_or_notify_cancel():
                         continue
+                    facts = result.facts
+                    if facts.worker:
+                        TASK_INFO[future] = TaskInfo(
+                            result.task_id, facts.worker, submitted, facts.started, facts.finished,
+                            result.attempt + 1, facts.peak_memory,
+                        )
                     ok, value = ser.outcome(result.status, result.payload, result.task_id)
                     if ok:
                         future.set_result(value)
@@ -441,6 +505,8 @@ class ClientAgent:
                 self._fail_all(data)
 
     def _fail_all(self, exc: BaseException) -> None:
+        self._ids.clear()
+        self._submitted.clear()
         while self.futures:
             _, future = self.futures.popitem()
             try:

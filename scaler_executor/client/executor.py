@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import itertools
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -20,8 +21,9 @@ from typing import Any, TypeVar
 
 import cloudpickle
 
+from scaler_executor._compat import DAEMON_ADDRESS_ENV
 from scaler_executor.client import serialization as ser
-from scaler_executor.client.agent import ClientAgent
+from scaler_executor.client.agent import TASK_INFO, ClientAgent, TaskInfo
 from scaler_executor.client.cluster import EmbeddedCluster
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS, TaskFlags, TaskOptions
@@ -169,6 +171,18 @@ class ScalerExecutor(Executor):
         """
         return _OptionsView(self, _make_options(resources, tags, priority, task_timeout, max_retries))
 
+    def cancel(self, future: Future[Any], *, force: bool = False) -> bool:
+        """Cancel a future of this executor; with ``force=True`` also a running one.
+
+        Without ``force`` this is ``future.cancel()``.  With ``force``, a task already running
+        has its processor killed (the worker starts a replacement) and the future fails with
+        :class:`~scaler_executor.exceptions.TaskCancelled`, a ``CancelledError``:
+        ``result()`` raises it, but ``cancelled()`` stays False, because the standard
+        ``Future`` has no running-to-cancelled transition.  Returns whether a cancellation
+        was made or requested.
+        """
+        return self._agent.cancel(future, force)
+
     def statistics(self, timeout: float | None = 10.0) -> dict[str, Any]:
         """A snapshot of the daemon's counters and task states."""
         return self._agent.request_stats().result(timeout)
@@ -181,6 +195,48 @@ class ScalerExecutor(Executor):
         state = "broken" if self._agent.broken else "shutdown" if self._agent.shutdown_requested else "running"
         where = f"embedded, max_workers={self._max_workers}" if self._cluster else self._address
         return f"<ScalerExecutor {state} ({where}) outstanding={self._agent.outstanding}>"
+
+
+_nested_lock = threading.Lock()
+_nested: ScalerExecutor | None = None
+
+
+
+def get_executor() -> ScalerExecutor:
+    """An executor for the cluster this task runs on, for sub-tasks (inside a task only).
+
+    Calling it *secedes* the calling task: its processor stops counting against the
+    worker's capacity and the worker starts another processor, so that a task waiting on
+    its sub-tasks never deadlocks the cluster (as Dask's ``secede``).  The task keeps
+    running; when it finishes, the worker returns to its normal size.  The executor is
+    shared by the tasks of this process; do not shut it down.
+
+    Raises:
+        RuntimeError: outside a task running on a scaler-executor worker.
+    """
+    global _nested
+    from scaler_executor.worker import processor
+
+    address = os.environ.get(DAEMON_ADDRESS_ENV)
+    if processor.STATE is None or not address:
+        raise RuntimeError(
+            "get_executor() works inside a task running on a scaler-executor worker; "
+            "outside one, create a ScalerExecutor"
+        )
+    processor.STATE.secede()
+    with _nested_lock:
+        if _nested is None:
+            _nested = ScalerExecutor(address=address, config=ClusterConfig())
+        return _nested
+
+
+def task_info(future: Future[Any]) -> TaskInfo | None:
+    """Facts about a finished task: worker, submit/start/end times, attempts, peak memory.
+
+    None while the task has not finished, or for a future that did not run on a worker
+    (cancelled, failed before it left the client, or rejected by the daemon).
+    """
+    return TASK_INFO.get(future)
 
 
 class _OptionsView:

@@ -24,6 +24,8 @@ CancelTasks            C→D→W    drop (or with ``force`` kill) tasks
 TaskResults            W→D→C    outcomes, with attempt number and per-task facts
 ReleaseObjects         C→D      object references dropped by the client (object store)
 ClusterBroken          D→C, W→D the cluster cannot run tasks (e.g. a failing initializer)
+Seceded                W→D      running tasks that wait on sub-tasks: they no longer
+                                count against the worker's capacity
 StatsRequest           C/M→D    ask for a snapshot of the daemon's state
 Stats                  D→C/M    the snapshot
 =====================  =======  ==========================================================
@@ -236,6 +238,10 @@ class ClusterBroken(NamedTuple):
     payload: bytes  # pickled exception with remote traceback, may be empty
 
 
+class Seceded(NamedTuple):
+    task_ids: list[int]
+
+
 class StatsRequest(NamedTuple):
     pass
 
@@ -264,6 +270,7 @@ MESSAGE_TAGS: dict[type, int] = {
     ClusterBroken: 16,
     StatsRequest: 17,
     Stats: 18,
+    Seceded: 19,
 }
 
 # Which roles may send which messages to the daemon.
@@ -281,6 +288,6 @@ ACCEPTED_FROM: dict[str, frozenset[type]] = {
             StatsRequest,
         }
     ),
-    Role.WORKER: frozenset({Heartbeat, Goodbye, TaskResults, ClusterBroken}),
+    Role.WORKER: frozenset({Heartbeat, Goodbye, TaskResults, ClusterBroken, Seceded}),
     Role.MONITOR: frozenset({Heartbeat, Goodbye, StatsRequest}),
 }

@@ -167,6 +167,7 @@ class Scheduler:
             m.StatsRequest: self._on_stats_request,
             m.TaskResults: self._on_task_results,
             m.ClusterBroken: self._on_cluster_broken,
+            m.Seceded: self._on_seceded,
         }
         self._event_handlers: dict[type, Callable[[Any], None]] = {
             Received: self._on_received,
@@ -462,6 +463,12 @@ class Scheduler:
             self._forget(task)
             self._result_to(task.client, result)
 
+    def _on_seceded(self, peer: bytes, message: m.Seceded) -> None:
+        worker = self.workers[peer]
+        for task_id in message.task_ids:
+            if task_id in worker.inflight:
+                worker.seceded.add(task_id)
+
     def _on_cluster_broken(self, peer: bytes, message: m.ClusterBroken) -> None:
         worker = self.workers[peer]
         worker.broken = message.reason
@@ -527,7 +534,7 @@ class Scheduler:
             self._dispatch_constrained(out)
         if self.ready.live:
             workers = [w for w in self.workers.values() if w.broken is None]
-            slots = [WorkerSlot(w.capacity, len(w.inflight), w.mean_task_seconds) for w in workers]
+            slots = [WorkerSlot(w.capacity, len(w.inflight) - len(w.seceded), w.mean_task_seconds) for w in workers]
             for worker, count in zip(workers, self.policy.allocate(self.ready.live, slots)):
                 for _ in range(count):
                     task = self.ready.pop()
@@ -554,7 +561,7 @@ class Scheduler:
                 if worker.broken is not None or not worker.fits_ever(key):
                     continue
                 window = prefetch_window(WorkerSlot(worker.capacity, 0, worker.mean_task_seconds), max_prefetch)
-                while queue.live and len(worker.inflight) < window and worker.fits_now(key):
+                while queue.live and len(worker.inflight) - len(worker.seceded) < window and worker.fits_now(key):
                     task = queue.pop()
                     if task is None:
                         break
@@ -592,6 +599,7 @@ class Scheduler:
 
     def _unassign(self, worker: WorkerRecord, task: TaskRecord) -> None:
         del worker.inflight[task.task_id]
+        worker.seceded.discard(task.task_id)
         task.worker = None
         if task.queue_key is not None:
             used = worker.used
@@ -732,6 +740,7 @@ class Scheduler:
                 assert task is not None and task.worker == worker.peer, f"{worker!r} holds stray task {task_id:#x}"
                 for name, quantity in (task.queue_key or ((), ()))[0]:
                     used[name] = used.get(name, 0.0) + quantity
+            assert worker.seceded <= set(worker.inflight), f"{worker!r} has seceded tasks it does not hold"
             for name in set(used) | set(worker.used):
                 assert abs(used.get(name, 0.0) - worker.used.get(name, 0.0)) < 1e-6, f"{worker!r} {name} use is off"
                 assert used.get(name, 0.0) <= worker.resources.get(name, 0.0) + 1e-6, f"{worker!r} over its {name}"

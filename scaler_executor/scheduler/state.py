@@ -167,6 +167,7 @@ class WorkerRecord:
     mean_task_seconds: float | None = None  # EWMA of observed task durations
     broken: str | None = None  # set when it can no longer run tasks (e.g. initializer failed)
     used: dict[str, float] = field(default_factory=dict)  # resources held by its in-flight tasks
+    seceded: set[int] = field(default_factory=set)  # in-flight tasks waiting on sub-tasks: not counted as load
     queued: int = 0  # as reported by its heartbeats
     running: int = 0
 

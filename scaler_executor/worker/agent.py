@@ -33,7 +33,7 @@ import cloudpickle
 import msgpack
 import zmq
 
-from scaler_executor._compat import python_version
+from scaler_executor._compat import DAEMON_ADDRESS_ENV, python_version
 from scaler_executor._version import __version__
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import codec
@@ -69,11 +69,17 @@ class Processor:
         "deadline",
         "memory",
         "peak",
+        "fd",
+        "seceded",
+        "retired",
     )
 
     def __init__(self, pid: int, conn: Connection, err_fd: int) -> None:
         self.pid = pid
         self.conn = conn
+        self.fd = conn.fileno()
+        self.seceded = False  # its running task waits on sub-tasks: it does not count as a slot
+        self.retired = False  # asked to exit (the worker has one processor too many)
         self.err_fd = err_fd  # read end of its stderr pipe, -1 once closed
         self.err_tail = bytearray()
         self.memory = 0  # last sampled private memory
@@ -115,6 +121,8 @@ class WorkerAgent:
         self.memory_limit = memory_limit
         self.oom = OomCounter()
         self.next_sample = 0.0
+        # Tasks reach the cluster they run on through get_executor() (nested tasks).
+        os.environ[DAEMON_ADDRESS_ENV] = address
         # Fork the zygote first: no thread and no ZeroMQ context may exist yet.
         self.zygote: ZygoteHandle = start_zygote(initializer, max_tasks_per_child)
         self.context = zmq.Context()
@@ -146,7 +154,6 @@ class WorkerAgent:
         self.last_hello = 0.0
         self.died_in_a_row = 0
         self.respawn_at = 0.0
-        self.pending_respawns = 0
         self._signal_r, self._signal_w = os.pipe()
         os.set_blocking(self._signal_r, False)
         os.set_blocking(self._signal_w, False)
@@ -166,8 +173,7 @@ class WorkerAgent:
 
     def run(self) -> int:
         self._hello()
-        for _ in range(self.capacity):
-            self._spawn()
+        self._reconcile(time.monotonic())
         tick = min(self.config.heartbeat_interval / 2, 0.25)
         try:
             while not self.stopping:
@@ -356,11 +362,22 @@ class WorkerAgent:
                     return
         except (EOFError, OSError):
             p.eof_at = time.monotonic()
-            self.poller.unregister(p.conn.fileno())
+            self.poller.unregister(p.fd)
             if p.wait_status is not None:
                 self._bury(p)
 
     def _on_processor_message(self, p: Processor, message: list) -> None:  # type: ignore[type-arg]
+        if message[0] == proc.SECEDE:
+            _, task_id, returned = message
+            for back in returned:  # queued behind the seceding task: back to our queue, in order
+                p.outstanding.remove(back)
+            for back in reversed(returned):
+                if back in self.held:
+                    self.queue.appendleft(self.held[back])
+            p.seceded = True
+            p.deadline = None  # a task waiting on sub-tasks is timed by its sub-tasks
+            self.outbox.append(m.Seceded([task_id]))
+            return
         if message[0] == proc.INIT_FAILED:
             reason = "the executor's initializer failed in a worker process"
             self.broken = reason
@@ -368,6 +385,7 @@ class WorkerAgent:
             self.outbox.append(m.ClusterBroken(reason, message[1]))
             return
         _, task_id, attempt, status, payload, started, finished, peak = message
+        p.seceded = False
         expected = p.outstanding.popleft()
         assert expected == task_id, f"processor {p.pid} answered task {task_id:#x}, expected {expected:#x}"
         p.deadline = None
@@ -437,7 +455,7 @@ class WorkerAgent:
 
     def _bury(self, p: Processor) -> None:
         """A processor is gone (socket closed and exit status known, or the grace passed)."""
-        del self.processors[p.conn.fileno()]
+        del self.processors[p.fd]
         self.by_pid.pop(p.pid, None)
         p.conn.close()
         if p.err_fd >= 0:
@@ -472,16 +490,39 @@ class WorkerAgent:
                 if task_id in self.held:
                     self.queue.appendleft(self.held[task_id])
             self.died_in_a_row += 1
-        elif p.wait_status is not None and not (self.max_tasks and p.sent >= self.max_tasks):
+        elif p.retired or (self.max_tasks and p.sent >= self.max_tasks):
+            pass  # it was asked to go, or served its max_tasks_per_child
+        elif p.wait_status is not None:
             log.warning("worker %s: idle processor pid %d %s", self.name, p.pid, how)
             self.died_in_a_row += 1
-        if not self.stopping and self.broken is None:
-            delay = RESPAWN_BACKOFF[min(self.died_in_a_row, len(RESPAWN_BACKOFF) - 1)]
-            self.respawn_at = time.monotonic() + delay
-            if delay == 0:
+        delay = RESPAWN_BACKOFF[min(self.died_in_a_row, len(RESPAWN_BACKOFF) - 1)]
+        self.respawn_at = time.monotonic() + delay
+        self._reconcile(time.monotonic())
+
+    def _reconcile(self, now: float) -> None:
+        """Keep ``capacity`` processors taking tasks, plus one for each seceded task."""
+        if self.stopping or self.broken is not None:
+            return
+        taking = [p for p in self.processors.values() if p.eof_at is None and p.kill is None and not p.retired]
+        desired = self.capacity + sum(1 for p in taking if p.seceded)
+        missing = desired - len(taking) - self.starting
+        if missing > 0 and now >= self.respawn_at:
+            for _ in range(missing):
                 self._spawn()
-            else:
-                self.pending_respawns += 1
+        elif missing < 0:
+            for p in taking:
+                if missing >= 0:
+                    break
+                if not p.outstanding and not p.seceded:
+                    self._retire(p)
+                    missing += 1
+
+    def _retire(self, p: Processor) -> None:
+        """Ask an idle processor to exit: it sees its socket close and leaves."""
+        p.retired = True
+        p.eof_at = time.monotonic()
+        self.poller.unregister(p.fd)
+        p.conn.close()
 
     def _to_processor(self, p: Processor, data: bytes) -> None:
         try:
@@ -493,7 +534,7 @@ class WorkerAgent:
         if not self.queue or self.broken is not None:
             return
         depth = 2 if self.mean_task < SHORT_TASK_SECONDS else 1
-        live = [p for p in self.processors.values() if p.eof_at is None and p.kill is None]
+        live = [p for p in self.processors.values() if p.eof_at is None and p.kill is None and not p.seceded]
         for level in range(1, depth + 1):
             for p in live:
                 while len(p.outstanding) < level and self.queue:
@@ -539,10 +580,7 @@ class WorkerAgent:
                     task = self.held.get(p.outstanding[0])
                     limit = task.task_timeout if task is not None else 0
                     self._kill(p, Status.TIMEOUT, f"task ran longer than its task_timeout of {limit} s")
-        if self.pending_respawns and now >= self.respawn_at:
-            for _ in range(self.pending_respawns):
-                self._spawn()
-            self.pending_respawns = 0
+        self._reconcile(now)
         silence = now - self.last_recv
         if silence > self.config.heartbeat_interval * self.config.heartbeat_liveness:
             if self.lifeline_fd is not None:
@@ -579,7 +617,8 @@ class WorkerAgent:
                 os.kill(p.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            p.conn.close()
+            if not p.retired:
+                p.conn.close()
             if p.err_fd >= 0:
                 os.close(p.err_fd)
         self.zygote.close()  # the zygote reaps its processors, then exits

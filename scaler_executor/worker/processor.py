@@ -7,6 +7,7 @@ It speaks to its worker agent over one stream socket (framed by
     agent ◄──[DONE, task, attempt, status, payload, started, finished, peak]── processor
     agent ──[FORGET, [fn_id, ...]]──► processor        (drop cached callables)
     agent ◄──[INIT_FAILED, exception payload]── processor (then it exits)
+    agent ◄──[SECEDE, task, [task ids handed back]]── processor (the task waits on sub-tasks)
 
 Tasks are run in the order received; the agent therefore knows that the first
 task it sent and has not had back is the one running — which is what it blames
@@ -35,9 +36,8 @@ import msgpack
 from scaler_executor.protocol.messages import Status, TaskFlags
 from scaler_executor.worker.memory import private_memory
 
-RUN, DONE, FORGET, INIT_FAILED = 1, 2, 3, 4
+RUN, DONE, FORGET, INIT_FAILED, SECEDE = 1, 2, 3, 4, 5
 
-_current_task: dict[str, Any] = {}
 
 
 def dump_value(value: Any) -> bytes:
@@ -124,9 +124,61 @@ def _flush_streams() -> None:
             pass
 
 
+class _ProcessorState:
+    """What code running inside a task may ask of its processor (``get_executor``, secede)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.task_id = 0  # the running task, 0 between tasks
+        self.seceded = False
+        self.lock = threading.Lock()
+        self.functions: dict[int, Any] = {}
+        self.fn_payloads: dict[int, bytes] = {}  # pickled callables, unpickled on first use
+
+    def function(self, fn_id: int) -> Any:
+        fn = self.functions.get(fn_id)
+        if fn is None:
+            fn = self.functions[fn_id] = pickle.loads(self.fn_payloads[fn_id])
+        return fn
+
+    def take(self, message: list[Any]) -> list[Any] | None:
+        """Apply FORGET, record a RUN's callable; returns the RUN message (or None)."""
+        if message[0] == FORGET:
+            for fn_id in message[1]:
+                self.functions.pop(fn_id, None)
+                self.fn_payloads.pop(fn_id, None)
+            return None
+        fn_id, fn_payload = message[3], message[4]
+        if fn_payload is not None:
+            self.fn_payloads[fn_id] = fn_payload
+        return message
+
+    def secede(self) -> None:
+        """Release this task's slot: the agent starts another processor while it waits.
+
+        Tasks the agent queued behind this one are handed back first (they would wait
+        for it otherwise — a deadlock if they are its own sub-tasks).
+        """
+        with self.lock:
+            if self.seceded or not self.task_id:
+                return
+            returned = []
+            while self.conn.poll(0):
+                message = self.take(msgpack.unpackb(self.conn.recv_bytes()))
+                if message is not None:
+                    returned.append(message[1])
+            self.seceded = True
+            self.conn.send_bytes(msgpack.packb([SECEDE, self.task_id, returned]))
+
+
+STATE: _ProcessorState | None = None  # set in processor processes only
+
+
 def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None) -> None:
     """Run tasks from the agent on socket ``fd`` until it hangs up; never returns."""
+    global STATE
     conn = Connection(fd)
+    state = STATE = _ProcessorState(conn)
     threading.Thread(target=_watch_agent, args=(fd,), name="scaler-agent-watchdog", daemon=True).start()
     if initializer:
         try:
@@ -140,7 +192,6 @@ def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None) ->
     import gc
 
     gc.freeze()  # what was imported so far is long-lived: keep the collector off it
-    functions: dict[int, Any] = {}
     packb, unpackb = msgpack.packb, msgpack.unpackb
     done = 0
     while True:
@@ -148,27 +199,20 @@ def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None) ->
             raw = conn.recv_bytes()
         except (EOFError, OSError):
             os._exit(0)
-        message = unpackb(raw)
-        kind = message[0]
-        if kind == FORGET:
-            for fn_id in message[1]:
-                functions.pop(fn_id, None)
+        message = state.take(unpackb(raw))
+        if message is None:
             continue
-        _, task_id, attempt, fn_id, fn_payload, flags, payload = message
+        _, task_id, attempt, fn_id, _fn_payload, flags, payload = message
         fn: Any = None
         if fn_id:
-            fn = functions.get(fn_id)
-            if fn is None:
-                try:
-                    fn = functions[fn_id] = pickle.loads(fn_payload)
-                except BaseException as exc:
-                    exc.add_note("while unpickling the task's function in the worker")
-                    started = time.time()
-                    conn.send_bytes(
-                        packb([DONE, task_id, attempt, Status.ERROR, dump_exception(exc), started, started, 0])
-                    )
-                    continue
-        _current_task["id"] = task_id
+            try:
+                fn = state.function(fn_id)
+            except BaseException as exc:
+                exc.add_note("while unpickling the task's function in the worker")
+                started = time.time()
+                conn.send_bytes(packb([DONE, task_id, attempt, Status.ERROR, dump_exception(exc), started, started, 0]))
+                continue
+        state.task_id = task_id
         started = time.time()
         status, result = _run(fn, flags, payload)
         finished = time.time()
@@ -176,7 +220,10 @@ def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None) ->
         # samples every 100 ms); 20 us is too much to spend on every no-op.
         peak = private_memory() if finished - started >= 0.01 else 0
         _flush_streams()
-        conn.send_bytes(packb([DONE, task_id, attempt, status, result, started, finished, peak], use_bin_type=True))
+        with state.lock:
+            state.task_id = 0
+            state.seceded = False
+            conn.send_bytes(packb([DONE, task_id, attempt, status, result, started, finished, peak], use_bin_type=True))
         done += 1
         if max_tasks is not None and done >= max_tasks:
             os._exit(0)

@@ -78,10 +78,20 @@ def _zygote_main(control: socket.socket, initializer: bytes | None, max_tasks: i
     poller.register(control.fileno(), select.POLLIN)
     poller.register(wake_r, select.POLLIN)
     children: set[int] = set()
+    warm = False
     while True:
         try:
-            ready = poller.poll()
+            ready = poller.poll(None if warm else 200)
         except InterruptedError:
+            continue
+        if not ready and not warm:
+            # Idle: import what tasks often need (get_executor's client) once, here, so every
+            # later processor starts with it; not before the first processors are forked.
+            warm = True
+            try:
+                import scaler_executor.client.executor  # noqa: F401
+            except Exception:
+                pass
             continue
         for fd, _events in ready:
             if fd == wake_r:
