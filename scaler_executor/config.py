@@ -118,6 +118,19 @@ class ClusterConfig:
         "each costs a process and its memory; remote workers may join anyway",
         ge=0,
     )
+    min_workers: int | None = _opt(
+        None,
+        "autoscaling: the fewest local workers the daemon keeps (up to `workers` under load), none = always `workers`",
+        "0 frees every process when idle, at the cost of a start-up when work arrives",
+        ge=0,
+    )
+    scale_down_idle: float = _opt(
+        5.0,
+        "autoscaling: seconds a worker stays idle before it is stopped",
+        "lower frees resources sooner, higher avoids restarting workers between bursts",
+        ge=0,
+        metavar="SECONDS",
+    )
     processors_per_worker: int = _opt(
         1,
         "processor child processes per worker, each running one task at a time",
@@ -427,6 +440,12 @@ def _check_together(values: Mapping[str, Any], sources: Mapping[str, str]) -> No
             " lost between heartbeats; raise daemon_loss_timeout or lower heartbeat_interval"
         )
     parse_resources(values["worker_resources"], "worker_resources" + _from(sources.get("worker_resources")))
+    minimum, workers = values["min_workers"], values["workers"]
+    if minimum is not None and minimum > workers:
+        raise ConfigError(
+            f"min_workers={minimum!r}{_from(sources.get('min_workers'))} must be <= workers={workers!r}"
+            f"{_from(sources.get('workers'))}: workers is the most the daemon starts when autoscaling"
+        )
     if values["memory_limit"].strip().lower() not in ("auto", "none"):
         from scaler_executor.worker.memory import parse_size
 

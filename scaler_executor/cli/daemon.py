@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             config.address,
             count=config.workers,
             processors=config.processors_per_worker,
+            minimum=config.min_workers,
             initializer_file=args.initializer,
             max_tasks_per_child=config.max_tasks_per_child,
         )

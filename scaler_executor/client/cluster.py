@@ -1,7 +1,9 @@
 """The embedded local cluster that ``ScalerExecutor()`` starts when given no address.
 
 One ``scaler-daemon`` process with one local worker of ``max_workers``
-processors, over ``ipc://`` sockets in a fresh directory only this user can
+processors (with ``min_workers``, autoscaling: between ``min_workers`` and
+``max_workers`` one-processor workers, started by the daemon as tasks queue),
+over ``ipc://`` sockets in a fresh directory only this user can
 enter (0700): file permissions are the authentication.
 
 * The daemon runs in its own session (so its own process group): a Ctrl-C in
@@ -35,15 +37,19 @@ class EmbeddedCluster:
         config: ClusterConfig,
         *,
         processors: int,
+        minimum: int | None = None,
         initializer: bytes | None = None,
         max_tasks_per_child: int | None = None,
     ) -> None:
         self.directory = tempfile.mkdtemp(prefix=f"scaler-{os.getpid()}-")  # mode 0700; pid names the owner
         self.address = f"ipc://{self.directory}/daemon.sock"
+        if minimum is None or minimum == processors:
+            shape = {"workers": 1, "processors_per_worker": processors, "min_workers": None}
+        else:  # autoscaling: one-processor workers, started and stopped by the daemon
+            shape = {"workers": processors, "processors_per_worker": 1, "min_workers": minimum}
         self.config = config.replace(
             address=self.address,
-            workers=1,
-            processors_per_worker=processors,
+            **shape,
             max_tasks_per_child=max_tasks_per_child,
             # A private cluster gains no workers later: a task none can satisfy fails at once.
             unsatisfiable_timeout=0.0 if config.unsatisfiable_timeout is None else config.unsatisfiable_timeout,

@@ -54,8 +54,10 @@ class ScalerExecutor(Executor):
         max_tasks_per_child: replace a processor after it ran this many tasks.
         address: ``tcp://host:port`` (or ``ipc://path``) of a running ``scaler-daemon``
             to join instead of starting an embedded cluster.
-        min_workers: must be None or equal to ``max_workers`` in this version: the
-            embedded cluster runs a fixed number of processes.
+        min_workers: autoscaling for the embedded cluster: it keeps at least this many
+            processes (0 frees them all when idle) and starts up to ``max_workers`` as tasks
+            queue, all at once; processes idle for ``scale_down_idle`` seconds (config) are
+            stopped, never one running a task.  None (default): a fixed pool.
         config: a :class:`~scaler_executor.config.ClusterConfig`; default: loaded from
             ``SCALER_*`` environment variables and ``$SCALER_CONFIG``.
 
@@ -115,14 +117,18 @@ class ScalerExecutor(Executor):
                 raise TypeError(f"max_workers must be an integer, got {type(max_workers).__name__}")
             if max_workers <= 0:
                 raise ValueError("max_workers must be greater than 0")
-            if min_workers is not None and min_workers != max_workers:
-                raise ValueError(
-                    f"min_workers={min_workers} asks for autoscaling, which the embedded cluster of this "
-                    f"version does not do: it runs max_workers={max_workers} processes; omit min_workers"
-                )
+            if min_workers is not None:
+                if not isinstance(min_workers, int) or isinstance(min_workers, bool):
+                    raise TypeError(f"min_workers must be an integer or None, got {type(min_workers).__name__}")
+                if not 0 <= min_workers <= max_workers:
+                    raise ValueError(f"min_workers must be between 0 and max_workers={max_workers}, got {min_workers}")
             init_blob = cloudpickle.dumps((initializer, tuple(initargs)), protocol=5) if initializer else None
             self._cluster = EmbeddedCluster(
-                config, processors=max_workers, initializer=init_blob, max_tasks_per_child=max_tasks_per_child
+                config,
+                processors=max_workers,
+                minimum=min_workers,
+                initializer=init_blob,
+                max_tasks_per_child=max_tasks_per_child,
             )
             address = self._cluster.address
             config = self._cluster.config

@@ -39,12 +39,14 @@ class LocalWorkerManager:
         *,
         count: int,
         processors: int,
+        minimum: int | None = None,
         initializer_file: str | None = None,
         max_tasks_per_child: int | None = None,
     ) -> None:
         self.config = config
         self.address = address
-        self.count = count
+        self.count = count  # the workers kept alive; with autoscaling, the most it may run
+        self.minimum = minimum  # None: a fixed pool of `count`; else the daemon decides (autoscaling)
         self.processors = processors
         self.initializer_file = initializer_file
         self.max_tasks_per_child = max_tasks_per_child
@@ -78,8 +80,27 @@ class LocalWorkerManager:
         return cmd
 
     def start(self) -> None:
-        while len(self.workers) < self.count:
+        target = self.count if self.minimum is None else self.minimum
+        while len(self.workers) < target:
             self._start_one()
+
+    def pids(self) -> frozenset[int]:
+        return frozenset(self.workers)
+
+    def start_more(self, count: int) -> None:
+        """Autoscaling: start up to ``count`` more workers, never more than ``self.count`` in all."""
+        for _ in range(min(count, self.count - len(self.workers))):
+            self._start_one()
+
+    def stop_some(self, pids: tuple[int, ...]) -> None:
+        """Autoscaling: ask these (drained) workers to stop; poll() reports their exit."""
+        for pid in pids:
+            entry = self.workers.get(pid)
+            if entry is not None:
+                try:
+                    entry[0].send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
 
     def _start_one(self) -> None:
         env = dict(os.environ)
@@ -100,14 +121,14 @@ class LocalWorkerManager:
                 process.stdin.close()
             how = describe_wait_status(_wait_status(code))
             exited.append((pid, how))
-            if not self.stopping:
+            if not self.stopping and self.minimum is None:
                 log.warning("local worker pid %d %s; starting a replacement", pid, how)
                 if now - started < YOUNG_DEATH_SECONDS:
                     self.young_deaths += 1
                 else:
                     self.young_deaths = 0
                 self.next_start = now + BACKOFF[min(self.young_deaths, len(BACKOFF) - 1)]
-        if not self.stopping and len(self.workers) < self.count and now >= self.next_start:
+        if not self.stopping and self.minimum is None and len(self.workers) < self.count and now >= self.next_start:
             self.start()
         return exited
 

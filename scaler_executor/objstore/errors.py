@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from scaler_executor.exceptions import TaskError
 
 __all__ = [
+    "STATUS_TABLE",
     "NoProcessSlot",
     "ObjectAlreadySealed",
     "ObjectExists",
@@ -32,7 +33,6 @@ __all__ = [
     "RegionInvalid",
     "RegionNoSpace",
     "RegionNotFound",
-    "STATUS_TABLE",
     "StatusContext",
     "StoreCorrupt",
     "StoreForked",

@@ -36,7 +36,7 @@ import threading
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from scaler_executor.objstore.errors import (
     ObjectNotHeld,
@@ -53,7 +53,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "source tree, or install the package with `pip install .`"
     ) from exc
 
-__all__ = ["CRASH_POINTS", "ObjectStore", "ObjectStoreStats", "ObjectState"]
+__all__ = ["CRASH_POINTS", "ObjectState", "ObjectStore", "ObjectStoreStats"]
 
 ID_SIZE = 16
 DEFAULT_LOCK_TIMEOUT = 10.0  # seconds: critical sections take microseconds; a wait this
@@ -119,7 +119,7 @@ def _object_id(object_id: Any) -> bytes:
 class _Held:
     """One reference handed to Python through a view (get or create_buffer)."""
 
-    __slots__ = ("object_id", "writable", "view", "released", "status")
+    __slots__ = ("object_id", "released", "status", "view", "writable")
 
     def __init__(self, object_id: bytes, writable: bool) -> None:
         self.object_id = object_id
@@ -211,7 +211,7 @@ class ObjectStore:
         self._name = name
         self._fallback_dir = fallback_dir
         self._owner = owner
-        self._path = ffi.string(lib.objstore_path(region.handle)).decode()
+        self._path: str = ffi.string(lib.objstore_path(region.handle)).decode()
         self._closed = False
 
     # ------------------------------------------------------------ regions
@@ -254,7 +254,11 @@ class ObjectStore:
 
     @classmethod
     def attach(
-        cls, name: str, *, fallback_dir: str | None = None, lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+        cls,
+        name: str,
+        *,
+        fallback_dir: str | None = None,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     ) -> ObjectStore:
         """Map the existing region ``name`` (looked up in /dev/shm, then ``fallback_dir``).
 
@@ -330,7 +334,7 @@ class ObjectStore:
         self._check(st, "unlink")
         return True
 
-    def __enter__(self) -> ObjectStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -490,7 +494,9 @@ class ObjectStore:
         """A snapshot of capacity, use, objects, references and processes."""
         out = ffi.new("objstore_stats_t *")
         self._check(lib.objstore_stats(self._handle, out), "stats")
-        values = {f.name: int(getattr(out, f.name)) for f in fields(ObjectStoreStats)}
+        values: dict[str, Any] = {
+            f.name: int(getattr(out, f.name)) for f in fields(ObjectStoreStats)
+        }
         values["file_backed"] = bool(values["file_backed"])
         return ObjectStoreStats(**values)
 
@@ -584,4 +590,3 @@ def _check_region(st: int, operation: str, name: str) -> None:
                 operation=operation, message=_status_message(st), region=name, errno=ffi.errno
             ),
         )
-

@@ -29,7 +29,7 @@ from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS as DEFAULT
 from scaler_executor.protocol.messages import Role, Status
-from scaler_executor.scheduler.policies import LeastLoaded, WorkerSlot, prefetch_window
+from scaler_executor.scheduler.policies import LeastLoaded, ScalingView, WorkerSlot, desired_workers, prefetch_window
 from scaler_executor.config import parse_resources, parse_tags
 from scaler_executor.scheduler.state import (
     AT_WORKER_STATES,
@@ -82,13 +82,36 @@ class WorkerExited:
 
 
 @dataclass(frozen=True, slots=True)
+class LocalWorkers:
+    """The worker processes the daemon's local manager runs now (started or starting)."""
+
+    pids: frozenset[int]
+    host: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
 class Send:
     peer: bytes
     messages: list[Any]
 
 
-Event = Received | Tick | PeerUnreachable | WorkerExited
-Command = Send
+@dataclass(frozen=True, slots=True)
+class StartWorkers:
+    """Ask the local manager for ``count`` more workers (autoscaling)."""
+
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class StopWorkers:
+    """Stop these local worker processes; they were drained (hold no task) first."""
+
+    pids: tuple[int, ...]
+
+
+Event = Received | Tick | PeerUnreachable | WorkerExited | LocalWorkers
+Command = Send | StartWorkers | StopWorkers
 
 
 def refusal_for(hello: m.Hello) -> str | None:
@@ -174,7 +197,13 @@ class Scheduler:
             Tick: self._on_tick,
             PeerUnreachable: self._on_unreachable,
             WorkerExited: self._on_worker_exited,
+            LocalWorkers: self._on_local_workers,
         }
+        self.autoscale = config.workers > 0 and config.min_workers is not None
+        self.local_pids: frozenset[int] = frozenset()
+        self.local_host = ""
+        self.stopping_pids: set[int] = set()
+        self._commands: list[Command] = []
 
     # ------------------------------------------------------------------ entry point
 
@@ -248,6 +277,45 @@ class Scheduler:
             self._lose_client(client, "disconnected (unreachable)")
         self._monitors.pop(event.peer, None)
 
+    def _on_local_workers(self, event: LocalWorkers) -> None:
+        self.local_pids = event.pids
+        self.local_host = event.host
+        self.stopping_pids &= event.pids
+        if self.autoscale:
+            self._scale(event.now)
+
+    def _scale(self, now: float) -> None:
+        """Autoscaling: start what the queue needs at once; stop workers idle for long enough."""
+        config = self.config
+        assert config.min_workers is not None
+        demand = self.ready.live + sum(q.live for q in self.constrained.values())
+        demand += sum(len(w.inflight) for w in self.workers.values())
+        running = len(self.local_pids - self.stopping_pids)
+        desired = desired_workers(
+            ScalingView(demand, running, config.processors_per_worker, config.min_workers, config.workers)
+        )
+        if desired > running:
+            self._commands.append(StartWorkers(desired - running))
+            return
+        surplus = running - desired
+        idle = [
+            w
+            for w in self.workers.values()
+            if surplus > 0
+            and w.pid in self.local_pids
+            and w.host == self.local_host
+            and w.pid not in self.stopping_pids
+            and not w.inflight
+            and now - w.idle_since >= config.scale_down_idle
+        ]
+        stop = [w for w in sorted(idle, key=lambda w: w.idle_since)][:surplus]
+        if stop:
+            for w in stop:
+                w.draining = True  # no task may land on it between this decision and its exit
+                self.stopping_pids.add(w.pid)
+            log.info("scaling down: stopping %d idle worker(s)", len(stop))
+            self._commands.append(StopWorkers(tuple(w.pid for w in stop)))
+
     def _on_worker_exited(self, event: WorkerExited) -> None:
         for worker in list(self.workers.values()):
             if worker.pid == event.pid and worker.host == event.host:
@@ -287,6 +355,7 @@ class Scheduler:
                 self._now,
                 pid=hello.pid,
                 host=hello.host,
+                idle_since=self._now,
             )
             log.info("worker %r joined with %d processors (pid %d on %s)", hello.name, hello.capacity, hello.pid, hello.host)
         else:
@@ -533,7 +602,7 @@ class Scheduler:
         if self.constrained:
             self._dispatch_constrained(out)
         if self.ready.live:
-            workers = [w for w in self.workers.values() if w.broken is None]
+            workers = [w for w in self.workers.values() if w.broken is None and not w.draining]
             slots = [WorkerSlot(w.capacity, len(w.inflight) - len(w.seceded), w.mean_task_seconds) for w in workers]
             for worker, count in zip(workers, self.policy.allocate(self.ready.live, slots)):
                 for _ in range(count):
@@ -558,7 +627,7 @@ class Scheduler:
                 del self.constrained[key]
                 continue
             for worker in self.workers.values():
-                if worker.broken is not None or not worker.fits_ever(key):
+                if worker.broken is not None or worker.draining or not worker.fits_ever(key):
                     continue
                 window = prefetch_window(WorkerSlot(worker.capacity, 0, worker.mean_task_seconds), max_prefetch)
                 while queue.live and len(worker.inflight) - len(worker.seceded) < window and worker.fits_now(key):
@@ -600,6 +669,8 @@ class Scheduler:
     def _unassign(self, worker: WorkerRecord, task: TaskRecord) -> None:
         del worker.inflight[task.task_id]
         worker.seceded.discard(task.task_id)
+        if not worker.inflight:
+            worker.idle_since = self._now
         task.worker = None
         if task.queue_key is not None:
             used = worker.used
@@ -692,10 +763,13 @@ class Scheduler:
             for peer in [*self.clients, *self.workers, *self._monitors]:
                 if peer not in self._out and now - self.last_sent.get(peer, 0.0) >= interval:
                     self._send(peer, m.Heartbeat(self.ready.live, len(self.tasks) - self.ready.live))
-        commands = [Send(peer, messages) for peer, messages in self._out.items()]
+        commands: list[Command] = [Send(peer, messages) for peer, messages in self._out.items()]
         for peer in self._out:
             self.last_sent[peer] = self._now
         self._out = {}
+        if self._commands:
+            commands.extend(self._commands)
+            self._commands = []
         return commands
 
     # ------------------------------------------------------------------ observability

@@ -31,7 +31,17 @@ from scaler_executor.manager.local import LocalWorkerManager
 from scaler_executor.protocol import codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.scheduler import core
-from scaler_executor.scheduler.core import PeerUnreachable, Received, Scheduler, Send, Tick, WorkerExited
+from scaler_executor.scheduler.core import (
+    LocalWorkers,
+    PeerUnreachable,
+    Received,
+    Scheduler,
+    Send,
+    StartWorkers,
+    StopWorkers,
+    Tick,
+    WorkerExited,
+)
 
 log = logging.getLogger("scaler_executor.daemon")
 
@@ -133,6 +143,7 @@ class Daemon:
                     if self.manager is not None:
                         for pid, how in self.manager.poll():
                             events.append(WorkerExited(pid, self.host, how, now))
+                        events.append(LocalWorkers(self.manager.pids(), self.host, now))
                 if self.unreachable:
                     events.extend(self.unreachable)
                     self.unreachable = []
@@ -181,6 +192,12 @@ class Daemon:
             match command:
                 case Send(peer, messages):
                     self._send(peer, codec.encode(messages), now)
+                case StartWorkers(count):
+                    if self.manager is not None:
+                        self.manager.start_more(count)
+                case StopWorkers(pids):
+                    if self.manager is not None:
+                        self.manager.stop_some(pids)
                 case _:
                     raise TypeError(f"daemon loop cannot execute unknown command {command!r}")
 

@@ -73,3 +73,24 @@ class LeastLoaded:
 
 
 POLICIES = {"least-loaded": LeastLoaded}
+
+
+class ScalingView(NamedTuple):
+    """What the scaling policy sees of the cluster."""
+
+    demand: int  # tasks queued in the daemon plus tasks held by workers
+    workers: int  # local worker processes, started or starting
+    per_worker: int  # processors each local worker brings
+    minimum: int
+    maximum: int
+
+
+def desired_workers(view: ScalingView) -> int:
+    """Enough workers for every task to have a processor, within [minimum, maximum].
+
+    Scale-up goes to the target in one step — not one worker per heartbeat — because
+    the tasks are already waiting.  Scale-down is not decided here: only workers idle
+    for the configured time are stopped, so a burst's gaps do not churn processes.
+    """
+    need = -(-view.demand // max(1, view.per_worker))
+    return max(view.minimum, min(view.maximum, need))

@@ -40,6 +40,8 @@ def test_defaults() -> None:
     assert ClusterConfig().to_dict() == {
         "address": None,
         "workers": 0,
+        "min_workers": None,
+        "scale_down_idle": 5.0,
         "processors_per_worker": 1,
         "heartbeat_interval": 0.5,
         "heartbeat_liveness": 6,
