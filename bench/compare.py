@@ -1,0 +1,515 @@
+"""ScalerExecutor side by side with other executors: one run, a table of figures and ratios.
+
+Every (contestant, workload) pair runs in a fresh interpreter::
+
+    python bench/compare.py --run CONTESTANT WORKLOAD --workers N --json
+
+which prints one JSON object; this script without ``--run`` starts those
+subprocesses one after another (workload by workload, contestants
+interleaved), collects their results, and prints absolute figures per
+contestant and each one's ratio to ScalerExecutor's.
+
+    PYTHONPATH=. python bench/compare.py                  # everything, 2 workers
+    PYTHONPATH=. python bench/compare.py --quick --only round_trip --contestants scaler,process_pool
+    PYTHONPATH=. python bench/compare.py --output docs/performance.rst
+
+Contestants are registered in ``bench/contestants.py``, workloads in
+``bench/workloads.py``; see ``bench/README.rst``.  A contestant whose package is
+not installed is skipped with a note.  One run is one sample: on a small
+machine, repeat a run before reading much into a difference under ~10 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from typing import Any
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH_DIR)
+if ROOT not in sys.path:
+    # ``bench.workloads`` must import here and in every worker process: the
+    # embedded cluster passes sys.path on as PYTHONPATH, forked pools inherit it.
+    sys.path.insert(0, ROOT)
+
+from bench.contestants import CONTESTANTS, REFERENCE  # noqa: E402  (imports no contestant package)
+from bench.workloads import WORKLOADS  # noqa: E402
+
+DEFAULT_TIMEOUT = 600.0  # seconds per (contestant, workload) subprocess
+BUSY_WARNING = 0.2  # cores of other processes' CPU during a cell that make its figures suspect
+
+
+# =========================================================================== child: one pair
+
+
+def run_one(contestant_name: str, workload_name: str, workers: int, quick: bool) -> dict[str, Any]:
+    contestant = CONTESTANTS[contestant_name]
+    workload = WORKLOADS[workload_name]
+    result: dict[str, Any] = {
+        "contestant": contestant_name,
+        "workload": workload_name,
+        "workers": workers,
+        "quick": quick,
+        "pid": os.getpid(),
+    }
+    reason = contestant.missing()
+    if reason is not None:
+        result["skipped"] = reason
+        return result
+    sizes = workload.quick_sizes if quick else workload.sizes
+    result["sizes"] = sizes
+    if workload_name != "cold_start":  # cold_start times the first import itself
+        contestant.load()
+    metrics = workload.run(contestant, workers, sizes)
+    result["metrics"] = {k: v.to_json() for k, v in metrics.items()}
+    result["versions"] = contestant.versions()
+    return result
+
+
+def child_main(args: argparse.Namespace) -> int:
+    contestant_name, workload_name = args.run
+    if contestant_name not in CONTESTANTS:
+        sys.exit(f"unknown contestant {contestant_name!r}; known: {', '.join(CONTESTANTS)}")
+    if workload_name not in WORKLOADS:
+        sys.exit(f"unknown workload {workload_name!r}; known: {', '.join(WORKLOADS)}")
+    try:
+        result = run_one(contestant_name, workload_name, args.workers, args.quick)
+        code = 0
+    except Exception as exc:
+        traceback.print_exc()
+        result = {
+            "contestant": contestant_name,
+            "workload": workload_name,
+            "workers": args.workers,
+            "error": f"{type(exc).__name__}: {exc}",
+        }
+        code = 1
+    if args.json:
+        # One line, last on stdout: the parent reads the last line that parses.
+        sys.stdout.write("\n" + json.dumps(result) + "\n")
+    else:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    sys.stdout.flush()
+    return code
+
+
+# =========================================================================== parent: the table
+
+
+def machine_cpu_seconds() -> tuple[float, float]:
+    """(busy, total) CPU-seconds of the whole machine since boot, from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # guest time is already counted in user
+    return (total - idle) / tick, total / tick
+
+
+def children_cpu_seconds() -> float:
+    """CPU of every reaped descendant (a child's own reaped children roll up into it)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def wait_idle(limit: float, threshold: float = 0.15) -> float:
+    """Wait up to ``limit`` s for the machine to be under ``threshold`` busy; returns the last busy fraction."""
+    deadline = time.monotonic() + limit
+    while True:
+        b0, t0 = machine_cpu_seconds()
+        time.sleep(0.5)
+        b1, t1 = machine_cpu_seconds()
+        busy = (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+        if busy < threshold or time.monotonic() >= deadline:
+            return busy
+
+
+def spawn(contestant: str, workload: str, workers: int, quick: bool, timeout: float) -> dict[str, Any]:
+    command = [sys.executable, os.path.abspath(__file__), "--run", contestant, workload, "--workers", str(workers), "--json"]
+    if quick:
+        command.append("--quick")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
+    env.pop("PYTHONSTARTUP", None)
+    started = time.monotonic()
+    busy0, _ = machine_cpu_seconds()
+    own0 = children_cpu_seconds()
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,  # so a timeout can kill the child's whole process group
+    )
+    try:
+        # Waits for EOF, i.e. until every process holding the pipes (the contestant's
+        # workers too) is gone: the next pair starts on a quiet machine.
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            out, err = b"", b""
+        return {"contestant": contestant, "workload": workload, "error": f"timed out after {timeout:.0f} s"}
+    elapsed = time.monotonic() - started
+    busy1, _ = machine_cpu_seconds()
+    # Whatever the machine was busy with that was not this cell (its processes are all
+    # reaped by now, so their CPU is in RUSAGE_CHILDREN): other people's work.
+    foreign = max(0.0, (busy1 - busy0) - (children_cpu_seconds() - own0))
+    parsed = None
+    for line in reversed(out.decode(errors="replace").splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                parsed = json.loads(line)
+                break
+            except json.JSONDecodeError:
+                continue
+    if parsed is None:
+        tail = err.decode(errors="replace").strip().splitlines()[-5:]
+        parsed = {"contestant": contestant, "workload": workload, "error": f"exit {proc.returncode}, no JSON result"}
+        parsed["stderr"] = "\n".join(tail)
+    elif proc.returncode != 0 and "error" not in parsed:
+        parsed["error"] = f"exit {proc.returncode}"
+    if "error" in parsed and "stderr" not in parsed:
+        parsed["stderr"] = "\n".join(err.decode(errors="replace").strip().splitlines()[-5:])
+    parsed["elapsed"] = elapsed
+    parsed["foreign_cores"] = foreign / elapsed if elapsed > 0 else 0.0
+    return parsed
+
+
+# --------------------------------------------------------------------------- machine
+
+
+def machine_info() -> dict[str, str]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    ram = "?"
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    ram = f"{int(line.split()[1]) / 2**20:.1f} GiB"
+                    break
+    except OSError:
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    info = {
+        "CPU": cpu,
+        "cores": f"{os.cpu_count()} ({usable} usable by this process)",
+        "RAM": ram,
+        "OS": platform.platform(),
+        "Python": f"{platform.python_implementation()} {platform.python_version()}",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    commit = _git("rev-parse", "--short", "HEAD")
+    if commit:
+        dirty = _git("status", "--porcelain", "--untracked-files=no", "--", "scaler_executor")
+        info["scaler-executor commit"] = commit + (" (with uncommitted changes)" if dirty else "")
+    return info
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def fmt_value(value: float, unit: str) -> str:
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    if unit in ("tasks/s", "items/s"):
+        return f"{value:,.0f}"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    if abs(value) >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+
+def fmt_ratio(value: float, reference: float) -> str:
+    if reference == 0:
+        return "—"
+    return f"{value / reference:.2f}×"
+
+
+def build_rows(results: dict[tuple[str, str], dict[str, Any]], contestants: list[str], workloads: list[str]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows: workload, metric, one column per contestant, then one ratio column each."""
+    others = [c for c in contestants if c != REFERENCE]
+    ref_present = REFERENCE in contestants
+    header = ["workload", "metric", *contestants]
+    if ref_present:
+        header += [f"{c} ÷ {REFERENCE}" for c in others]
+    rows = []
+    for w in workloads:
+        metric_names: list[str] = []
+        units: dict[str, tuple[str, str]] = {}
+        for c in contestants:
+            for name, m in results.get((c, w), {}).get("metrics", {}).items():
+                if name not in units:
+                    metric_names.append(name)
+                    units[name] = (m["unit"], m["better"])
+        if not metric_names:
+            metric_names = ["—"]
+        for i, name in enumerate(metric_names):
+            unit, better = units.get(name, ("", ""))
+            arrow = {"higher": " ↑", "lower": " ↓"}.get(better, "")
+            row = [w if i == 0 else "", f"{name} ({unit}){arrow}" if unit else name]
+            values: dict[str, float | None] = {}
+            for c in contestants:
+                r = results.get((c, w), {})
+                if "skipped" in r:
+                    row.append("skipped")
+                elif "error" in r:
+                    row.append("error")
+                elif name in r.get("metrics", {}):
+                    values[c] = r["metrics"][name]["value"]
+                    row.append(fmt_value(values[c], unit))  # type: ignore[arg-type]
+                else:
+                    row.append("—")
+            if ref_present:
+                ref = values.get(REFERENCE)
+                for c in others:
+                    v = values.get(c)
+                    row.append(fmt_ratio(v, ref) if v is not None and ref is not None else "—")
+            rows.append(row)
+    return header, rows
+
+
+def render_text(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    numeric = [i >= 2 for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric)).rstrip()
+
+    out = [line(header), "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in rows]
+    return "\n".join(out)
+
+
+def render_markdown(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(":---" if i < 2 else "---:" for i in range(len(header))) + "|"]
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def render_rst(header: list[str], rows: list[list[str]]) -> str:
+    """A grid table (readable as plain text, and rows may have empty cells)."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    sep = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    head_sep = "+" + "+".join("=" * (w + 2) for w in widths) + "+"
+
+    def line(cells: list[str]) -> str:
+        return "|" + "|".join(" " + (c.rjust(w) if i >= 2 else c.ljust(w)) + " " for i, (c, w) in enumerate(zip(cells, widths))) + "|"
+
+    out = [sep, line(header), head_sep]
+    for r in rows:
+        out += [line(r), sep]
+    return "\n".join(out)
+
+
+def notes(results: dict[tuple[str, str], dict[str, Any]], contestants: list[str], workloads: list[str], skipped: dict[str, str]) -> list[str]:
+    lines = []
+    if REFERENCE in contestants:
+        lines.append(
+            f"ratio = contestant ÷ {REFERENCE}; ↑ higher is better, ↓ lower is better "
+            f"(so a ratio > 1 on a ↑ row, or < 1 on a ↓ row, means the contestant beat {REFERENCE})."
+        )
+    for name, reason in skipped.items():
+        lines.append(f"{name} skipped: {reason}")
+    for (c, w), r in results.items():
+        if "error" in r:
+            detail = f" — {r['stderr'].splitlines()[-1]}" if r.get("stderr") else ""
+            lines.append(f"{c} / {w}: {r['error']}{detail}")
+    busy = {k: r["foreign_cores"] for k, r in results.items() if r.get("foreign_cores", 0.0) >= BUSY_WARNING}
+    if busy:
+        worst = sorted(busy.items(), key=lambda kv: -kv[1])
+        lines.append(
+            "WARNING: other processes kept the machine busy during "
+            f"{len(busy)} of {len(results)} cells (on average, in cores: "
+            + ", ".join(f"{c}/{w} {v:.2f}" for (c, w), v in worst[:6])
+            + (", ..." if len(worst) > 6 else "")
+            + "): those figures are suspect; rerun on a quiet machine (see --wait-idle)."
+        )
+    sizes = {w: r["sizes"] for (c, w), r in results.items() if r.get("sizes")}
+    if sizes:
+        lines.append("sizes: " + "; ".join(f"{w} {', '.join(f'{k}={v:,}' for k, v in s.items())}" for w, s in sizes.items() if s))
+    versions: dict[str, str] = {}
+    for r in results.values():
+        versions.update(r.get("versions", {}))
+    if versions:
+        lines.append("versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())))
+    return lines
+
+
+def write_rst(path: str, table: str, machine: dict[str, str], note_lines: list[str], workers: int, quick: bool, command: str, contestants: list[str]) -> None:
+    title = "Performance: ScalerExecutor side by side"
+    labels = "\n".join(f"* ``{c}``: {CONTESTANTS[c].label}" for c in contestants)
+    machine_rows = "\n".join(f"   * - {k}\n     - {v}" for k, v in machine.items())
+    workload_lines = "\n".join(f"* ``{w.name}``: {w.summary}" for w in WORKLOADS.values())
+    text = f"""{title}
+{'=' * len(title)}
+
+Generated by ``bench/compare.py`` (one run, {workers} worker processes per contestant{', --quick sizes' if quick else ''};
+every contestant and workload in a fresh interpreter)::
+
+    {command}
+
+Contestants:
+
+{labels}
+
+Workloads:
+
+{workload_lines}
+
+{table}
+
+{chr(10).join('* ' + n for n in note_lines)}
+
+Machine
+-------
+
+.. list-table::
+   :widths: 25 75
+
+{machine_rows}
+"""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def parent_main(args: argparse.Namespace) -> int:
+    contestants = [c.strip() for c in args.contestants.split(",") if c.strip()] if args.contestants else list(CONTESTANTS)
+    for c in contestants:
+        if c not in CONTESTANTS:
+            sys.exit(f"unknown contestant {c!r}; known: {', '.join(CONTESTANTS)}")
+    workloads = [w.strip() for w in args.only.split(",") if w.strip()] if args.only else list(WORKLOADS)
+    for w in workloads:
+        if w not in WORKLOADS:
+            sys.exit(f"unknown workload {w!r}; known: {', '.join(WORKLOADS)}")
+    skipped: dict[str, str] = {}
+    for c in contestants:
+        reason = CONTESTANTS[c].missing()
+        if reason is not None:
+            skipped[c] = reason
+            print(f"note: skipping {c}: {reason}", file=sys.stderr)
+    running = [c for c in contestants if c not in skipped]
+    results: dict[tuple[str, str], dict[str, Any]] = {}
+    for c in skipped:
+        for w in workloads:
+            results[(c, w)] = {"skipped": skipped[c]}
+    total = len(running) * len(workloads)
+    done = 0
+    for w in workloads:
+        for c in running:
+            done += 1
+            if args.wait_idle:
+                wait_idle(args.wait_idle)
+            print(f"[{done}/{total}] {c} / {w} ...", end="", file=sys.stderr, flush=True)
+            r = spawn(c, w, args.workers, args.quick, args.timeout)
+            results[(c, w)] = r
+            status = "error: " + r["error"] if "error" in r else f"{r.get('elapsed', 0):.1f} s"
+            if r.get("foreign_cores", 0.0) >= BUSY_WARNING:
+                status += f" (machine busy: other processes used {r['foreign_cores']:.2f} cores)"
+            print(f" {status}", file=sys.stderr, flush=True)
+    shown = [c for c in contestants if c not in skipped] or contestants
+    header, rows = build_rows(results, shown, workloads)
+    note_lines = notes(results, contestants, workloads, skipped)
+    machine = machine_info()
+    if args.markdown:
+        table = render_markdown(header, rows)
+    elif args.rst:
+        table = render_rst(header, rows)
+    else:
+        table = render_text(header, rows)
+    print()
+    print(f"{args.workers} workers per contestant{' (--quick sizes)' if args.quick else ''}; one run, fresh interpreter per cell")
+    print(table)
+    print()
+    for n in note_lines:
+        print(("* " if args.markdown or args.rst else "") + n)
+    print("machine: " + "; ".join(f"{k} {v}" for k, v in machine.items()))
+    if args.output:
+        command = "python bench/compare.py " + " ".join(sys.argv[1:])
+        write_rst(args.output, render_rst(header, rows), machine, note_lines, args.workers, args.quick, command, shown)
+        print(f"wrote {args.output}")
+    if args.save_json:
+        with open(args.save_json, "w") as f:
+            json.dump({"machine": machine, "results": [dict(r, contestant=c, workload=w) for (c, w), r in results.items()]}, f, indent=2)
+    return 1 if any("error" in r for r in results.values()) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", type=int, default=2, help="worker processes per contestant (default 2)")
+    p.add_argument("--only", metavar="WORKLOAD[,...]", help=f"workloads to run (default all: {', '.join(WORKLOADS)})")
+    p.add_argument("--contestants", metavar="NAME[,...]", help=f"contestants (default all: {', '.join(CONTESTANTS)})")
+    p.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run, noisier figures)")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    fmt.add_argument("--rst", action="store_true", help="print the table as a reStructuredText grid table")
+    p.add_argument("--output", metavar="FILE", help="also write an .rst page (table, notes, machine), e.g. docs/performance.rst")
+    p.add_argument("--save-json", metavar="FILE", help="also write every raw result as JSON")
+    p.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each cell, wait up to SECONDS for the machine to be under 15%% busy (shared machines)",
+    )
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per subprocess (default %(default)s)")
+    p.add_argument("--list", action="store_true", help="list contestants and workloads, then exit")
+    p.add_argument("--run", nargs=2, metavar=("CONTESTANT", "WORKLOAD"), help="(internal) run one pair in this process")
+    p.add_argument("--json", action="store_true", help="with --run: print the result as one JSON line")
+    args = p.parse_args(argv)
+    if args.workers < 1:
+        p.error("--workers must be >= 1")
+    if args.list:
+        for c in CONTESTANTS.values():
+            reason = c.missing()
+            print(f"contestant {c.name:14} {c.label}" + (f"  [skipped: {reason}]" if reason else ""))
+        for w in WORKLOADS.values():
+            print(f"workload   {w.name:14} {w.summary}")
+        return 0
+    if args.run:
+        return child_main(args)
+    return parent_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""The executors ``compare.py`` puts side by side: one adapter per contestant.
+
+An adapter says how to make an executor with N worker processes, submit one
+call, map over an iterable with a chunk size, and shut down (waiting).  It
+imports its package only in :meth:`Contestant.load`, so that ``cold_start`` can
+time the first import in a fresh interpreter, and so that a contestant whose
+package is missing is skipped with a note instead of failing the run.
+
+To add a contestant: subclass :class:`Contestant`, fill in ``name``,
+``modules`` and ``pip``, override what differs from the
+``concurrent.futures.Executor`` defaults, and decorate it with
+:func:`contestant`.  Optional peers are listed in ``bench/requirements-peers.txt``;
+they are never dependencies of the project.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import platform
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+REFERENCE = "scaler"  # the contestant every ratio is taken against
+
+CONTESTANTS: dict[str, Contestant] = {}
+
+
+def contestant(cls: type[Contestant]) -> type[Contestant]:
+    CONTESTANTS[cls.name] = cls()
+    return cls
+
+
+class Contestant:
+    name = ""  # short name used on the command line and in tables
+    label = ""  # what the table's reader should understand
+    modules: tuple[str, ...] = ()  # imported by load(); find_spec'd by missing()
+    pip = ""  # how to install it, for the skip note
+
+    def missing(self) -> str | None:
+        """Why this contestant cannot run here, or None (checked without importing it)."""
+        absent = [m for m in self.modules if importlib.util.find_spec(m.split(".")[0]) is None]
+        if absent:
+            return f"{', '.join(absent)} not installed (pip install {self.pip}, see bench/requirements-peers.txt)"
+        return None
+
+    def load(self) -> None:
+        """Import what a user imports to use the contestant (timed by cold_start: imports only).
+
+        Resolves the names a user's ``from X import Y`` would, since a package may
+        import its modules lazily on first attribute access (scaler_executor does).
+        """
+        self.mods = {m: importlib.import_module(m) for m in self.modules}
+        self.entry = {name: getattr(self.mods[m], name) for m, name in self.entry_points}
+
+    entry_points: tuple[tuple[str, str], ...] = ()  # (module, attribute) pairs load() resolves
+
+    def versions(self) -> dict[str, str]:
+        return {}
+
+    def create(self, workers: int) -> Any:
+        raise NotImplementedError
+
+    def submit(self, ex: Any, fn: Callable[..., Any], *args: Any) -> Any:
+        """A future with ``result()``."""
+        return ex.submit(fn, *args)
+
+    def map(self, ex: Any, fn: Callable[..., Any], iterable: Iterable[Any], chunksize: int) -> Iterator[Any]:
+        return ex.map(fn, iterable, chunksize=chunksize)  # type: ignore[no-any-return]
+
+    def shutdown(self, ex: Any) -> None:
+        ex.shutdown(wait=True)
+
+    def _ensure_loaded(self) -> None:
+        if not hasattr(self, "mods"):
+            self.load()
+
+
+def _version(module: str) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version(module)
+    except Exception:
+        return "?"
+
+
+@contestant
+class Scaler(Contestant):
+    name = "scaler"
+    label = "ScalerExecutor (embedded cluster: daemon + worker)"
+    modules = ("scaler_executor",)
+    entry_points = (("scaler_executor", "ScalerExecutor"),)
+    pip = "-e ."
+
+    def versions(self) -> dict[str, str]:
+        self._ensure_loaded()
+        return {
+            "scaler-executor": self.mods["scaler_executor"].__version__,
+            "cloudpickle": _version("cloudpickle"),
+            "pyzmq": _version("pyzmq"),
+            "msgpack": _version("msgpack"),
+        }
+
+    def create(self, workers: int) -> Any:
+        self._ensure_loaded()
+        return self.entry["ScalerExecutor"](max_workers=workers)
+
+
+@contestant
+class ProcessPool(Contestant):
+    name = "process_pool"
+    label = "concurrent.futures.ProcessPoolExecutor"
+    modules = ("concurrent.futures",)
+    entry_points = (("concurrent.futures", "ProcessPoolExecutor"),)  # lazily imports .process
+    pip = "(standard library)"
+
+    def load(self) -> None:
+        super().load()
+        import multiprocessing
+
+        self.start_method = multiprocessing.get_start_method()
+
+    def versions(self) -> dict[str, str]:
+        self._ensure_loaded()
+        return {"python": platform.python_version(), "start method": self.start_method}
+
+    def create(self, workers: int) -> Any:
+        self._ensure_loaded()
+        return self.entry["ProcessPoolExecutor"](max_workers=workers)
+
+
+@contestant
+class Loky(Contestant):
+    name = "loky"
+    label = "loky.ProcessPoolExecutor"
+    modules = ("loky",)
+    entry_points = (("loky", "ProcessPoolExecutor"),)
+    pip = "loky"
+
+    def versions(self) -> dict[str, str]:
+        self._ensure_loaded()
+        return {"loky": self.mods["loky"].__version__, "cloudpickle": _version("cloudpickle")}
+
+    def create(self, workers: int) -> Any:
+        self._ensure_loaded()
+        return self.entry["ProcessPoolExecutor"](max_workers=workers)
+
+
+@contestant
+class Dask(Contestant):
+    """dask.distributed's native Client on a LocalCluster of N single-threaded worker processes.
+
+    The native ``Client.submit``/``Client.map`` rather than ``Client.get_executor()``:
+    that is how Dask is used for speed (the executor facade adds a thread hop per
+    future).  ``pure=False`` so equal calls are not deduplicated into one task.
+    ``Client.map`` has no chunksize: chunks are sent as ``apply_chunk`` tasks.
+    """
+
+    name = "dask"
+    label = "dask.distributed Client on LocalCluster (processes, 1 thread each)"
+    modules = ("dask", "distributed")
+    entry_points = (("distributed", "Client"), ("distributed", "LocalCluster"))
+    pip = "'dask[distributed]'"
+
+    def versions(self) -> dict[str, str]:
+        self._ensure_loaded()
+        return {"dask": self.mods["dask"].__version__, "distributed": self.mods["distributed"].__version__}
+
+    def create(self, workers: int) -> Any:
+        self._ensure_loaded()
+        cluster = self.entry["LocalCluster"](
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",  # loopback only
+            dashboard_address=None,
+            silence_logs=40,  # logging.ERROR
+        )
+        return self.entry["Client"](cluster)
+
+    def submit(self, ex: Any, fn: Callable[..., Any], *args: Any) -> Any:
+        return ex.submit(fn, *args, pure=False)
+
+    def map(self, ex: Any, fn: Callable[..., Any], iterable: Iterable[Any], chunksize: int) -> Iterator[Any]:
+        from functools import partial
+
+        from bench.workloads import apply_chunk
+
+        items = list(iterable)
+        if chunksize == 1:
+            return iter(ex.gather(ex.map(fn, items, pure=False)))
+        chunks = [items[i : i + chunksize] for i in range(0, len(items), chunksize)]
+        futures = ex.map(partial(apply_chunk, fn), chunks, pure=False)
+        return (x for chunk in ex.gather(futures) for x in chunk)
+
+    def shutdown(self, ex: Any) -> None:
+        cluster = ex.cluster
+        ex.close()
+        cluster.close()
