@@ -85,5 +85,5 @@ def spawn(request: pytest.FixtureRequest) -> Iterator[multiprocessing.context.Sp
         request.getfixturevalue("no_leaks")  # set up first, so it checks after our teardown
     yield multiprocessing.get_context("spawn")
     # private API, no public one exists (3.11): stops the tracker started by spawning
-    multiprocessing.resource_tracker._resource_tracker._stop()  # noqa: SLF001
-
+    tracker = multiprocessing.resource_tracker._resource_tracker
+    tracker._stop()  # type: ignore[attr-defined]  # private, see above

@@ -214,7 +214,7 @@ def reader(name: str, groups: list[int], count: int, seed: int, conn: Any) -> No
 def _still_usable(view: memoryview) -> int:
     """1 if `view` was not released (so a release that found no view was wrong)."""
     try:
-        view.nbytes
+        _ = view.nbytes
     except ValueError:
         return 0
     return 1

@@ -44,7 +44,9 @@ def test_attach_from_a_second_process(spawn: Spawn, region_name: Callable[[], st
         store.validate()
 
 
-def test_references_of_a_dead_process_are_reaped(spawn: Spawn, region_name: Callable[[], str]) -> None:
+def test_references_of_a_dead_process_are_reaped(
+    spawn: Spawn, region_name: Callable[[], str]
+) -> None:
     with ObjectStore.create(region_name(), 1 << 20) as store:
         ids = [make_id(2, n) for n in range(3)]
         for oid in ids:
@@ -88,14 +90,16 @@ def test_lock_timeout_names_the_holder_then_recovers(
         store.put(oid, b"x")
         p = spawn.Process(target=stop_in_lock, args=(store.name, oid))
         p.start()
+        pid = p.pid
+        assert pid is not None
         try:
-            assert wait_for(lambda: proc_state(p.pid) == "T"), "child never stopped in the lock"
+            assert wait_for(lambda: proc_state(pid) == "T"), "child never stopped in the lock"
             with pytest.raises(StoreLockTimeout) as info:
                 store.get(oid)
-            assert info.value.holder_pid == p.pid == store.last_holder_pid
-            assert str(p.pid) in str(info.value)
+            assert info.value.holder_pid == pid == store.last_holder_pid
+            assert str(pid) in str(info.value)
         finally:
-            os.kill(p.pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
             p.join()
         view = store.get(oid)  # EOWNERDEAD: the stopped get is rolled back
         s = store.stats()
@@ -136,7 +140,10 @@ def test_crash_inside_the_lock_is_recovered(
             store.delete(victims_own)
         after = store.stats()
         assert (after.objects, after.in_use, after.references, after.processes) == (
-            before.objects, before.in_use, 0, 1,
+            before.objects,
+            before.in_use,
+            0,
+            1,
         )
         for oid in ids:
             assert store.get(oid) == content(oid)

@@ -38,7 +38,11 @@ def test_install_from_sdist(tmp_path: Path, region_name: Callable[[], str]) -> N
     dist = tmp_path / "dist"
     sdist = subprocess.run(
         [sys.executable, "setup.py", "-q", "sdist", "-d", str(dist)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert sdist.returncode == 0, sdist.stderr
     (archive,) = dist.glob("*.tar.gz")
@@ -47,7 +51,10 @@ def test_install_from_sdist(tmp_path: Path, region_name: Callable[[], str]) -> N
     python = env_dir / "bin" / "python"
     install = subprocess.run(
         [str(python), "-m", "pip", "install", "-q", "--no-deps", str(archive)],
-        capture_output=True, text=True, timeout=240,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     output = install.stdout + install.stderr
     if install.returncode != 0 and any(m in output for m in UNREACHABLE):
@@ -55,7 +62,11 @@ def test_install_from_sdist(tmp_path: Path, region_name: Callable[[], str]) -> N
     assert install.returncode == 0, output
     run = subprocess.run(
         [str(python), "-c", CHECK, region_name()],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={"PATH": "/usr/bin:/bin"},  # no PYTHONPATH: the checkout must not be used
     )
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr

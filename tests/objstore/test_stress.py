@@ -19,7 +19,11 @@ from scaler_executor.objstore import ObjectStore
 CRASH_EXIT = 86
 RUN_SECONDS = 5.0  # of concurrent work, counted once every process has attached
 GROUPS, COUNT = [10, 11], 150  # 300 ids of 0-24 KB: more than the region holds at once
-VICTIMS = [("create_after_index", 7, 1), ("release_after_decref", 19, 2), ("free_after_unlink", 31, 3)]
+VICTIMS = [
+    ("create_after_index", 7, 1),
+    ("release_after_decref", 19, 2),
+    ("free_after_unlink", 31, 3),
+]
 
 
 @pytest.mark.slow
