@@ -1,0 +1,531 @@
+"""The codec: round trips of every message, batches, buffers, and refusal of untrusted input.
+
+Everything here is a plain function call on bytes: no sockets.  The fuzz tests at the end
+hold the codec to its contract that *anything* a peer can send either decodes to valid
+messages or raises :class:`DecodeError` — never another exception, which would escape the
+daemon loop's ``except DecodeError`` and cost more than one transmission.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scaler_executor.exceptions import ProtocolError
+from scaler_executor.protocol import messages as m
+from scaler_executor.protocol.codec import (
+    VERSION_FRAME,
+    DecodeError,
+    VersionMismatch,
+    check_version,
+    decode,
+    encode,
+    encode_one,
+)
+from scaler_executor.protocol.messages import MESSAGE_TAGS
+
+FACTS = m.TaskFacts("worker-1", 1700000000.25, 1700000001.5, 123_456_789)
+SPEC = m.TaskSpec(
+    task_id=(7 << m.TASK_ID_BITS) | 42,
+    fn_id=(7 << m.TASK_ID_BITS) | 3,
+    options_id=2,
+    flags=m.TaskFlags.CHUNK,
+    payload=b"\x80\x05pickled\x00args",
+    deps=[(7 << m.TASK_ID_BITS) | 41],
+    objects=[b"\x01" * 20],
+    parent=0,
+)
+OPTIONS = m.TaskOptions({"cpu": 2.0, "gpu": 1.0}, ["fast", "big-mem"], -3, 12.5, 4)
+
+# One sample of every message, with every field set to something non-trivial.
+SAMPLES: dict[type, Any] = {
+    m.Hello: m.Hello(
+        "worker",
+        m.PROTOCOL_VERSION,
+        "3.11",
+        "3.1.3",
+        "0.1.0",
+        "w-1",
+        4242,
+        "node-7",
+        8,
+        {"cpu": 8.0},
+        ["gpu"],
+    ),
+    m.Welcome: m.Welcome(17, 0.5, 6),
+    m.Refused: m.Refused("version mismatch: Python 3.12 (daemon: 3.11) — ünïcode"),
+    m.Heartbeat: m.Heartbeat(12, 3),
+    m.Goodbye: m.Goodbye("client shutting down"),
+    m.RegisterFunction: m.RegisterFunction(99, b"\x80\x05fn"),
+    m.ReleaseFunctions: m.ReleaseFunctions([1, 2, 2**63 - 1]),
+    m.RegisterOptions: m.RegisterOptions(2, OPTIONS),
+    m.SubmitTasks: m.SubmitTasks(
+        [SPEC, SPEC._replace(task_id=SPEC.task_id + 1, deps=[], objects=[])]
+    ),
+    m.SubmitAck: m.SubmitAck(2),
+    m.TasksRunning: m.TasksRunning([SPEC.task_id, SPEC.task_id + 1]),
+    m.DispatchTasks: m.DispatchTasks(
+        [m.FunctionBlob(SPEC.fn_id, b"\x80\x05fn")],
+        [
+            m.TaskDispatch(SPEC.task_id, 1, SPEC.fn_id, 0, b"args", [b"obj"], 30.0),
+            m.TaskDispatch(SPEC.task_id + 1, 0, 0, m.TaskFlags.INLINE_FN, b"fnargs", [], None),
+        ],
+    ),
+    m.CancelTasks: m.CancelTasks([SPEC.task_id], True),
+    m.TaskResults: m.TaskResults(
+        [
+            m.TaskResult(SPEC.task_id, 0, m.Status.OK, b"\x80\x05result", FACTS),
+            m.TaskResult(SPEC.task_id + 1, 2, m.Status.WORKER_LOST, b"", m.NO_FACTS),
+        ]
+    ),
+    m.ReleaseObjects: m.ReleaseObjects([b"\x00" * 20, b"\xff" * 20]),
+    m.ClusterBroken: m.ClusterBroken("initializer failed on worker w-1", b"\x80\x05exc"),
+    m.Seceded: m.Seceded([SPEC.task_id]),
+    m.StatsRequest: m.StatsRequest(),
+    m.Stats: m.Stats({"tasks": 3, "mean_seconds": 0.25, "state": "ok"}),
+}
+
+
+def body(*items: Any) -> list[bytes]:
+    """Frames whose body is exactly ``items`` (raw msgpack: anything a peer could send)."""
+    return [VERSION_FRAME, msgpack.packb(list(items), use_bin_type=True)]
+
+
+def raw(cls: type, fields: Any) -> list[bytes]:
+    """Frames carrying one message of type ``cls`` with raw ``fields``."""
+    return body([MESSAGE_TAGS[cls], fields])
+
+
+def as_wire(message: Any) -> list[Any]:
+    """A message's fields as plain msgpack data (nested records become lists)."""
+    return msgpack.unpackb(msgpack.packb(message, use_bin_type=True), raw=False)  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------- round trips
+
+
+def test_every_message_type_has_a_sample() -> None:
+    assert set(SAMPLES) == set(MESSAGE_TAGS), "add a sample for each new message type"
+    assert len(set(MESSAGE_TAGS.values())) == len(MESSAGE_TAGS), "tags must be unique"
+
+
+@pytest.mark.parametrize("cls", list(MESSAGE_TAGS), ids=lambda c: c.__name__)
+def test_round_trip_of_every_message(cls: type) -> None:
+    message = SAMPLES[cls]
+    frames = encode([message])
+    assert frames[0] == VERSION_FRAME
+    assert len(frames) == 2
+    messages, buffers = decode(frames)
+    assert messages == [message]
+    assert buffers == []
+    (decoded,) = messages
+    assert type(decoded) is cls
+    assert isinstance(decoded, tuple)
+    # Nested records come back as their own types, not as lists.
+    for got, want in zip(decoded, message):
+        assert type(got) is type(want) or (isinstance(want, float) and isinstance(got, int))
+        if isinstance(want, list):
+            assert [type(x) for x in got] == [type(x) for x in want]
+
+
+def test_nested_records_are_typed() -> None:
+    (submit,), _ = decode(encode([SAMPLES[m.SubmitTasks]]))
+    assert all(type(t) is m.TaskSpec for t in submit.tasks)
+    (dispatch,), _ = decode(encode([SAMPLES[m.DispatchTasks]]))
+    assert type(dispatch.functions[0]) is m.FunctionBlob
+    assert all(type(t) is m.TaskDispatch for t in dispatch.tasks)
+    (results,), _ = decode(encode([SAMPLES[m.TaskResults]]))
+    assert all(type(r) is m.TaskResult and type(r.facts) is m.TaskFacts for r in results.results)
+    (options,), _ = decode(encode([SAMPLES[m.RegisterOptions]]))
+    assert type(options.options) is m.TaskOptions
+
+
+def test_encode_one_is_a_batch_of_one() -> None:
+    message = SAMPLES[m.Heartbeat]
+    assert encode_one(message) == encode([message])
+    assert decode(encode_one(message)) == ([message], [])
+
+
+def test_batch_keeps_order_and_types() -> None:
+    batch = [SAMPLES[cls] for cls in MESSAGE_TAGS] + [m.SubmitAck(n) for n in range(500)]
+    frames = encode(batch)
+    assert len(frames) == 2, "a batch is one body frame"
+    messages, _ = decode(frames)
+    assert messages == batch
+    assert [type(x) for x in messages] == [type(x) for x in batch]
+
+
+def test_empty_batch() -> None:
+    assert decode(encode([])) == ([], [])
+
+
+def test_out_of_band_buffers_travel_as_their_own_frames() -> None:
+    big = bytes(range(256)) * 4096
+    view = memoryview(bytearray(b"zero-copy"))
+    frames = encode([SAMPLES[m.ReleaseObjects]], buffers=[big, view, b""])
+    assert len(frames) == 5
+    assert frames[2] is big and frames[3] is view, "buffers are passed through, never copied"
+    assert big not in frames[1], "buffers are never copied into the body"
+    messages, buffers = decode(frames)
+    assert messages == [SAMPLES[m.ReleaseObjects]]
+    assert [bytes(b) for b in buffers] == [big, b"zero-copy", b""]
+
+
+def test_decode_accepts_buffer_protocol_frames() -> None:
+    frames = encode([SAMPLES[m.TaskResults]])
+    messages, buffers = decode([memoryview(frames[0]), memoryview(frames[1]), bytearray(b"buf")])
+    assert messages == [SAMPLES[m.TaskResults]]
+    assert [bytes(b) for b in buffers] == [b"buf"]
+
+
+def test_decode_errors_are_protocol_errors() -> None:
+    assert issubclass(VersionMismatch, DecodeError)
+    assert issubclass(DecodeError, ProtocolError)
+
+
+# ---------------------------------------------------------------------- framing refusals
+
+
+def test_wrong_version_names_both_versions() -> None:
+    frames = [b"SCX/2", encode([SAMPLES[m.Hello]])[1]]
+    with pytest.raises(VersionMismatch) as info:
+        decode(frames)
+    text = str(info.value)
+    assert "SCX/2" in text and VERSION_FRAME.decode() in text
+    assert "same scaler-executor version" in text, "the refusal tells the fix"
+
+
+@pytest.mark.parametrize(
+    "first", [b"", b"SCX", b"HTTP/1.1 200 OK", b"\x00\x01", b"scx/1", b"SCX/1 "]
+)
+def test_non_scaler_first_frame(first: bytes) -> None:
+    with pytest.raises(VersionMismatch):
+        decode([first, encode([SAMPLES[m.Heartbeat]])[1]])
+    with pytest.raises(VersionMismatch):
+        check_version(first)
+
+
+def test_check_version_accepts_ours() -> None:
+    check_version(VERSION_FRAME)
+
+
+@pytest.mark.parametrize("frames", [[], [VERSION_FRAME]], ids=["none", "version-only"])
+def test_too_few_frames(frames: list[bytes]) -> None:
+    with pytest.raises(DecodeError, match="at least 2 frames"):
+        decode(frames)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"",
+        b"\xc1",
+        b"\x92\x01",
+        b"\x91\x92\x01\x91",
+        b"\xdb\xff\xff\xff\xff",
+        b"\x90\x90",
+        b"\xd9\x02\xff\xfe",
+    ],
+    ids=[
+        "empty",
+        "never-used-byte",
+        "truncated-array",
+        "truncated-nested",
+        "huge-str-len",
+        "trailing-data",
+        "bad-utf8",
+    ],
+)
+def test_non_msgpack_body(payload: bytes) -> None:
+    with pytest.raises(DecodeError, match="not msgpack"):
+        decode([VERSION_FRAME, payload])
+
+
+def test_map_with_non_string_keys_is_refused() -> None:
+    # strict_map_key: integer (or nested) map keys could be unhashable or confuse handlers
+    with pytest.raises(DecodeError):
+        decode([VERSION_FRAME, msgpack.packb({1: 2})])
+
+
+@pytest.mark.parametrize("value", [5, "batch", b"batch", None, True, 1.5, {"a": 1}], ids=repr)
+def test_body_not_a_list(value: Any) -> None:
+    with pytest.raises(DecodeError, match="not a batch"):
+        decode([VERSION_FRAME, msgpack.packb(value, use_bin_type=True)])
+
+
+@pytest.mark.parametrize(
+    "item",
+    [[], [4], [4, [1, 2], 3], 4, "Heartbeat", None, {"4": [1, 2]}],
+    ids=repr,
+)
+def test_message_not_tag_and_fields(item: Any) -> None:
+    with pytest.raises(DecodeError, match=r"not \[tag, fields\]"):
+        decode(body(item))
+
+
+NEXT_TAG = max(MESSAGE_TAGS.values()) + 1  # not yet assigned
+
+
+@pytest.mark.parametrize(
+    "tag", [0, NEXT_TAG, 999, -1, 2**64 - 1, "4", b"\x04", 4.0, True, None, [4]], ids=repr
+)
+def test_unknown_tag(tag: Any) -> None:
+    with pytest.raises(DecodeError, match="unknown message tag"):
+        decode(body([tag, [0, 0]]))
+
+
+def test_one_bad_message_fails_the_whole_transmission() -> None:
+    good = as_wire(SAMPLES[m.Heartbeat])
+    with pytest.raises(DecodeError):
+        decode(body([MESSAGE_TAGS[m.Heartbeat], good], [MESSAGE_TAGS[m.Heartbeat], [1]]))
+
+
+# ---------------------------------------------------------------------- field validation
+
+
+@pytest.mark.parametrize("cls", list(MESSAGE_TAGS), ids=lambda c: c.__name__)
+def test_wrong_arity(cls: type) -> None:
+    fields = as_wire(SAMPLES[cls])
+    with pytest.raises(DecodeError, match="expected"):
+        decode(raw(cls, fields + [0]))
+    if fields:
+        with pytest.raises(DecodeError, match="expected"):
+            decode(raw(cls, fields[:-1]))
+
+
+@pytest.mark.parametrize("fields", [{"reason": "x"}, "x", 5, None], ids=repr)
+def test_fields_not_a_list(fields: Any) -> None:
+    with pytest.raises(DecodeError):
+        decode(raw(m.Goodbye, fields))
+
+
+def test_stats_request_takes_no_fields() -> None:
+    assert decode(raw(m.StatsRequest, [])) == ([m.StatsRequest()], [])
+    with pytest.raises(DecodeError):
+        decode(raw(m.StatsRequest, [None]))
+
+
+def _with(cls: type, **changes: Any) -> list[Any]:
+    """The sample's wire fields with some replaced (by field name)."""
+    fields = as_wire(SAMPLES[cls])
+    for name, value in changes.items():
+        fields[cls._fields.index(name)] = value  # type: ignore[attr-defined]
+    return fields
+
+
+def _spec_fields(**changes: Any) -> list[Any]:
+    fields = as_wire(SPEC)
+    for name, value in changes.items():
+        fields[m.TaskSpec._fields.index(name)] = value
+    return fields
+
+
+BAD_FIELDS = [
+    # int where bytes expected
+    ("int-for-bytes", m.RegisterFunction, _with(m.RegisterFunction, payload=5)),
+    # str where bytes expected (msgpack str and bin are distinct types)
+    ("str-for-bytes", m.RegisterFunction, _with(m.RegisterFunction, payload="abc")),
+    ("bytes-for-str", m.Goodbye, [b"reason"]),
+    # str where int expected
+    ("str-for-int", m.SubmitAck, ["3"]),
+    ("float-for-int", m.SubmitAck, [3.0]),
+    ("str-for-int-in-hello", m.Hello, _with(m.Hello, pid="4242")),
+    # None where a value is required
+    ("none-for-str", m.Goodbye, [None]),
+    ("none-for-int", m.SubmitAck, [None]),
+    ("none-for-bytes", m.RegisterFunction, _with(m.RegisterFunction, payload=None)),
+    ("none-for-list", m.TasksRunning, [None]),
+    ("none-for-dict", m.Hello, _with(m.Hello, resources=None)),
+    ("none-for-record", m.RegisterOptions, [2, None]),
+    ("none-for-bool", m.CancelTasks, [[1], None]),
+    # nested TaskSpec with a bad field
+    ("spec-payload-str", m.SubmitTasks, [[_spec_fields(payload="args")]]),
+    ("spec-task-id-str", m.SubmitTasks, [[_spec_fields(task_id="1")]]),
+    ("spec-deps-str", m.SubmitTasks, [[_spec_fields(deps=[1, "2"])]]),
+    ("spec-objects-int", m.SubmitTasks, [[_spec_fields(objects=[b"ok", 3])]]),
+    ("spec-short", m.SubmitTasks, [[_spec_fields()[:-1]]]),
+    ("spec-not-list", m.SubmitTasks, [[b"spec"]]),
+    ("second-spec-bad", m.SubmitTasks, [[_spec_fields(), _spec_fields(parent=None)]]),
+    ("tasks-not-list", m.SubmitTasks, [_spec_fields()]),
+    # deeper nesting: TaskResult.facts, TaskDispatch.task_timeout, TaskOptions
+    ("facts-bad", m.TaskResults, [[[1, 0, 0, b"", ["w", "start", 0.0, 0]]]]),
+    ("facts-none", m.TaskResults, [[[1, 0, 0, b"", None]]]),
+    ("timeout-str", m.DispatchTasks, [[], [[1, 0, 0, 0, b"", [], "30"]]]),
+    ("blob-payload-str", m.DispatchTasks, [[[1, "fn"]], []]),
+    ("options-priority-none", m.RegisterOptions, [2, [{}, [], None, None, None]]),
+    ("options-retries-float", m.RegisterOptions, [2, [{}, [], 0, None, 1.5]]),
+    ("options-tags-int", m.RegisterOptions, [2, [{}, [1], 0, None, None]]),
+    # list of ints containing a str
+    ("ints-with-str", m.TasksRunning, [[1, 2, "3"]]),
+    ("fn-ids-with-str", m.ReleaseFunctions, [["1"]]),
+    ("ints-with-none", m.CancelTasks, [[1, None], False]),
+    ("object-ids-with-str", m.ReleaseObjects, [[b"a", "b"]]),
+    # dicts: key and value types
+    ("resources-str-value", m.Hello, _with(m.Hello, resources={"cpu": "8"})),
+    ("resources-bytes-key", m.Hello, _with(m.Hello, resources={b"cpu": 8.0})),
+    ("resources-list", m.Hello, _with(m.Hello, resources=[["cpu", 8.0]])),
+    ("stats-bytes-value", m.Stats, [{"a": b"x"}]),
+    ("stats-none-value", m.Stats, [{"a": None}]),
+    ("stats-list-value", m.Stats, [{"a": [1]}]),
+    # bool fields: msgpack has a real boolean; 0/1 are not booleans
+    ("int-for-bool", m.CancelTasks, [[1], 1]),
+    ("str-for-bool", m.CancelTasks, [[1], "true"]),
+    # floats: a str is not a number
+    ("str-for-float", m.Welcome, [1, "0.5", 6]),
+    ("none-for-float", m.Welcome, [1, None, 6]),
+]
+
+
+@pytest.mark.parametrize(
+    "cls, fields", [(c, f) for _, c, f in BAD_FIELDS], ids=[n for n, _, _ in BAD_FIELDS]
+)
+def test_wrong_field_types(cls: type, fields: list[Any]) -> None:
+    with pytest.raises(DecodeError):
+        decode(raw(cls, fields))
+
+
+def test_error_names_the_field() -> None:
+    with pytest.raises(DecodeError, match="Goodbye.reason"):
+        decode(raw(m.Goodbye, [5]))
+    with pytest.raises(DecodeError, match="TaskSpec.payload"):
+        decode(raw(m.SubmitTasks, [[_spec_fields(payload="args")]]))
+
+
+# Bools are a distinct msgpack type.  Python's bool is a subclass of int, so a validator
+# written as isinstance(value, int) lets True through as a task id, a capacity or a count.
+BOOL_AS_NUMBER = [
+    ("bool-for-int", m.SubmitAck, [True]),
+    ("bool-for-int-in-list", m.TasksRunning, [[1, False]]),
+    ("bool-for-capacity", m.Hello, _with(m.Hello, capacity=True)),
+    ("bool-for-spec-task-id", m.SubmitTasks, [[_spec_fields(task_id=True)]]),
+    ("bool-for-float", m.Welcome, [1, True, 6]),
+    ("bool-for-optional-float", m.DispatchTasks, [[], [[1, 0, 0, 0, b"", [], False]]]),
+    ("bool-for-float-in-dict", m.Hello, _with(m.Hello, resources={"cpu": True})),
+]
+
+
+@pytest.mark.parametrize(
+    "cls, fields", [(c, f) for _, c, f in BOOL_AS_NUMBER], ids=[n for n, _, _ in BOOL_AS_NUMBER]
+)
+def test_bool_is_not_a_number(cls: type, fields: list[Any]) -> None:
+    with pytest.raises(DecodeError):
+        decode(raw(cls, fields))
+
+
+def test_bool_fields_accept_bools() -> None:
+    for force in (True, False):
+        assert decode(raw(m.CancelTasks, [[1], force])) == ([m.CancelTasks([1], force)], [])
+
+
+def test_float_fields_accept_ints() -> None:
+    (welcome,), _ = decode(raw(m.Welcome, [1, 2, 6]))
+    assert welcome == m.Welcome(1, 2, 6) and welcome.heartbeat_interval == 2.0
+    (dispatch,), _ = decode(raw(m.DispatchTasks, [[], [[1, 0, 0, 0, b"", [], 30]]]))
+    assert dispatch.tasks[0].task_timeout == 30
+    (hello,), _ = decode(raw(m.Hello, _with(m.Hello, resources={"cpu": 8})))
+    assert hello.resources == {"cpu": 8}
+    (results,), _ = decode(raw(m.TaskResults, [[[1, 0, 0, b"", ["w", 1, 2, 0]]]]))
+    assert results.results[0].facts.finished == 2
+
+
+def test_optional_fields_accept_none() -> None:
+    (dispatch,), _ = decode(raw(m.DispatchTasks, [[], [[1, 0, 0, 0, b"", [], None]]]))
+    assert dispatch.tasks[0].task_timeout is None
+    (options,), _ = decode(raw(m.RegisterOptions, [0, [{}, [], 0, None, None]]))
+    assert options.options == m.DEFAULT_OPTIONS
+
+
+def test_stats_union_values() -> None:
+    snapshot: dict[str, int | float | str] = {"i": 1, "f": 0.5, "s": "x", "big": 2**63}
+    assert decode(raw(m.Stats, [snapshot])) == ([m.Stats(snapshot)], [])
+
+
+def test_large_integers() -> None:
+    ids = [0, 2**64 - 1, -(2**63)]
+    assert decode(raw(m.TasksRunning, [ids])) == ([m.TasksRunning(ids)], [])
+
+
+# ---------------------------------------------------------------------- fuzz
+
+# No example database: it would write .hypothesis/ into the checkout; failures print their example.
+FUZZ = settings(
+    max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=True)
+    | st.text(max_size=8)
+    | st.binary(max_size=8)
+)
+structures = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+tags = st.sampled_from(sorted(MESSAGE_TAGS.values())) | st.integers(min_value=-2, max_value=25)
+
+
+def _decodes_or_refuses(frames: list[Any]) -> None:
+    """The codec's contract: valid messages, or DecodeError — nothing else."""
+    try:
+        messages, _buffers = decode(frames)
+    except DecodeError:
+        return
+    for message in messages:
+        assert type(message) in MESSAGE_TAGS
+    # Whatever was accepted is valid: it re-encodes and decodes to the same encoding.
+    again = encode(messages)
+    assert encode(decode(again)[0]) == again
+
+
+@FUZZ
+@given(st.binary(max_size=200))
+def test_fuzz_random_body_bytes(data: bytes) -> None:
+    _decodes_or_refuses([VERSION_FRAME, data])
+
+
+@FUZZ
+@given(st.lists(st.binary(max_size=40), max_size=4))
+def test_fuzz_random_frames(frames: list[bytes]) -> None:
+    _decodes_or_refuses(frames)
+
+
+@FUZZ
+@given(structures)
+def test_fuzz_random_msgpack_body(value: Any) -> None:
+    _decodes_or_refuses([VERSION_FRAME, msgpack.packb(value, use_bin_type=True)])
+
+
+@FUZZ
+@given(st.lists(st.tuples(tags, structures), min_size=1, max_size=2))
+def test_fuzz_random_messages(items: list[tuple[int, Any]]) -> None:
+    _decodes_or_refuses(body(*[[tag, fields] for tag, fields in items]))
+
+
+def _mutate(data: st.DataObject, value: Any, depth: int = 0) -> Any:
+    """Replace one random subtree of a wire value with a random structure."""
+    if isinstance(value, list) and value and depth < 6 and data.draw(st.booleans()):
+        i = data.draw(st.integers(0, len(value) - 1))
+        return value[:i] + [_mutate(data, value[i], depth + 1)] + value[i + 1 :]
+    if isinstance(value, dict) and value and depth < 6 and data.draw(st.booleans()):
+        key = data.draw(st.sampled_from(sorted(value)))
+        return {**value, key: _mutate(data, value[key], depth + 1)}
+    return data.draw(structures)
+
+
+@FUZZ
+@given(st.sampled_from(list(MESSAGE_TAGS)), st.data())
+def test_fuzz_mutated_valid_messages(cls: type, data: st.DataObject) -> None:
+    # Start from a valid message and break one part of it, so the fuzz reaches the
+    # validators of nested records rather than failing at the outer shape.
+    fields = _mutate(data, as_wire(SAMPLES[cls]))
+    _decodes_or_refuses(raw(cls, fields))

@@ -1,0 +1,1284 @@
+"""The daemon's pure core, driven by plain calls with a fake clock.
+
+Every step goes through :meth:`Cluster.step`, which calls ``Scheduler.handle``, then
+``validate()``, and checks that the commands are one batch per peer and that every message
+the core emits survives the codec (so core and protocol agree on field types).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+import msgpack
+import pytest
+
+from scaler_executor._compat import python_version
+from scaler_executor._version import __version__
+from scaler_executor.config import ClusterConfig
+from scaler_executor.protocol import messages as m
+from scaler_executor.protocol.codec import decode, encode
+from scaler_executor.protocol.messages import TASK_ID_BITS, Status, TaskFlags
+from scaler_executor.scheduler.core import (
+    PeerUnreachable,
+    Received,
+    Scheduler,
+    Send,
+    Tick,
+    WorkerExited,
+)
+from scaler_executor.scheduler.state import TaskState
+
+INTERVAL = 1.0
+LIVENESS = 3
+DEADLINE = INTERVAL * LIVENESS  # silence after which a peer is lost
+CONFIG = ClusterConfig(
+    heartbeat_interval=INTERVAL, heartbeat_liveness=LIVENESS, max_retries=2, max_prefetch=4
+)
+T0 = 1000.0
+
+
+def hello(role: str = m.Role.CLIENT, **changes: Any) -> m.Hello:
+    base = m.Hello(
+        role=role,
+        protocol=m.PROTOCOL_VERSION,
+        python=python_version(),
+        cloudpickle=cloudpickle.__version__,
+        package=__version__,
+        name=f"{role}-x",
+        pid=4242,
+        host="node-1",
+        capacity=1 if role == m.Role.WORKER else 0,
+        resources={},
+        tags=[],
+    )
+    return base._replace(**changes)
+
+
+def tid(client_id: int, n: int) -> int:
+    return (client_id << TASK_ID_BITS) | n
+
+
+def spec(
+    task_id: int, fn_id: int = 0, options_id: int = 0, deps: list[int] | None = None
+) -> m.TaskSpec:
+    flags = TaskFlags.CALL if fn_id else TaskFlags.INLINE_FN
+    return m.TaskSpec(task_id, fn_id, options_id, flags, b"args-%d" % task_id, deps or [], [], 0)
+
+
+def result(
+    task_id: int, attempt: int = 0, status: int = Status.OK, payload: bytes = b"value"
+) -> m.TaskResult:
+    return m.TaskResult(task_id, attempt, status, payload, m.TaskFacts("w", 10.0, 10.5, 0))
+
+
+class Out:
+    """The commands of one step, by peer."""
+
+    def __init__(self, commands: list[Send]) -> None:
+        self.by_peer: dict[bytes, list[Any]] = {}
+        for command in commands:
+            assert type(command) is Send
+            assert command.peer not in self.by_peer, f"two batches for {command.peer!r} in one step"
+            self.by_peer[command.peer] = list(command.messages)
+
+    def to(self, peer: bytes) -> list[Any]:
+        return self.by_peer.get(peer, [])
+
+    def of(self, peer: bytes, cls: type) -> list[Any]:
+        return [x for x in self.to(peer) if type(x) is cls]
+
+    def one(self, peer: bytes, cls: type) -> Any:
+        found = self.of(peer, cls)
+        assert len(found) == 1, f"expected one {cls.__name__} to {peer!r}, got {self.to(peer)}"
+        return found[0]
+
+    def dispatched(self, peer: bytes) -> list[m.TaskDispatch]:
+        return [t for d in self.of(peer, m.DispatchTasks) for t in d.tasks]
+
+    def blobs(self, peer: bytes) -> list[m.FunctionBlob]:
+        return [b for d in self.of(peer, m.DispatchTasks) for b in d.functions]
+
+    def results(self, peer: bytes) -> list[m.TaskResult]:
+        return [r for x in self.of(peer, m.TaskResults) for r in x.results]
+
+    def running(self, peer: bytes) -> list[int]:
+        return [t for x in self.of(peer, m.TasksRunning) for t in x.task_ids]
+
+    def acked(self, peer: bytes) -> int:
+        return sum(x.count for x in self.of(peer, m.SubmitAck))
+
+    @property
+    def peers(self) -> set[bytes]:
+        return set(self.by_peer)
+
+
+class Cluster:
+    """A Scheduler with a fake clock; every step is checked with ``validate()``."""
+
+    def __init__(self, config: ClusterConfig = CONFIG) -> None:
+        self.scheduler = Scheduler(config)
+        self.now = T0
+        self.ids: dict[bytes, int] = {}
+
+    def step(self, *events: Any) -> Out:
+        commands = self.scheduler.handle(*events)
+        self.scheduler.validate()
+        for command in commands:
+            # What the core emits must be valid on the wire.
+            assert decode(encode(command.messages))[0] == command.messages
+        return Out(commands)
+
+    def send(self, peer: bytes, *messages: Any, dt: float = 0.0) -> Out:
+        self.now += dt
+        return self.step(Received(peer, list(messages), self.now))
+
+    def tick(self, dt: float = 0.0) -> Out:
+        self.now += dt
+        return self.step(Tick(self.now))
+
+    def keepalive(self, *peers: bytes) -> Out:
+        return self.step(*[Received(p, [m.Heartbeat(0, 0)], self.now) for p in peers])
+
+    def join(self, peer: bytes, message: m.Hello) -> Out:
+        out = self.send(peer, message)
+        welcome = out.one(peer, m.Welcome)
+        self.ids[peer] = welcome.peer_id
+        return out
+
+    def client(self, peer: bytes = b"c1") -> int:
+        self.join(peer, hello(m.Role.CLIENT, name=peer.decode()))
+        return self.ids[peer]
+
+    def worker(
+        self, peer: bytes = b"w1", capacity: int = 1, pid: int = 4242, host: str = "node-1"
+    ) -> Out:
+        return self.join(
+            peer, hello(m.Role.WORKER, name=peer.decode(), capacity=capacity, pid=pid, host=host)
+        )
+
+    def stat(self, key: str) -> Any:
+        return self.scheduler.statistics().get(key, 0)
+
+
+@pytest.fixture
+def cluster() -> Cluster:
+    return Cluster()
+
+
+def client_with_function(cluster: Cluster, peer: bytes = b"c1") -> tuple[int, int]:
+    cid = cluster.client(peer)
+    fn = tid(cid, 1)
+    assert not cluster.send(peer, m.RegisterFunction(fn, b"pickled-fn")).to(peer)
+    return cid, fn
+
+
+# ====================================================================== handshake
+
+
+@pytest.mark.parametrize("role", [m.Role.CLIENT, m.Role.WORKER, m.Role.MONITOR])
+def test_welcome_for_each_role(cluster: Cluster, role: str) -> None:
+    out = cluster.send(b"p", hello(role))
+    assert out.to(b"p") == [m.Welcome(1, INTERVAL, LIVENESS)]
+    assert (cluster.stat("clients"), cluster.stat("workers")) == {
+        m.Role.CLIENT: (1, 0),
+        m.Role.WORKER: (0, 1),
+        m.Role.MONITOR: (0, 0),
+    }[role]
+    assert not cluster.send(b"p", m.Heartbeat(0, 0)).peers, "a welcomed peer is known"
+
+
+def test_peer_ids_are_distinct(cluster: Cluster) -> None:
+    cluster.client(b"c1")
+    cluster.worker(b"w1")
+    cluster.join(b"m1", hello(m.Role.MONITOR))
+    cluster.client(b"c2")
+    assert len(set(cluster.ids.values())) == 4
+
+
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({"python": "2.7"}, "Python 2.7"),
+        ({"cloudpickle": "0.0.1"}, "cloudpickle 0.0.1"),
+        ({"package": "9.9.9"}, "scaler-executor 9.9.9"),
+        ({"protocol": m.PROTOCOL_VERSION + 1}, f"protocol {m.PROTOCOL_VERSION + 1}"),
+    ],
+    ids=["python", "cloudpickle", "package", "protocol"],
+)
+@pytest.mark.parametrize("role", [m.Role.CLIENT, m.Role.WORKER])
+def test_refused_for_version_mismatch(
+    cluster: Cluster, role: str, changes: dict[str, Any], expected: str
+) -> None:
+    out = cluster.send(b"p", hello(role, **changes))
+    refused = out.one(b"p", m.Refused)
+    assert out.to(b"p") == [refused]
+    assert expected in refused.reason
+    assert cluster.stat("clients") == cluster.stat("workers") == 0
+    # A refused peer stays unknown.
+    again = cluster.send(b"p", m.Heartbeat(0, 0))
+    assert "send Hello first" in again.one(b"p", m.Refused).reason
+
+
+def test_version_refusal_names_daemon_versions_and_fix(cluster: Cluster) -> None:
+    reason = cluster.send(b"p", hello(python="2.7", package="9.9.9")).one(b"p", m.Refused).reason
+    assert python_version() in reason and __version__ in reason
+    assert "install the same versions" in reason
+
+
+def test_refused_for_bad_role(cluster: Cluster) -> None:
+    reason = cluster.send(b"p", hello(role="admin")).one(b"p", m.Refused).reason
+    assert "'admin'" in reason and "client" in reason
+
+
+def test_refused_worker_without_capacity(cluster: Cluster) -> None:
+    reason = cluster.send(b"w", hello(m.Role.WORKER, capacity=0)).one(b"w", m.Refused).reason
+    assert "capacity 0" in reason
+    assert cluster.stat("workers") == 0
+
+
+def test_client_needs_no_capacity(cluster: Cluster) -> None:
+    cluster.join(b"c", hello(m.Role.CLIENT, capacity=0))
+
+
+def test_unknown_peer_must_send_hello_first(cluster: Cluster) -> None:
+    out = cluster.send(b"stranger", m.SubmitTasks([spec(1)]), m.Heartbeat(0, 0))
+    assert "send Hello first" in out.one(b"stranger", m.Refused).reason
+    assert cluster.stat("dropped_messages") == 2
+    assert cluster.stat("tasks") == 0
+
+
+def test_unknown_peer_saying_goodbye_gets_no_answer(cluster: Cluster) -> None:
+    assert not cluster.send(b"stranger", m.Goodbye("bye")).peers
+
+
+def test_messages_after_hello_in_the_same_batch(cluster: Cluster) -> None:
+    out = cluster.send(b"mon", hello(m.Role.MONITOR), m.StatsRequest())
+    assert [type(x) for x in out.to(b"mon")] == [m.Welcome, m.Stats]
+
+
+def test_refused_hello_drops_the_rest_of_the_batch(cluster: Cluster) -> None:
+    out = cluster.send(b"c", hello(python="2.7"), m.SubmitTasks([spec(tid(1, 1))]))
+    assert [type(x) for x in out.to(b"c")] == [m.Refused]
+    assert cluster.stat("tasks") == 0
+
+
+def test_worker_saying_hello_again_is_welcomed_afresh(cluster: Cluster) -> None:
+    """A worker that heard nothing from the daemon for its liveness period forgets what it held
+    and says Hello again on the same connection (worker/agent.py ``_forget_daemon_state``).
+    The daemon must answer, and must not leave the tasks it sent that worker waiting there."""
+    cid, fn = client_with_function(cluster)
+    cluster.worker(b"w1", capacity=1)
+    cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, 10), fn), spec(tid(cid, 11), fn)]))
+    out = cluster.send(b"w1", hello(m.Role.WORKER, name="w1", capacity=1))
+    assert out.of(b"w1", m.Welcome), "a rejoining worker gets no Welcome: it waits forever"
+    redispatched = {t.task_id for t in out.dispatched(b"w1")}
+    assert redispatched == {tid(cid, 10), tid(cid, 11)}, (
+        "the tasks the worker dropped are never run"
+    )
+    assert [b.fn_id for b in out.blobs(b"w1")] == [fn], "the worker forgot its functions"
+
+
+def test_rejoining_worker_is_not_handed_the_same_attempt_again(cluster: Cluster) -> None:
+    """The rejoining worker may still be running what it held: it marks those runs unwanted
+    and, when one finishes, answers CANCELLED with the *old* attempt number
+    (worker/agent.py ``_forget_daemon_state`` and ``_on_processor_message``).  If the daemon
+    hands it the same (task, attempt) again, that late answer settles the new hand-out and the
+    client sees a cancellation it never asked for."""
+    cid = cluster.client()
+    cluster.worker(b"w1", capacity=1)
+    t = tid(cid, 1)
+    assert [d.attempt for d in cluster.send(b"c1", m.SubmitTasks([spec(t)])).dispatched(b"w1")] == [
+        0
+    ]
+    out = cluster.send(b"w1", hello(m.Role.WORKER, name="w1", capacity=1))
+    (again,) = out.dispatched(b"w1")
+    late = result(t, 0, Status.CANCELLED, b"")
+    out = cluster.send(b"w1", m.TaskResults([late]))
+    assert not out.results(b"c1"), (
+        f"the abandoned run's answer (attempt 0) settled the new hand-out (attempt {again.attempt})"
+    )
+    answer = result(t, again.attempt)
+    assert cluster.send(b"w1", m.TaskResults([answer])).results(b"c1") == [answer]
+
+
+# ====================================================================== submit → result
+
+
+def test_submit_dispatch_result_forget(cluster: Cluster) -> None:
+    cid, fn = client_with_function(cluster)
+    cluster.worker(b"w1")
+    t = tid(cid, 7)
+    out = cluster.send(b"c1", m.SubmitTasks([spec(t, fn)]))
+    assert out.to(b"w1") == [
+        m.DispatchTasks(
+            [m.FunctionBlob(fn, b"pickled-fn")],
+            [m.TaskDispatch(t, 0, fn, TaskFlags.CALL, b"args-%d" % t, [], None)],
+        )
+    ]
+    assert out.to(b"c1") == [m.SubmitAck(1), m.TasksRunning([t])]
+    assert cluster.scheduler.tasks[t].state is TaskState.DISPATCHED
+
+    answer = result(t)
+    out = cluster.send(b"w1", m.TaskResults([answer]))
+    assert out.to(b"c1") == [m.TaskResults([answer])]
+    assert out.peers == {b"c1"}
+    assert t not in cluster.scheduler.tasks
+    assert cluster.stat("finished") == 1 and cluster.stat("tasks") == 0
+
+
+def test_error_results_are_forwarded_and_counted_as_failed(cluster: Cluster) -> None:
+    cid = cluster.client()
+    cluster.worker(b"w1", capacity=4)
+    ids = [tid(cid, n) for n in range(1, 5)]
+    cluster.send(b"c1", m.SubmitTasks([spec(t) for t in ids]))
+    answers = [
+        result(ids[0], status=Status.ERROR, payload=b"exc"),
+        result(ids[1], status=Status.TIMEOUT, payload=b"took too long"),
+        result(ids[2], status=Status.FORCE_CANCELLED, payload=b"killed"),
+        result(ids[3]),
+    ]
+    out = cluster.send(b"w1", m.TaskResults(answers))
+    assert out.results(b"c1") == answers
+    assert cluster.stat("failed") == 3 and cluster.stat("finished") == 1
+
+
+def test_submit_ack_counts_every_spec_of_the_step(cluster: Cluster) -> None:
+    cid = cluster.client()
+    out = cluster.send(
+        b"c1",
+        m.SubmitTasks([spec(tid(cid, 1)), spec(tid(cid, 2)), spec(tid(cid, 3))]),
+        m.SubmitTasks(
+            [spec(tid(cid, 4)), spec(tid(cid, 5), fn_id=tid(cid, 99))]
+        ),  # the last is rejected
+    )
+    assert out.of(b"c1", m.SubmitAck) == [m.SubmitAck(5)], (
+        "one ack per step, counting rejected specs too"
+    )
+    assert out.running(b"c1") == []  # no worker yet
+    assert cluster.stat("tasks_pending") == 4
+
+
+def test_tasks_wait_for_a_worker(cluster: Cluster) -> None:
+    cid = cluster.client()
+    cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, n)) for n in range(1, 4)]))
+    out = cluster.worker(b"w1", capacity=2)
+    assert [type(x) for x in out.to(b"w1")] == [m.Welcome, m.DispatchTasks]
+    assert [t.task_id for t in out.dispatched(b"w1")] == [tid(cid, 1), tid(cid, 2), tid(cid, 3)]
+    assert out.running(b"c1") == [tid(cid, 1), tid(cid, 2), tid(cid, 3)]
+
+
+def test_prefetch_window_limits_dispatch(cluster: Cluster) -> None:
+    cid = cluster.client()
+    cluster.worker(b"w1", capacity=1)  # window 2 before any task time is known
+    out = cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, n)) for n in range(1, 6)]))
+    assert [t.task_id for t in out.dispatched(b"w1")] == [tid(cid, 1), tid(cid, 2)]
+    out = cluster.send(b"w1", m.TaskResults([result(tid(cid, 1))]))
+    assert [t.task_id for t in out.dispatched(b"w1")] == [tid(cid, 3)]
+    assert cluster.stat("tasks_pending") == 2
+
+
+def test_new_worker_takes_queued_work(cluster: Cluster) -> None:
+    cid = cluster.client()
+    cluster.worker(b"w1", capacity=1)
+    cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, n)) for n in range(1, 6)]))
+    out = cluster.worker(b"w2", capacity=1)
+    assert [t.task_id for t in out.dispatched(b"w2")] == [tid(cid, 3), tid(cid, 4)]
+    assert not out.of(b"w1", m.DispatchTasks)
+
+
+def test_options_travel_with_the_task(cluster: Cluster) -> None:
+    cid = cluster.client()
+    cluster.worker(b"w1")
+    options = m.TaskOptions({}, [], 0, 12.5, None)
+    out = cluster.send(
+        b"c1", m.RegisterOptions(3, options), m.SubmitTasks([spec(tid(cid, 1), options_id=3)])
+    )
+    assert out.dispatched(b"w1")[0].task_timeout == 12.5
+
+
+# ====================================================================== functions
+
+
+def test_function_sent_to_each_worker_once(cluster: Cluster) -> None:
+    cid, fn = client_with_function(cluster)
+    cluster.worker(b"w1", capacity=1)
+    out = cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, n), fn) for n in range(1, 4)]))
+    assert out.blobs(b"w1") == [m.FunctionBlob(fn, b"pickled-fn")]
+    assert len(out.dispatched(b"w1")) == 2
+    out = cluster.send(b"w1", m.TaskResults([result(tid(cid, 1))]))
+    assert [t.task_id for t in out.dispatched(b"w1")] == [tid(cid, 3)]
+    assert out.blobs(b"w1") == [], "the worker already has the function"
+    out = cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, n), fn) for n in range(4, 7)]))
+    out = cluster.worker(b"w2", capacity=1)
+    assert out.blobs(b"w2") == [m.FunctionBlob(fn, b"pickled-fn")], "each worker gets it once"
+
+
+def test_inline_functions_need_no_blob(cluster: Cluster) -> None:
+    cid = cluster.client()
+    cluster.worker(b"w1")
+    out = cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, 1))]))
+    assert out.blobs(b"w1") == []
+    assert out.dispatched(b"w1")[0].flags == TaskFlags.INLINE_FN
+
+
+def test_function_released_after_its_last_task(cluster: Cluster) -> None:
+    cid, fn = client_with_function(cluster)
+    cluster.worker(b"w1", capacity=1)
+    cluster.worker(b"w2", capacity=1)
+    cluster.worker(b"w3", capacity=1)
+    t1, t2 = tid(cid, 1), tid(cid, 2)
+    out = cluster.send(b"c1", m.SubmitTasks([spec(t1, fn), spec(t2, fn)]))
+    holders = {p for p in (b"w1", b"w2", b"w3") if out.blobs(p)}
+    assert len(holders) == 2
+    where = {t.task_id: p for p in holders for t in out.dispatched(p)}
+
+    out = cluster.send(b"c1", m.ReleaseFunctions([fn]))
+    assert not out.peers, "tasks still refer to it: nothing released yet"
+    assert fn in cluster.scheduler.functions
+
+    out = cluster.send(where[t1], m.TaskResults([result(t1)]))
+    assert not out.of(where[t1], m.ReleaseFunctions)
+    assert fn in cluster.scheduler.functions
+
+    out = cluster.send(where[t2], m.TaskResults([result(t2)]))
+    assert {p for p in out.peers if out.of(p, m.ReleaseFunctions)} == holders
+    assert all(out.of(p, m.ReleaseFunctions) == [m.ReleaseFunctions([fn])] for p in holders)
+    assert fn not in cluster.scheduler.functions
+
+    out = cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, 3), fn)]))
+    (rejected,) = out.results(b"c1")
+    assert rejected.status == Status.REJECTED and b"released" in rejected.payload
+
+
+def test_function_released_at_once_when_no_task_refers(cluster: Cluster) -> None:
+    cid, fn = client_with_function(cluster)
+    cluster.worker(b"w1")
+    cluster.worker(b"w2")
+    cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, 1), fn)]))
+    holder = next(p for p in (b"w1", b"w2") if fn in cluster.scheduler.workers[p].functions)
+    cluster.send(holder, m.TaskResults([result(tid(cid, 1))]))
+    assert fn in cluster.scheduler.functions, "kept while the client caches it"
+    out = cluster.send(b"c1", m.ReleaseFunctions([fn]))
+    assert out.to(holder) == [m.ReleaseFunctions([fn])]
+    assert out.peers == {holder}, "only workers that had it hear of it"
+    assert fn not in cluster.scheduler.functions
+
+
+def test_function_of_a_cancelled_task_is_released(cluster: Cluster) -> None:
+    cid, fn = client_with_function(cluster)
+    cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, 1), fn)]), m.ReleaseFunctions([fn]))
+    assert fn in cluster.scheduler.functions
+    cluster.send(b"c1", m.CancelTasks([tid(cid, 1)], False))
+    assert fn not in cluster.scheduler.functions
+
+
+def test_released_function_still_reaches_the_worker_a_retry_goes_to(cluster: Cluster) -> None:
+    cid, fn = client_with_function(cluster)
+    cluster.worker(b"w1")
+    t = tid(cid, 1)
+    cluster.send(b"c1", m.SubmitTasks([spec(t, fn)]), m.ReleaseFunctions([fn]))
+    cluster.worker(b"w2")
+    out = lose(cluster, b"w1", "unreachable")
+    assert out.blobs(b"w2") == [m.FunctionBlob(fn, b"pickled-fn")]
+    assert [(d.task_id, d.attempt) for d in out.dispatched(b"w2")] == [(t, 1)]
+    out = cluster.send(b"w2", m.TaskResults([result(t, 1)]))
+    assert out.to(b"w2") == [m.ReleaseFunctions([fn])]
+    assert fn not in cluster.scheduler.functions
+
+
+def test_release_of_a_function_the_client_never_registered_is_ignored(cluster: Cluster) -> None:
+    _cid, fn = client_with_function(cluster)
+    other = cluster.client(b"c2")
+    cluster.send(b"c2", m.ReleaseFunctions([fn, tid(other, 5)]))
+    assert fn in cluster.scheduler.functions
+
+
+# ====================================================================== priorities
+
+
+def test_higher_priority_first(cluster: Cluster) -> None:
+    cid = cluster.client()
+    levels = {1: 0, 2: 5, 3: 1, 4: 5, 5: -2, 6: 3}
+    registers = [
+        m.RegisterOptions(10 + p, m.TaskOptions({}, [], p, None, None))
+        for p in set(levels.values())
+    ]
+    cluster.send(
+        b"c1",
+        *registers,
+        m.SubmitTasks([spec(tid(cid, n), options_id=10 + p) for n, p in levels.items()]),
+    )
+    out = cluster.worker(b"w1", capacity=1)
+    order = [t.task_id for t in out.dispatched(b"w1")]
+    held = list(order)
+    while held:
+        out = cluster.send(b"w1", m.TaskResults([result(held.pop(0))]))
+        got = [t.task_id for t in out.dispatched(b"w1")]
+        order += got
+        held += got
+    assert [n & ((1 << TASK_ID_BITS) - 1) for n in order] == [2, 4, 6, 3, 1, 5], (
+        "priority, then FIFO"
+    )
+
+
+# ====================================================================== cancel
+
+
+def test_cancel_pending(cluster: Cluster) -> None:
+    cid = cluster.client()
+    cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, 1)), spec(tid(cid, 2))]))
+    out = cluster.send(b"c1", m.CancelTasks([tid(cid, 1)], False))
+    assert not out.peers, "a cancelled pending task is just dropped"
+    assert tid(cid, 1) not in cluster.scheduler.tasks
+    out = cluster.worker(b"w1", capacity=4)
+    assert [t.task_id for t in out.dispatched(b"w1")] == [tid(cid, 2)]
+    assert cluster.stat("cancelled") == 1
+
+
+def test_cancel_dispatched(cluster: Cluster) -> None:
+    cid = cluster.client()
+    cluster.worker(b"w1")
+    t = tid(cid, 1)
+    cluster.send(b"c1", m.SubmitTasks([spec(t)]))
+    out = cluster.send(b"c1", m.CancelTasks([t], True))
+    assert out.to(b"w1") == [m.CancelTasks([t], True)]
+    assert cluster.scheduler.tasks[t].state is TaskState.CANCELLING
+    assert cluster.stat("tasks_cancelling") == 1
+    # Cancelling again is harmless.
+    cluster.send(b"c1", m.CancelTasks([t], False))
+    answer = result(t, status=Status.CANCELLED, payload=b"")
+    out = cluster.send(b"w1", m.TaskResults([answer]))
+    assert out.results(b"c1") == [answer]
+    assert t not in cluster.scheduler.tasks
+
+
+def test_cancel_of_someone_elses_or_unknown_task_is_ignored(cluster: Cluster) -> None:
+    cid = cluster.client(b"c1")
+    cluster.client(b"c2")
+    cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, 1))]))
+    out = cluster.send(b"c2", m.CancelTasks([tid(cid, 1), tid(cid, 999), 12345], False))
+    assert not out.peers
+    assert cluster.scheduler.tasks[tid(cid, 1)].state is TaskState.PENDING
+
+
+# ====================================================================== late results
+
+
+def test_late_results_are_dropped(cluster: Cluster) -> None:
+    cid = cluster.client()
+    cluster.worker(b"w1")
+    cluster.worker(b"w2")
+    t = tid(cid, 1)
+    out = cluster.send(b"c1", m.SubmitTasks([spec(t)]))
+    (first,) = [p for p in (b"w1", b"w2") if out.dispatched(p)]
+    other = b"w2" if first == b"w1" else b"w1"
+    # The processor died: the task is retried (on the least loaded worker).
+    out = cluster.send(
+        first, m.TaskResults([result(t, status=Status.PROCESSOR_DIED, payload=b"SIGSEGV")])
+    )
+    (retried,) = [d for p in (b"w1", b"w2") for d in out.dispatched(p)]
+    assert retried.attempt == 1
+    holder = cluster.scheduler.tasks[t].worker
+    assert holder is not None
+    stranger = first if holder == other else other
+
+    for late in (
+        (holder, result(t, attempt=0)),  # an earlier attempt
+        (holder, result(t, attempt=2)),  # an attempt never made
+        (stranger, result(t, attempt=1)),  # another worker
+        (holder, result(tid(cid, 999), attempt=0)),  # an unknown task
+    ):
+        out = cluster.send(late[0], m.TaskResults([late[1]]))
+        assert not out.results(b"c1"), f"late result {late} was forwarded"
+        assert cluster.scheduler.tasks[t].worker == holder
+
+    answer = result(t, attempt=1)
+    assert cluster.send(holder, m.TaskResults([answer])).results(b"c1") == [answer]
+    # A duplicate of the result that settled it is late too.
+    assert not cluster.send(holder, m.TaskResults([answer])).results(b"c1")
+
+
+# ====================================================================== worker loss
+
+
+def test_worker_lost_by_missed_heartbeats(cluster: Cluster) -> None:
+    cid = cluster.client()
+    cluster.worker(b"w1")
+    t = tid(cid, 1)
+    out = cluster.send(b"c1", m.SubmitTasks([spec(t)]))
+    assert out.dispatched(b"w1")
+    cluster.worker(b"w2")
+    cluster.now += DEADLINE
+    cluster.keepalive(b"c1", b"w2")
+    out = cluster.tick()
+    assert cluster.stat("workers") == 2, "exactly at the deadline is not yet lost"
+    cluster.now += 0.01
+    cluster.keepalive(b"c1", b"w2")
+    out = cluster.tick()
+    assert cluster.stat("workers") == 1 and cluster.stat("workers_lost") == 1
+    (retry,) = out.dispatched(b"w2")
+    assert (retry.task_id, retry.attempt) == (t, 1)
+    assert out.running(b"c1") == [t]
+    assert b"w1" not in out.peers, "nothing is sent to a lost worker"
+    assert cluster.stat("retried") == 1
+
+
+def test_heartbeats_and_any_message_keep_a_worker(cluster: Cluster) -> None:
+    cluster.client()
+    cluster.worker(b"w1")
+    for _ in range(10):
+        cluster.now += DEADLINE * 0.9
+        cluster.send(b"c1", m.Heartbeat(0, 0))
+        cluster.send(b"w1", m.TaskResults([]))  # any message counts
+        cluster.tick()
+    assert cluster.stat("workers") == 1 and cluster.stat("clients") == 1
+
+
+def lose(cluster: Cluster, peer: bytes, how: str) -> Out:
+    if how == "silence":
+        cluster.now += DEADLINE + 0.1
+        others = [
+            p
+            for p in list(cluster.scheduler.clients) + list(cluster.scheduler.workers)
+            if p != peer
+        ]
+        cluster.keepalive(*others)
+        return cluster.tick()
+    if how == "exited":
+        worker = cluster.scheduler.workers[peer]
+        return cluster.step(
+            WorkerExited(worker.pid, worker.host, "killed by signal SIGKILL", cluster.now)
+        )
+    if how == "unreachable":
+        return cluster.step(PeerUnreachable(peer, cluster.now))
+    raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["silence", "exited", "unreachable"])
+def test_retries_until_max_retries_then_worker_lost(cluster: Cluster, how: str) -> None:
+    cid = cluster.client()
+    t = tid(cid, 1)
+    cluster.send(b"c1", m.SubmitTasks([spec(t)]))
+    names = []
+    for attempt in range(CONFIG.max_retries + 1):
+        peer = b"w%d" % attempt
+        out = cluster.worker(peer, pid=1000 + attempt)
+        names.append(peer.decode())
+        assert [(d.task_id, d.attempt) for d in out.dispatched(peer)] == [(t, attempt)]
+        if attempt:
+            assert cluster.scheduler.tasks[t].attempt == attempt
+        out = lose(cluster, peer, how)
+        if attempt < CONFIG.max_retries:
+            assert cluster.scheduler.tasks[t].state is TaskState.RETRYING
+            assert not out.results(b"c1")
+    (lost,) = out.results(b"c1")
+    assert (lost.task_id, lost.attempt, lost.status) == (t, CONFIG.max_retries, Status.WORKER_LOST)
+    text, lines = msgpack.unpackb(lost.payload)
+    assert f"{t:#x}" in text and f"{CONFIG.max_retries + 1} attempt" in text
+    assert f"max_retries={CONFIG.max_retries}" in text
+    assert len(lines) == CONFIG.max_retries + 1
+    for n, (line, name) in enumerate(zip(lines, names), start=1):
+        assert line.startswith(f"attempt {n}: worker {name}: ")
+        cause = {
+            "silence": "missed heartbeats",
+            "exited": "exited: killed by signal SIGKILL",
+            "unreachable": "unreachable",
+        }[how]
+        assert cause in line
+    assert t not in cluster.scheduler.tasks
+    assert cluster.stat("failed") == 1 and cluster.stat("retried") == CONFIG.max_retries
+
+
+@pytest.mark.parametrize("max_retries, attempts", [(0, 1), (1, 2), (4, 5)])
+def test_per_task_max_retries(cluster: Cluster, max_retries: int, attempts: int) -> None:
+    cid = cluster.client()
+    t = tid(cid, 1)
+    options = m.TaskOptions({}, [], 0, None, max_retries)
+    cluster.send(b"c1", m.RegisterOptions(1, options), m.SubmitTasks([spec(t, options_id=1)]))
+    for attempt in range(attempts):
+        peer = b"w%d" % attempt
+        out = cluster.worker(peer)
+        assert out.dispatched(peer)[0].attempt == attempt
+        out = lose(cluster, peer, "unreachable")
+        assert bool(out.results(b"c1")) == (attempt == attempts - 1)
+    (lost,) = out.results(b"c1")
+    assert lost.status == Status.WORKER_LOST
+    assert len(msgpack.unpackb(lost.payload)[1]) == attempts
+
+
+def test_config_max_retries_zero(cluster: Cluster) -> None:
+    cluster = Cluster(CONFIG.replace(max_retries=0))
+    cid = cluster.client()
+    cluster.worker(b"w1")
+    cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, 1))]))
+    (lost,) = lose(cluster, b"w1", "exited").results(b"c1")
+    assert lost.status == Status.WORKER_LOST
+
+
+def test_processor_died_is_retried(cluster: Cluster) -> None:
+    cid = cluster.client()
+    cluster.worker(b"w1", capacity=2)
+    t = tid(cid, 1)
+    cluster.send(b"c1", m.SubmitTasks([spec(t)]))
+    for attempt in range(CONFIG.max_retries):
+        out = cluster.send(
+            b"w1", m.TaskResults([result(t, attempt, Status.PROCESSOR_DIED, b"killed by SIGSEGV")])
+        )
+        assert not out.results(b"c1"), "PROCESSOR_DIED is for the daemon, never a client"
+        assert [(d.task_id, d.attempt) for d in out.dispatched(b"w1")] == [(t, attempt + 1)]
+    out = cluster.send(
+        b"w1",
+        m.TaskResults([result(t, CONFIG.max_retries, Status.PROCESSOR_DIED, b"killed by SIGSEGV")]),
+    )
+    (lost,) = out.results(b"c1")
+    assert lost.status == Status.WORKER_LOST
+    _text, lines = msgpack.unpackb(lost.payload)
+    assert lines == [
+        f"attempt {n}: worker w1: killed by SIGSEGV" for n in range(1, CONFIG.max_retries + 2)
+    ]
+    assert cluster.stat("workers") == 1, "a processor death does not lose the worker"
+
+
+def test_worker_exited_matches_pid_and_host(cluster: Cluster) -> None:
+    cid = cluster.client()
+    cluster.worker(b"w1", pid=11, host="a")
+    cluster.worker(b"w2", pid=11, host="b")
+    cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, 1))]))
+    assert not cluster.step(WorkerExited(12, "a", "exit code 1", cluster.now)).peers
+    assert cluster.stat("workers") == 2
+    cluster.step(WorkerExited(11, "a", "exit code 1", cluster.now))
+    assert set(cluster.scheduler.workers) == {b"w2"}
+
+
+def test_worker_goodbye_returns_tasks_without_an_attempt(cluster: Cluster) -> None:
+    cid = cluster.client()
+    cluster.worker(b"w1", capacity=2)
+    ids = [tid(cid, n) for n in (1, 2)]
+    cluster.send(b"c1", m.SubmitTasks([spec(t) for t in ids]))
+    cluster.send(b"c1", m.CancelTasks([ids[1]], False))  # CANCELLING when the worker leaves
+    cluster.worker(b"w2", capacity=1)
+    out = cluster.send(b"w1", m.Goodbye("scaling down"))
+    assert [(d.task_id, d.attempt) for d in out.dispatched(b"w2")] == [(ids[0], 0)]
+    assert b"w1" not in out.peers
+    assert ids[1] not in cluster.scheduler.tasks
+    assert cluster.stat("workers_lost") == 0 and cluster.stat("retried") == 0
+    assert cluster.scheduler.tasks[ids[0]].failures is None
+
+
+def test_lost_worker_with_a_cancelling_task(cluster: Cluster) -> None:
+    cid = cluster.client()
+    cluster.worker(b"w1")
+    t = tid(cid, 1)
+    cluster.send(b"c1", m.SubmitTasks([spec(t)]))
+    cluster.send(b"c1", m.CancelTasks([t], False))
+    out = lose(cluster, b"w1", "unreachable")
+    assert t not in cluster.scheduler.tasks, "a cancelled task is not retried"
+    assert not out.results(b"c1")
+    cluster.worker(b"w2")
+    assert not cluster.scheduler.workers[b"w2"].inflight
+
+
+# ====================================================================== client loss
+
+
+@pytest.mark.parametrize("how", ["goodbye", "silence", "unreachable"])
+def test_client_lost(cluster: Cluster, how: str) -> None:
+    cid, fn = client_with_function(cluster)
+    cluster.worker(b"w1", capacity=1)
+    ids = [tid(cid, n) for n in range(1, 5)]
+    out = cluster.send(b"c1", m.SubmitTasks([spec(t, fn) for t in ids]))
+    at_worker = [d.task_id for d in out.dispatched(b"w1")]
+    assert len(at_worker) == 2
+    if how == "goodbye":
+        out = cluster.send(b"c1", m.Goodbye("done"))
+    elif how == "silence":
+        cluster.now += DEADLINE + 0.1
+        cluster.keepalive(b"w1")
+        out = cluster.tick()
+    else:
+        out = cluster.step(PeerUnreachable(b"c1", cluster.now))
+    assert cluster.stat("clients") == 0
+    assert {type(x) for x in out.to(b"w1")} == {m.CancelTasks}
+    assert sorted(t for c in out.of(b"w1", m.CancelTasks) for t in c.task_ids) == sorted(at_worker)
+    assert not out.dispatched(b"w1")
+    assert b"c1" not in out.peers
+    assert set(cluster.scheduler.tasks) == set(at_worker), "its pending tasks are dropped"
+    # Results that come later go nowhere, and the function goes with the last of them.
+    out = cluster.send(b"w1", m.TaskResults([result(at_worker[0])]))
+    assert b"c1" not in out.peers and not out.of(b"w1", m.ReleaseFunctions)
+    out = cluster.send(
+        b"w1", m.TaskResults([result(at_worker[1], status=Status.CANCELLED, payload=b"")])
+    )
+    assert out.to(b"w1") == [m.ReleaseFunctions([fn])]
+    assert b"c1" not in out.peers
+    assert cluster.stat("tasks") == 0 and cluster.stat("functions") == 0
+
+
+def test_client_lost_does_not_touch_other_clients(cluster: Cluster) -> None:
+    a = cluster.client(b"a")
+    b = cluster.client(b"b")
+    cluster.worker(b"w1", capacity=4)
+    cluster.send(b"a", m.SubmitTasks([spec(tid(a, 1))]))
+    cluster.send(b"b", m.SubmitTasks([spec(tid(b, 1))]))
+    out = cluster.send(b"a", m.Goodbye("done"))
+    assert out.to(b"w1") == [m.CancelTasks([tid(a, 1)], False)]
+    answer = result(tid(b, 1))
+    assert cluster.send(b"w1", m.TaskResults([answer])).results(b"b") == [answer]
+
+
+# ====================================================================== heartbeats
+
+
+def test_heartbeats_to_silent_peers(cluster: Cluster) -> None:
+    cid = cluster.client(b"c1")
+    cluster.worker(b"w1", capacity=1)
+    cluster.join(b"m1", hello(m.Role.MONITOR))
+    cluster.send(
+        b"c1", m.SubmitTasks([spec(tid(cid, n)) for n in range(1, 5)])
+    )  # 2 dispatched, 2 queued
+    out = cluster.tick(INTERVAL / 2)
+    assert not out.peers, "nobody has been silent for an interval yet"
+    out = cluster.tick(INTERVAL / 2)
+    assert out.peers == {b"c1", b"w1", b"m1"}
+    for peer in out.peers:
+        assert out.to(peer) == [m.Heartbeat(2, 2)]
+    # Just heard from the daemon: no heartbeat until another interval of silence.
+    assert not cluster.tick(INTERVAL / 2).peers
+
+
+def test_no_heartbeat_where_a_message_is_going_anyway(cluster: Cluster) -> None:
+    cluster.client()
+    cluster.worker(b"w1")
+    cluster.now += INTERVAL
+    out = cluster.step(Received(b"c1", [m.StatsRequest()], cluster.now), Tick(cluster.now))
+    assert [type(x) for x in out.to(b"c1")] == [m.Stats]
+    assert out.to(b"w1") == [m.Heartbeat(0, 0)]
+
+
+def test_refused_peers_get_no_heartbeats(cluster: Cluster) -> None:
+    cluster.send(b"p", hello(python="2.7"))
+    assert not cluster.tick(INTERVAL * 2).peers
+
+
+def test_silent_monitor_is_forgotten(cluster: Cluster) -> None:
+    cluster.join(b"m1", hello(m.Role.MONITOR))
+    cluster.tick(DEADLINE + 0.1)
+    out = cluster.send(b"m1", m.StatsRequest())
+    assert "send Hello first" in out.one(b"m1", m.Refused).reason
+
+
+# ====================================================================== broken cluster
+
+
+def test_cluster_broken_is_forwarded_and_the_worker_gets_no_more_tasks(cluster: Cluster) -> None:
+    a = cluster.client(b"a")
+    cluster.client(b"b")
+    cluster.worker(b"w1", capacity=1)
+    cluster.send(b"a", m.SubmitTasks([spec(tid(a, 1))]))
+    broken = m.ClusterBroken("initializer failed: ImportError", b"pickled-exc")
+    out = cluster.send(b"w1", broken)
+    assert out.to(b"a") == [broken] and out.to(b"b") == [broken]
+    out = cluster.send(b"a", m.SubmitTasks([spec(tid(a, n)) for n in range(2, 5)]))
+    assert not out.dispatched(b"w1"), "a broken worker gets no more tasks"
+    assert cluster.stat("tasks_pending") == 3
+    # What it already held still settles.
+    answer = result(tid(a, 1), status=Status.ERROR, payload=b"exc")
+    assert cluster.send(b"w1", m.TaskResults([answer])).results(b"a") == [answer]
+    assert not cluster.tick().dispatched(b"w1")
+    out = cluster.worker(b"w2", capacity=2)
+    assert len(out.dispatched(b"w2")) == 3
+
+
+# ====================================================================== rejection
+
+
+@pytest.mark.parametrize(
+    "case", ["deps", "unknown-fn", "foreign-id", "reused-id", "unknown-options"]
+)
+def test_rejected_tasks(cluster: Cluster, case: str) -> None:
+    cid, fn = client_with_function(cluster)
+    other = cluster.client(b"c2")
+    cluster.worker(b"w1", capacity=4)
+    live = tid(cid, 1)
+    cluster.send(b"c1", m.SubmitTasks([spec(live, fn)]))
+    bad, reason = {
+        "deps": (spec(tid(cid, 2), fn, deps=[live]), b"dependencies"),
+        "unknown-fn": (spec(tid(cid, 2), tid(cid, 77)), b"never registered"),
+        "foreign-id": (spec(tid(other, 2), fn), b"not this client's"),
+        "reused-id": (spec(live, fn), b"reused"),
+        "unknown-options": (spec(tid(cid, 2), fn, options_id=5), b"options record 5"),
+    }[case]
+    out = cluster.send(b"c1", m.SubmitTasks([bad]))
+    (rejected,) = out.results(b"c1")
+    assert (rejected.task_id, rejected.status) == (bad.task_id, Status.REJECTED)
+    assert reason in rejected.payload
+    assert out.acked(b"c1") == 1
+    assert not out.dispatched(b"w1")
+    assert set(cluster.scheduler.tasks) == {live}
+    assert cluster.scheduler.tasks[live].state is TaskState.DISPATCHED
+    assert not out.to(b"c2")
+    assert cluster.stat("failed") == 1
+
+
+# ====================================================================== statistics, roles, faults
+
+
+def test_stats(cluster: Cluster) -> None:
+    cid = cluster.client()
+    cluster.worker(b"w1", capacity=1)
+    cluster.join(b"m1", hello(m.Role.MONITOR))
+    cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, n)) for n in range(1, 4)]))
+    for peer in (b"c1", b"m1"):
+        stats = cluster.send(peer, m.StatsRequest()).one(peer, m.Stats).snapshot
+        assert (
+            stats["tasks"] == 3 and stats["tasks_dispatched"] == 2 and stats["tasks_pending"] == 1
+        )
+        assert stats["workers"] == 1 and stats["processors"] == 1 and stats["clients"] == 1
+        assert stats["submitted"] == 3
+
+
+@pytest.mark.parametrize(
+    "role, message",
+    [
+        (m.Role.CLIENT, m.TaskResults([result(1)])),
+        (m.Role.CLIENT, m.ClusterBroken("x", b"")),
+        (m.Role.CLIENT, m.DispatchTasks([], [])),
+        (m.Role.WORKER, m.SubmitTasks([spec(1)])),
+        (m.Role.WORKER, m.StatsRequest()),
+        (m.Role.MONITOR, m.SubmitTasks([spec(1)])),
+        (m.Role.MONITOR, m.CancelTasks([1], True)),
+    ],
+    ids=lambda x: type(x).__name__ if not isinstance(x, str) else x,
+)
+def test_message_not_accepted_from_role_is_dropped_and_counted(
+    cluster: Cluster, role: str, message: Any
+) -> None:
+    cluster.join(b"p", hello(role))
+    before = cluster.scheduler.statistics()
+    out = cluster.send(b"p", message, m.Heartbeat(0, 0))
+    assert not out.peers
+    after = cluster.scheduler.statistics()
+    assert after["dropped_messages"] == int(before["dropped_messages"]) + 1
+    assert {k: v for k, v in after.items() if k != "dropped_messages"} == {
+        k: v for k, v in before.items() if k != "dropped_messages"
+    }
+
+
+def test_an_exception_in_a_handler_costs_one_message(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    cid = cluster.client()
+    cluster.worker(b"w1")
+    # A message that passed the codec cannot be malformed; one built by a buggy peer
+    # library in-process can.  The handler fails on it; the next message still counts.
+    out = cluster.send(b"c1", m.CancelTasks(None, False), m.SubmitTasks([spec(tid(cid, 1))]))  # type: ignore[arg-type]
+    assert out.dispatched(b"w1") and out.acked(b"c1") == 1
+    assert cluster.stat("dropped_messages") == 1
+    assert "failed to handle CancelTasks" in caplog.text
+    answer = result(tid(cid, 1))
+    assert cluster.send(b"w1", m.TaskResults([answer])).results(b"c1") == [answer]
+
+
+# ====================================================================== randomized
+
+
+@dataclass
+class ClientModel:
+    peer: bytes
+    client_id: int
+    next_n: int = 1
+    fns: list[int] = field(default_factory=list)  # registered, not released
+    options: list[int] = field(default_factory=lambda: [0])
+    submitted: set[int] = field(default_factory=set)
+    cancelled: set[int] = field(default_factory=set)
+    results: Counter[int] = field(default_factory=Counter)
+    sent: int = 0
+    acked: int = 0
+
+
+@dataclass
+class WorkerModel:
+    peer: bytes
+    pid: int
+    held: dict[int, int] = field(default_factory=dict)  # task id -> attempt
+    cancel_asked: set[int] = field(default_factory=set)
+    fns: set[int] = field(default_factory=set)
+    silent: bool = False
+    broken: bool = False
+
+
+class World:
+    """Clients and workers that follow the protocol, around a real Scheduler."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.cluster = Cluster(CONFIG.replace(max_retries=1, max_prefetch=3))
+        self.clients: dict[bytes, ClientModel] = {}
+        self.workers: dict[bytes, WorkerModel] = {}
+        self.gone: set[bytes] = set()
+        self.serial = 0
+
+    # ---------------------------------------------------------------- observing
+
+    def absorb(self, out: Out) -> None:
+        for peer, messages in out.by_peer.items():
+            assert peer not in self.gone, f"sent {messages} to {peer!r}, which is gone"
+            if peer in self.clients:
+                self._client_receives(self.clients[peer], messages)
+            elif peer in self.workers:
+                self._worker_receives(self.workers[peer], messages)
+            else:
+                raise AssertionError(f"sent {messages} to unknown {peer!r}")
+
+    def _client_receives(self, client: ClientModel, messages: list[Any]) -> None:
+        for message in messages:
+            kind = type(message)
+            if kind is m.SubmitAck:
+                client.acked += message.count
+            elif kind is m.TasksRunning:
+                assert set(message.task_ids) <= client.submitted
+            elif kind is m.TaskResults:
+                for r in message.results:
+                    assert r.task_id in client.submitted, (
+                        f"result for a task {client.peer!r} never submitted"
+                    )
+                    assert r.status != Status.PROCESSOR_DIED
+                    if r.status == Status.CANCELLED:
+                        assert r.task_id in client.cancelled, "cancelled without being asked"
+                    client.results[r.task_id] += 1
+                    assert client.results[r.task_id] == 1, f"task {r.task_id:#x} got two results"
+            else:
+                assert kind in (m.Welcome, m.Heartbeat, m.Stats, m.ClusterBroken), message
+
+    def _worker_receives(self, worker: WorkerModel, messages: list[Any]) -> None:
+        for message in messages:
+            kind = type(message)
+            if kind is m.DispatchTasks:
+                assert not worker.broken, "a broken worker got tasks"
+                for blob in message.functions:
+                    assert blob.fn_id not in worker.fns, "a function sent twice to one worker"
+                    worker.fns.add(blob.fn_id)
+                for task in message.tasks:
+                    assert not task.fn_id or task.fn_id in worker.fns, (
+                        "task sent without its function"
+                    )
+                    assert task.task_id not in worker.held, "task sent twice to one worker"
+                    worker.held[task.task_id] = task.attempt
+            elif kind is m.CancelTasks:
+                worker.cancel_asked.update(t for t in message.task_ids if t in worker.held)
+            elif kind is m.ReleaseFunctions:
+                assert set(message.fn_ids) <= worker.fns
+                worker.fns.difference_update(message.fn_ids)
+            else:
+                assert kind in (m.Welcome, m.Heartbeat), message
+
+    def send(self, peer: bytes, *messages: Any) -> None:
+        self.absorb(self.cluster.send(peer, *messages))
+
+    def step(self, *events: Any) -> None:
+        self.absorb(self.cluster.step(*events))
+
+    # ---------------------------------------------------------------- actions
+
+    def join_client(self) -> None:
+        self.serial += 1
+        peer = b"c%d" % self.serial
+        self.clients[peer] = None  # type: ignore[assignment]  # so the Welcome is absorbed
+        out = self.cluster.send(peer, hello(m.Role.CLIENT, name=peer.decode()))
+        self.clients[peer] = ClientModel(peer, out.one(peer, m.Welcome).peer_id)
+
+    def join_worker(self) -> None:
+        self.serial += 1
+        peer = b"w%d" % self.serial
+        self.workers[peer] = WorkerModel(peer, pid=self.serial)
+        self.absorb(
+            self.cluster.worker(peer, capacity=self.rng.choice([1, 1, 2, 3]), pid=self.serial)
+        )
+
+    def register(self, client: ClientModel) -> None:
+        fn = tid(client.client_id, 1_000_000 + client.next_n)
+        client.next_n += 1
+        client.fns.append(fn)
+        self.send(client.peer, m.RegisterFunction(fn, b"fn"))
+
+    def release(self, client: ClientModel) -> None:
+        if client.fns:
+            fn = client.fns.pop(self.rng.randrange(len(client.fns)))
+            self.send(client.peer, m.ReleaseFunctions([fn]))
+
+    def options(self, client: ClientModel) -> None:
+        options_id = len(client.options)
+        client.options.append(options_id)
+        options = m.TaskOptions(
+            {}, [], self.rng.choice([-1, 0, 0, 2]), None, self.rng.choice([None, None, 0, 3])
+        )
+        self.send(client.peer, m.RegisterOptions(options_id, options))
+
+    def submit(self, client: ClientModel) -> None:
+        specs = []
+        for _ in range(self.rng.randint(1, 5)):
+            t = tid(client.client_id, client.next_n)
+            client.next_n += 1
+            roll = self.rng.random()
+            if roll < 0.05:
+                fn = tid(client.client_id, 999_999)  # never registered: rejected
+            elif roll < 0.5 or not client.fns:
+                fn = 0
+            else:
+                fn = self.rng.choice(client.fns)
+            specs.append(spec(t, fn, options_id=self.rng.choice(client.options)))
+            client.submitted.add(t)
+        client.sent += len(specs)
+        self.send(client.peer, m.SubmitTasks(specs))
+
+    def cancel(self, client: ClientModel) -> None:
+        open_ = sorted(
+            t for t in client.submitted if not client.results[t] and t not in client.cancelled
+        )
+        if open_:
+            chosen = self.rng.sample(open_, min(len(open_), self.rng.randint(1, 3)))
+            client.cancelled.update(chosen)  # the client's futures were cancelled
+            self.send(client.peer, m.CancelTasks(chosen, self.rng.random() < 0.3))
+
+    def answer(self, worker: WorkerModel, everything: bool = False) -> None:
+        if not worker.held:
+            return
+        chosen = (
+            list(worker.held)
+            if everything
+            else self.rng.sample(sorted(worker.held), self.rng.randint(1, len(worker.held)))
+        )
+        results = []
+        for t in chosen:
+            attempt = worker.held.pop(t)
+            if t in worker.cancel_asked:
+                worker.cancel_asked.discard(t)
+                status = Status.CANCELLED
+            elif everything:
+                status = Status.OK
+            else:
+                status = self.rng.choice(
+                    [Status.OK] * 6 + [Status.ERROR, Status.PROCESSOR_DIED, Status.TIMEOUT]
+                )
+            results.append(result(t, attempt, status))
+        if not everything and self.rng.random() < 0.2:
+            # a stale or duplicate answer now and then
+            results.append(result(self.rng.choice(chosen), self.rng.randint(0, 3)))
+        self.send(worker.peer, m.TaskResults(results))
+
+    def lose_worker(self, worker: WorkerModel) -> None:
+        how = self.rng.choice(["goodbye", "exited", "unreachable", "silent"])
+        if how == "silent":
+            worker.silent = True  # lost at the next long tick
+            return
+        del self.workers[worker.peer]
+        self.gone.add(worker.peer)
+        if how == "goodbye":
+            self.step(Received(worker.peer, [m.Goodbye("scaling down")], self.cluster.now))
+        elif how == "exited":
+            self.step(WorkerExited(worker.pid, "node-1", "exit code -9", self.cluster.now))
+        else:
+            self.step(PeerUnreachable(worker.peer, self.cluster.now))
+
+    def lose_client(self, client: ClientModel) -> None:
+        del self.clients[client.peer]
+        self.gone.add(client.peer)
+        self.step(Received(client.peer, [m.Goodbye("done")], self.cluster.now))
+
+    def tick(self, dt: float) -> None:
+        self.cluster.now += dt
+        alive = [Received(p, [m.Heartbeat(0, 0)], self.cluster.now) for p in self.clients]
+        alive += [
+            Received(p, [m.Heartbeat(0, 0)], self.cluster.now)
+            for p, w in self.workers.items()
+            if not w.silent
+        ]
+        for peer in [p for p, w in self.workers.items() if w.silent and dt > DEADLINE]:
+            del self.workers[peer]
+            self.gone.add(peer)
+        self.step(*alive, Tick(self.cluster.now))
+
+    def random_step(self) -> None:
+        rng = self.rng
+        clients = list(self.clients.values())
+        workers = [w for w in self.workers.values() if not w.silent]
+        roll = rng.random()
+        if roll < 0.30 and clients:
+            self.submit(rng.choice(clients))
+        elif roll < 0.55 and workers:
+            self.answer(rng.choice(workers))
+        elif roll < 0.62 and clients:
+            self.cancel(rng.choice(clients))
+        elif roll < 0.66 and clients:
+            self.register(rng.choice(clients))
+        elif roll < 0.68 and clients:
+            self.release(rng.choice(clients))
+        elif roll < 0.70 and clients:
+            self.options(rng.choice(clients))
+        elif roll < 0.74 and len(self.workers) < 5:
+            self.join_worker()
+        elif roll < 0.77 and workers:
+            self.lose_worker(rng.choice(workers))
+        elif roll < 0.78 and workers:
+            worker = rng.choice(workers)
+            worker.broken = True
+            self.send(worker.peer, m.ClusterBroken("initializer failed", b""))
+        elif roll < 0.79 and len(self.clients) < 4:
+            self.join_client()
+        elif roll < 0.795 and len(clients) > 1:
+            self.lose_client(rng.choice(clients))
+        elif roll < 0.80 and clients:
+            self.send(rng.choice(clients).peer, m.StatsRequest())
+        elif roll < 0.82:
+            self.tick(DEADLINE + 0.5)
+        else:
+            self.tick(rng.uniform(0.05, 0.6))
+
+    def drain(self) -> None:
+        for worker in self.workers.values():
+            worker.silent = False
+        for _ in range(500):
+            if not self.cluster.scheduler.tasks:
+                return
+            if not any(not w.broken for w in self.workers.values()):
+                self.join_worker()
+            for worker in list(self.workers.values()):
+                self.answer(worker, everything=True)
+            self.tick(0.1)
+        raise AssertionError(
+            f"tasks never settled: {list(self.cluster.scheduler.tasks.values())[:5]}"
+        )
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_randomized_no_task_lost(seed: int) -> None:
+    world = World(seed)
+    for _ in range(2):
+        world.join_client()
+        world.join_worker()
+    for client in list(world.clients.values()):
+        world.register(client)
+    for _ in range(2500):
+        world.random_step()
+    world.drain()
+
+    scheduler = world.cluster.scheduler
+    assert not scheduler.tasks and not scheduler.ready.live
+    for client in world.clients.values():
+        assert client.acked == client.sent, (
+            f"{client.peer!r}: {client.sent} sent, {client.acked} acknowledged"
+        )
+        for t in client.submitted:
+            outcomes = client.results[t]
+            assert outcomes == 1 or (outcomes == 0 and t in client.cancelled), (
+                f"task {t:#x} of {client.peer!r} lost silently"
+            )
+    # Functions outlive their tasks only while their client keeps them registered.
+    assert set(scheduler.functions) == {fn for c in world.clients.values() for fn in c.fns}
+    assert not scheduler.function_refs or not any(scheduler.function_refs.values())
+    for worker in world.workers.values():
+        assert worker.fns <= set(scheduler.functions), "a worker keeps a function nobody may use"
