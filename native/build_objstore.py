@@ -168,9 +168,9 @@ def build_inplace() -> str:
     os.makedirs(build_dir, exist_ok=True)
     built = make_ffibuilder(relative=False).compile(tmpdir=build_dir, verbose=False)
     target_dir = os.path.join(os.path.dirname(HERE), "scaler_executor", "objstore")
-    target = os.path.join(target_dir, os.path.basename(built))
-    # One module only: a stale build under another suffix (setup.py makes .abi3.so) could
-    # be the one Python imports.
+    # The name setuptools gives it (cffi modules use the limited API), so that this script
+    # and `pip install -e .` overwrite one file; any other variant could be imported first.
+    target = os.path.join(target_dir, "_objstore.abi3.so")
     for name in os.listdir(target_dir):
         if name.startswith("_objstore.") and name.endswith(".so"):
             os.remove(os.path.join(target_dir, name))

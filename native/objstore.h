@@ -189,7 +189,9 @@ objstore_status_t objstore_seal(objstore_t *s, const char *id);
 objstore_status_t objstore_abort(objstore_t *s, const char *id);
 
 /* objstore_put: create + copy `size` bytes from `data` (outside the lock) + seal +
- * release, in one call. Statuses as objstore_create; on failure nothing is left. */
+ * release, in one call. Statuses as objstore_create; on failure nothing is left, except
+ * after a LOCK_TIMEOUT at the seal step: the unsealed object then stays with this handle
+ * (aborted by objstore_close, or by reaping if the process dies). */
 objstore_status_t objstore_put(objstore_t *s, const char *id, const void *data, uint64_t size);
 
 /* objstore_get: take a reference on a sealed object; *data and *size describe its bytes,

@@ -31,8 +31,18 @@ VICTIMS = [
 def test_stress_with_crashes(
     spawn: multiprocessing.context.SpawnContext, region_name: Callable[[], str]
 ) -> None:
-    with ObjectStore.create(region_name(), 2_500_000, max_objects=1024) as store:
-        workers: list[tuple[str, Any, Any]] = []
+    workers: list[tuple[str, Any, Any]] = []
+    try:
+        _run(spawn, region_name(), workers)
+    finally:  # on a failure, leave no process behind
+        for _, p, _ in workers:
+            if p.exitcode is None:
+                p.kill()
+                p.join(10)
+
+
+def _run(spawn: multiprocessing.context.SpawnContext, name: str, workers: list[Any]) -> None:
+    with ObjectStore.create(name, 2_500_000, max_objects=1024) as store:
 
         def start(label: str, target: Any, *args: Any) -> Any:
             parent_end, child_end = spawn.Pipe()
