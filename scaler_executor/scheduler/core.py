@@ -561,6 +561,10 @@ class Scheduler:
                     task.transition("returned")
                     self._forget(task)
                 else:
+                    # A new attempt number, so that a late answer from the old hand-out
+                    # (the worker may still finish or cancel it) cannot settle the new one;
+                    # no failure is recorded, so it does not count against max_retries.
+                    task.attempt += 1
                     task.transition("returned")
                     self._queue(task, front=True)
             else:
@@ -569,7 +573,7 @@ class Scheduler:
     def _attempt_failed(self, task: TaskRecord, line: str) -> None:
         if task.failures is None:
             task.failures = []
-        task.failures.append(f"attempt {task.attempt + 1}: {line}")
+        task.failures.append(f"attempt {len(task.failures) + 1}: {line}")
         max_retries = task.options.max_retries
         if max_retries is None:
             max_retries = self.config.max_retries
@@ -577,13 +581,13 @@ class Scheduler:
             task.transition("attempt-failed")
             self._forget(task)
             return
-        if task.attempt >= max_retries:
+        if len(task.failures) > max_retries:
             task.transition("retries-exhausted")
             self._forget(task)
             self.counters["failed"] += 1
             text = (
                 f"task {task.task_id:#x} failed: the process running it died on all "
-                f"{task.attempt + 1} attempt(s) allowed (max_retries={max_retries})"
+                f"{len(task.failures)} attempt(s) allowed (max_retries={max_retries})"
             )
             payload = _pack_lost(text, task.failures)
             self._result_to(task.client, m.TaskResult(task.task_id, task.attempt, Status.WORKER_LOST, payload, m.NO_FACTS))
