@@ -769,7 +769,8 @@ class Scheduler:
                     self._send(peer, m.Heartbeat(self.ready.live, len(self.tasks) - self.ready.live))
         commands: list[Command] = [Send(peer, messages) for peer, messages in self._out.items()]
         for peer in self._out:
-            self.last_sent[peer] = self._now
+            if peer in self.clients or peer in self.workers or peer in self._monitors:
+                self.last_sent[peer] = self._now  # refused peers leave no trace
         self._out = {}
         if self._commands:
             commands.extend(self._commands)
