@@ -72,14 +72,17 @@ nested calls, with ``nesting_level`` one deeper).  Why:
   process oversubscribing the same CPUs;
 * the outer call already keeps every processor busy, so the nested work gains nothing from
   more processes on the same machine;
-* joining the *same* cluster from inside a task can deadlock: when every processor runs an
-  outer task that waits for its nested tasks, nothing is left to run them (the executor
-  cannot yet hand a waiting task's processor back, as Dask's ``secede`` does).
+* running them on the *same* cluster makes each waiting outer task secede, and the worker
+  forks a processor per waiting task: with every processor busy with outer tasks, that
+  doubles the processes on the same CPUs (the oversubscription joblib avoids).
 
-With ``address=`` the nested calls join that cluster (the user chose to share it; the
-deadlock above is then theirs to avoid: keep some processors free for the nested tasks).
-:func:`_executor_for_nested_call` is the hook where a later version can return the task's
-own cluster (``scaler_executor.get_executor()``) once waiting tasks release their processor.
+With ``address=`` the nested calls run on that cluster.  A task running on that very
+cluster reaches it through ``scaler_executor.get_executor()``, which *secedes* the task (the
+worker starts another processor while it waits and hands back the tasks queued behind it),
+so nested waits cannot deadlock; a task on another cluster joins ``address`` with a client.
+The address must be spelled as the workers know it (``SCALER_DAEMON_ADDRESS`` in the task)
+for the first case to apply.  :func:`_executor_for_nested_call` is the hook where an opt-in
+mode can send nested calls without an address to the task's own cluster too.
 
 Data
 ----
@@ -245,20 +248,38 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def _in_task() -> bool:
-    """True in a scaler-executor process that is running (or has run) a task."""
+    """True in a scaler-executor processor process (running a task, or its initializer)."""
     processor = sys.modules.get("scaler_executor.worker.processor")
-    return processor is not None and "id" in getattr(processor, "_current_task", {})
+    return processor is not None and getattr(processor, "STATE", None) is not None
 
 
 def _executor_for_nested_call() -> Executor | None:
     """The hook for ``Parallel`` calls made inside a task with no ``address``/``executor``.
 
     None means: run them sequentially in the task's process (see the module docstring for
-    why).  When the package offers ``scaler_executor.get_executor()`` (the task's own
-    cluster) *and* a task waiting for nested tasks releases its processor, return that
-    executor here; the backend then runs nested calls on it like an ``executor=`` call.
+    why).  ``scaler_executor.get_executor()`` (the task's own cluster; it secedes the task,
+    so waiting never deadlocks) is what an opt-in "nested calls use the cluster" mode would
+    return here; the backend then runs the nested call on it like an ``executor=`` call.
     """
     return None
+
+
+def _own_cluster_executor(address: str) -> Executor | None:
+    """Inside a task on the cluster at ``address``: ``get_executor()``, which secedes the task.
+
+    Joining its own cluster with a plain client could deadlock (the nested tasks may wait
+    behind their parent on its processor); ``get_executor`` hands those back and frees the
+    task's slot.  None when the task runs on another cluster (or the package has no
+    ``get_executor``): the nested call then joins ``address`` with a client.
+    """
+    try:
+        from scaler_executor._compat import DAEMON_ADDRESS_ENV
+        from scaler_executor.client.executor import get_executor
+    except ImportError:  # pragma: no cover - older package
+        return None
+    if os.environ.get(DAEMON_ADDRESS_ENV) != address:
+        return None
+    return get_executor()
 
 
 def _capacity_of(executor: Any, wait_for_workers: float = 0.0) -> int:
@@ -436,10 +457,11 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):
         return self.executor is None and self.address is None and _in_task() and _executor_for_nested_call() is None
 
     def _target_executor(self) -> Executor | None:
+        """An executor the backend does not own (and never shuts down), or None."""
         if self.executor is not None:
             return self.executor
-        if self.address is None and _in_task():
-            return _executor_for_nested_call()
+        if _in_task():
+            return _executor_for_nested_call() if self.address is None else _own_cluster_executor(self.address)
         return None
 
     def _capacity(self) -> int:

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import atexit
+import io
 import itertools
 import logging
 import os
@@ -31,7 +32,7 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import CancelledError, Future, InvalidStateError
 from functools import partial
 from typing import Any, Callable
 
@@ -46,7 +47,8 @@ from scaler_executor.config import ClusterConfig
 from scaler_executor.exceptions import BrokenScalerExecutor, DaemonLost, InitializerFailed
 from scaler_executor.protocol import codec
 from scaler_executor.protocol import messages as m
-from scaler_executor.protocol.messages import TaskFlags, TaskOptions
+from scaler_executor.protocol.messages import Status, TaskFlags, TaskOptions
+from scaler_executor.worker.deps import dependency, identity
 
 log = logging.getLogger("scaler_executor.client")
 
@@ -105,6 +107,7 @@ class ClientAgent:
         self.futures: dict[int, Future[Any]] = {}
         self._ids: dict[int, int] = {}  # id(future) -> n, while the future is outstanding
         self._submitted: dict[int, float] = {}  # n -> time.time() of submit
+        self._repack: dict[int, tuple[Callable[[], Any], int]] = {}  # n -> how to pickle it again (DEP_GONE)
         self._counter = itertools.count(1)
         self._fn_counter = itertools.count(1)
         self._fn_cache: weakref.WeakKeyDictionary[Callable[..., Any], int] = weakref.WeakKeyDictionary()
@@ -140,39 +143,128 @@ class ClientAgent:
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options_id: int) -> Future[Any]:
         self.check_usable()
         future: Future[Any] = Future()
-        try:
+
+        def pack() -> tuple[int, int, bytes, list[int]]:
             if ser.is_cacheable(fn):
-                fn_id = self.function_id(fn)
-                flags = TaskFlags.CALL
-                payload = ser.dumps_args(args, kwargs)
-            else:
-                fn_id = 0
-                flags = TaskFlags.INLINE_FN
-                payload = ser.dumps((fn, args, kwargs))
-        except Exception as exc:
-            exc.add_note(ser.pickling_note(fn, args, kwargs))
+                payload, deps = self.pickle_args(args, kwargs)
+                return self.function_id(fn), TaskFlags.CALL, payload, deps
+            payload, deps = self.pickle_obj((fn, args, kwargs))
+            return 0, TaskFlags.INLINE_FN, payload, deps
+
+        return self.submit_with(future, pack, options_id, lambda: ser.pickling_note(fn, args, kwargs))
+
+    def submit_with(
+        self,
+        future: Future[Any],
+        pack: Callable[[], tuple[int, int, bytes, list[int]]],
+        options_id: int,
+        note: Callable[[], str],
+    ) -> Future[Any]:
+        """Pickle a call with ``pack`` and queue it; a pickling failure fails ``future`` with a note."""
+        try:
+            fn_id, flags, payload, deps = pack()
+        except DependencyFailed as failed:
+            exc = failed.args[0]
             future.set_exception(exc)
             return future
-        self._enqueue(future, fn_id, options_id, flags, payload)
+        except Exception as exc:
+            exc.add_note(note())
+            future.set_exception(exc)
+            return future
+        self._enqueue(future, fn_id, options_id, flags, payload, deps, pack if deps else None)
         return future
 
-    def _enqueue(self, future: Future[Any], fn_id: int, options_id: int, flags: int, payload: bytes) -> None:
+    def _enqueue(
+        self,
+        future: Future[Any],
+        fn_id: int,
+        options_id: int,
+        flags: int,
+        payload: bytes,
+        deps: list[int],
+        repack: Callable[[], tuple[int, int, bytes, list[int]]] | None,
+    ) -> None:
         with self.lock:
             self.check_usable()
             n = next(self._counter)
             self.futures[n] = future
             self._ids[id(future)] = n
             self._submitted[n] = time.time()
-            self.outbox.append((SUBMIT, n, fn_id, options_id, flags, payload))
+            if repack is not None:
+                self._repack[n] = (repack, options_id)
+            self.outbox.append((SUBMIT, n, fn_id, options_id, flags, payload, deps))
         future.add_done_callback(partial(self._on_future_done, n))
         self.wake()
 
-    def submit_packed(self, fn_id: int, options_id: int, flags: int, payload: bytes) -> Future[Any]:
-        """Submit an already pickled call to a registered function (``map`` uses this)."""
-        self.check_usable()
-        future: Future[Any] = Future()
-        self._enqueue(future, fn_id, options_id, flags, payload)
-        return future
+    def enqueue_internal(self, fn_id: int, options_id: int, flags: int, payload: bytes, deps: list[int]) -> int:
+        """Queue a task no future waits for (a graph intermediate); returns its number."""
+        with self.lock:
+            self.check_usable()
+            n = next(self._counter)
+            self.outbox.append((SUBMIT, n, fn_id, options_id, flags, payload, deps))
+        self.wake()
+        return n
+
+    def enqueue_graph_task(
+        self, future: Future[Any], fn_id: int, options_id: int, payload: bytes, deps: list[int]
+    ) -> int:
+        """Queue a graph task whose result the client wants; returns its number."""
+        self._enqueue(future, fn_id, options_id, TaskFlags.CALL, payload, deps, None)
+        return self._ids[id(future)]
+
+    def _resubmit(self, n: int) -> None:
+        """A dependency finished before the daemon saw this task: pickle it again, value inlined."""
+        entry = self._repack.pop(n, None)
+        future = self.futures.get(n)
+        if entry is None or future is None:
+            return
+        repack, options_id = entry
+        try:
+            fn_id, flags, payload, deps = repack()
+        except DependencyFailed as failed:
+            self.futures.pop(n, None)
+            self._ids.pop(id(future), None)
+            if future.set_running_or_notify_cancel():
+                future.set_exception(failed.args[0])
+            return
+        with self.lock:
+            if deps:
+                self._repack[n] = (repack, options_id)
+            self.outbox.append((SUBMIT, n, fn_id, options_id, flags, payload, deps))
+        self.wake()
+
+    # ------------------------------------------------------------------ pickling
+
+    def pickle_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bytes, list[int]]:
+        fast = ser.dumps_plain_args(args, kwargs)
+        if fast is not None:
+            return fast, []
+        return self.pickle_obj((args, kwargs))
+
+    def pickle_obj(self, obj: Any) -> tuple[bytes, list[int]]:
+        """cloudpickle ``obj``; futures of this executor inside it become dependencies."""
+        buffer = io.BytesIO()
+        pickler = _CallPickler(buffer, self)
+        pickler.dump(obj)
+        return buffer.getvalue(), pickler.deps
+
+    def reduce_future(self, future: Future[Any], deps: list[int]) -> tuple[Any, ...]:
+        n = self._ids.get(id(future))
+        if n is not None:
+            deps.append(n)  # still outstanding (or just finishing): the cluster resolves it
+            return (dependency, (n,))
+        if future.done():
+            if future.cancelled():
+                raise DependencyFailed(CancelledError("a future passed as an argument was cancelled"))
+            exc = future.exception()
+            if exc is not None:
+                exc.add_note("it was raised by a future passed as an argument; the task did not run")
+                raise DependencyFailed(exc)
+            return (identity, (future.result(),))
+        raise TypeError(
+            "a pending future of another executor cannot be an argument: only futures of the same "
+            "ScalerExecutor are resolved in the cluster; pass its result() instead"
+        )
 
     def function_id(self, fn: Callable[..., Any]) -> int:
         """The id of a cached plain function, registering it with the cluster on first use."""
@@ -231,6 +323,7 @@ class ClientAgent:
             if self.futures.pop(n, None) is not None:
                 self._ids.pop(id(future), None)
                 self._submitted.pop(n, None)
+                self._repack.pop(n, None)
                 self.outbox.append((CANCEL, n))
                 self.wake()
 
@@ -363,8 +456,19 @@ class ClientAgent:
                 if self._unacked >= window:
                     break
                 outbox.popleft()
-                _, n, fn_id, options_id, flags, payload = item
-                specs.append(m.TaskSpec(base | n, base | fn_id if fn_id else 0, options_id, flags, payload, [], [], 0))
+                _, n, fn_id, options_id, flags, payload, deps = item
+                specs.append(
+                    m.TaskSpec(
+                        base | n,
+                        base | fn_id if fn_id else 0,
+                        options_id,
+                        flags,
+                        payload,
+                        [base | d for d in deps] if deps else [],
+                        [],
+                        0,
+                    )
+                )
                 self._unacked += 1
                 continue
             outbox.popleft()
@@ -478,12 +582,20 @@ class ClientAgent:
             if kind == RESULTS:
                 for result in data:
                     n = result.task_id & TASK_MASK
+                    if result.status == Status.DEP_GONE:
+                        self._resubmit(n)
+                        continue
                     future = futures.pop(n, None)
                     if future is None:
                         continue  # cancelled, or a late duplicate
-                    self._ids.pop(id(future), None)
+                    self._repack.pop(n, None)
                     submitted = self._submitted.pop(n, 0.0)
+                    if result.status == Status.CANCELLED and not future.running():
+                        future.cancel()  # a dependency was cancelled: so is this, unrun
+                        self._ids.pop(id(future), None)
+                        continue
                     if not future.running() and not future.set_running_or_notify_cancel():
+                        self._ids.pop(id(future), None)
                         continue
                     facts = result.facts
                     if facts.worker:
@@ -496,6 +608,9 @@ class ClientAgent:
                         future.set_result(value)
                     else:
                         future.set_exception(value)
+                    # Only now: until the future is done, passing it as an argument must make a
+                    # dependency (reduce_future), never a "foreign future" error.
+                    self._ids.pop(id(future), None)
             elif kind == RUNNING:
                 for task_id in data:
                     future = futures.get(task_id & TASK_MASK)
@@ -507,6 +622,7 @@ class ClientAgent:
     def _fail_all(self, exc: BaseException) -> None:
         self._ids.clear()
         self._submitted.clear()
+        self._repack.clear()
         while self.futures:
             _, future = self.futures.popitem()
             try:
@@ -521,6 +637,24 @@ class ClientAgent:
 
 
 RESULTS, RUNNING, FAIL_ALL = "results", "running", "fail-all"
+
+
+class DependencyFailed(Exception):
+    """Raised while pickling: a future passed as an argument failed; args[0] is its exception."""
+
+
+class _CallPickler(cloudpickle.Pickler):
+    """cloudpickle, plus: a Future of this executor becomes a dependency, found in the same pass."""
+
+    def __init__(self, file: io.BytesIO, agent: ClientAgent) -> None:
+        super().__init__(file, protocol=5)
+        self.agent = agent
+        self.deps: list[int] = []
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, Future):
+            return self.agent.reduce_future(obj, self.deps)
+        return super().reducer_override(obj)
 
 
 def _release_function(agent_ref: weakref.ref[ClientAgent], fn_id: int) -> None:

@@ -353,14 +353,19 @@ def _map(
         flags = TaskFlags.CALL
 
     def submit_one(item: Any) -> Future[Any]:
-        try:
-            payload = ser.dumps(item) if flags == TaskFlags.CHUNK else ser.dumps_args(item, {})
-        except Exception as exc:
-            exc.add_note(ser.pickling_note(fn, item if flags == TaskFlags.CALL else (), {}))
-            future: Future[Any] = Future()
-            future.set_exception(exc)
-            return future
-        return agent.submit_packed(fn_id, options_id, flags, payload)
+        if flags == TaskFlags.CHUNK:
+
+            def pack() -> tuple[int, int, bytes, list[int]]:
+                return (fn_id, flags, *agent.pickle_obj(item))
+
+        else:
+
+            def pack() -> tuple[int, int, bytes, list[int]]:
+                return (fn_id, flags, *agent.pickle_args(item, {}))
+
+        return agent.submit_with(
+            Future(), pack, options_id, lambda: ser.pickling_note(fn, item if flags == TaskFlags.CALL else (), {})
+        )
 
     if buffersize:
         fs: collections.deque[Future[Any]] = collections.deque(

@@ -36,18 +36,21 @@ def dumps(obj: Any) -> bytes:
     return cloudpickle.dumps(obj, protocol=5)
 
 
-def dumps_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-    """Pickle ``(args, kwargs)``: the fast path for builtin scalars, cloudpickle otherwise."""
+def dumps_plain_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes | None:
+    """``pickle.dumps((args, kwargs))`` when every argument is a builtin scalar, else None."""
     for a in args:
         if type(a) not in _PLAIN:
-            break
-    else:
-        for v in kwargs.values():
-            if type(v) not in _PLAIN:
-                break
-        else:
-            return pickle.dumps((args, kwargs), protocol=5)
-    return cloudpickle.dumps((args, kwargs), protocol=5)
+            return None
+    for v in kwargs.values():
+        if type(v) not in _PLAIN:
+            return None
+    return pickle.dumps((args, kwargs), protocol=5)
+
+
+def dumps_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    """Pickle ``(args, kwargs)`` without dependency detection (benchmarks, tools)."""
+    plain = dumps_plain_args(args, kwargs)
+    return plain if plain is not None else cloudpickle.dumps((args, kwargs), protocol=5)
 
 
 def pickling_note(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -125,6 +128,11 @@ def outcome(status: int, payload: bytes, task_id: int) -> tuple[bool, Any]:
         return False, TaskCancelled(f"task {task_id:#x}: {payload.decode(errors='replace')}")
     if status == Status.CANCELLED:
         return False, TaskCancelled(f"task {task_id:#x} was cancelled by the cluster")
+    if status == Status.DEP_FAILED:
+        dep_id, dep_status, dep_payload = msgpack.unpackb(payload, raw=False)
+        _, exc = outcome(dep_status, dep_payload, dep_id)
+        exc.add_note(f"raised by dependency task {dep_id:#x} of task {task_id:#x}; that task did not run")
+        return False, exc
     if status == Status.REJECTED:
         return False, TaskError(f"the daemon rejected task {task_id:#x}: {payload.decode(errors='replace')}")
     return False, TaskError(f"task {task_id:#x} ended with unknown status {status}")

@@ -74,7 +74,9 @@ class Status:
     TIMEOUT = 5  # killed after task_timeout; payload: utf-8 description
     FORCE_CANCELLED = 6  # killed by cancel(force=True); payload: utf-8 description
     REJECTED = 7  # D→C: the daemon refused the task; payload: utf-8 reason
-    ALL = frozenset(range(8))
+    DEP_FAILED = 8  # D→C: a dependency failed, the task never ran; payload: msgpack [dep id, status, payload]
+    DEP_GONE = 9  # D→C: a dependency had already finished and been forgotten; payload: msgpack [dep id]
+    ALL = frozenset(range(10))
 
 
 class TaskFlags:
@@ -83,6 +85,7 @@ class TaskFlags:
     CALL = 0  # payload pickles (args, kwargs) for fn(*args, **kwargs)
     CHUNK = 1  # payload pickles a list of args tuples; the result is the list of results
     INLINE_FN = 2  # fn_id is 0 and payload pickles (fn, args, kwargs) (uncached callables)
+    NO_RESULT = 4  # a graph intermediate: its result stays in the cluster for its dependents
 
 
 # --------------------------------------------------------------------------- records
@@ -114,6 +117,13 @@ class TaskSpec(NamedTuple):
     parent: int  # id of the task that submitted this one, 0 for none
 
 
+class DepValue(NamedTuple):
+    """The (pickled) result of a dependency, handed to the worker with its dependent."""
+
+    task_id: int
+    payload: bytes
+
+
 class TaskDispatch(NamedTuple):
     """A task as the daemon hands it to a worker."""
 
@@ -124,6 +134,7 @@ class TaskDispatch(NamedTuple):
     payload: bytes
     objects: list[bytes]
     task_timeout: float | None
+    deps: list[DepValue]
 
 
 class TaskFacts(NamedTuple):

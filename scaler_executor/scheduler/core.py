@@ -22,13 +22,14 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import cloudpickle
+import msgpack
 
 from scaler_executor._compat import python_version
 from scaler_executor._version import __version__
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS as DEFAULT
-from scaler_executor.protocol.messages import Role, Status
+from scaler_executor.protocol.messages import Role, Status, TaskFlags
 from scaler_executor.scheduler.policies import LeastLoaded, ScalingView, WorkerSlot, desired_workers, prefetch_window
 from scaler_executor.config import parse_resources, parse_tags
 from scaler_executor.scheduler.state import (
@@ -425,9 +426,6 @@ class Scheduler:
             if spec.fn_id and spec.fn_id not in self.functions:
                 self._reject_spec(peer, spec, f"function {spec.fn_id:#x} was never registered or was released")
                 continue
-            if spec.deps:
-                self._reject_spec(peer, spec, "this daemon does not run tasks with dependencies yet")
-                continue
             key = constraint_key(options.resources, options.tags) if options is not DEFAULT else None
             if key is not None and self.config.unsatisfiable_timeout == 0 and not self._satisfiable(key):
                 self._reject_spec(peer, spec, self._unsatisfiable_text(key))
@@ -439,6 +437,8 @@ class Scheduler:
             owned.add(spec.task_id)
             if spec.fn_id:
                 refs[spec.fn_id] = refs.get(spec.fn_id, 0) + 1
+            if spec.deps and not self._link(task):
+                continue  # answered (a dependency was gone) or waiting for its dependencies
             if key is None:
                 ready.push(task)
             else:
@@ -448,6 +448,83 @@ class Scheduler:
         n = len(message.tasks)
         self.counters["submitted"] += n
         self._acks[peer] = self._acks.get(peer, 0) + n
+
+    # ------------------------------------------------------------------ graph controller
+
+    def _link(self, task: TaskRecord) -> bool:
+        """Tie a new task to its dependencies; True if it is ready to queue now.
+
+        A dependency this daemon no longer knows (it finished and was forgotten before the
+        dependent arrived) is answered with DEP_GONE: the client then has its result and
+        sends the dependent again with the value inlined.
+        """
+        task.state = TaskState.WAITING
+        linked: list[TaskRecord] = []
+        for dep_id in task.deps:
+            dep = self.tasks.get(dep_id)
+            if dep is None or dep.client != task.client:
+                for done in linked:
+                    done.dependents.remove(task.task_id)  # type: ignore[union-attr]
+                    done.holds -= 1
+                    self._maybe_release(done)
+                task.deps = []
+                task.transition("dep-gone")
+                self._forget(task)
+                self._result_to(task.client, m.TaskResult(task.task_id, 0, Status.DEP_GONE, _packb([dep_id]), m.NO_FACTS))
+                return False
+            if dep.dependents is None:
+                dep.dependents = []
+            dep.dependents.append(task.task_id)
+            dep.holds += 1
+            linked.append(dep)
+            if dep.state is not TaskState.FINISHED:
+                task.waiting += 1
+        if task.waiting:
+            return False
+        task.state = TaskState.PENDING
+        return True
+
+    def _dependents_ready(self, task: TaskRecord) -> None:
+        for dep_id in task.dependents or ():
+            dependent = self.tasks.get(dep_id)
+            if dependent is not None and dependent.state is TaskState.WAITING:
+                dependent.waiting -= 1
+                if not dependent.waiting:
+                    dependent.transition("deps-ready")
+                    if dependent.queue_key is None:
+                        self.ready.push(dependent)
+                    else:
+                        self._queue(dependent)
+
+    def _fail_dependents(self, task: TaskRecord, status: int, payload: bytes) -> None:
+        """A task ended without a result: its waiting dependents (transitively) end too, unrun.
+
+        A cancelled task cancels them; any other failure fails them with DEP_FAILED carrying
+        the original failure, so the client raises the original exception.
+        """
+        if not task.dependents:
+            return
+        if status == Status.CANCELLED:
+            answer_status, answer = Status.CANCELLED, b""
+        else:
+            answer_status, answer = Status.DEP_FAILED, _packb([task.task_id, status, payload])
+        stack = list(task.dependents)
+        while stack:
+            dependent = self.tasks.get(stack.pop())
+            if dependent is None or dependent.state is not TaskState.WAITING:
+                continue
+            dependent.transition("dep-failed")
+            self._forget(dependent)
+            self.counters["cancelled" if answer_status == Status.CANCELLED else "failed"] += 1
+            if not dependent.flags & TaskFlags.NO_RESULT:
+                self._result_to(dependent.client, m.TaskResult(dependent.task_id, 0, answer_status, answer, m.NO_FACTS))
+            stack.extend(dependent.dependents or ())
+
+    def _maybe_release(self, task: TaskRecord) -> None:
+        if task.holds <= 0 and task.state is TaskState.FINISHED:
+            task.transition("released")
+            task.result = None
+            self._forget(task)
 
     def _satisfiable(self, key: ConstraintKey) -> bool:
         if self.template is not None and self.template.fits_ever(key):
@@ -482,6 +559,7 @@ class Scheduler:
             task.transition("cancel")
             self._forget(task)
             self.counters["cancelled"] += 1
+            self._fail_dependents(task, Status.CANCELLED, b"")
         elif task.state in AT_WORKER_STATES:
             task.transition("cancel")
             assert task.worker is not None
@@ -527,10 +605,19 @@ class Scheduler:
                 duration = result.facts.finished - result.facts.started
                 mean = worker.mean_task_seconds
                 worker.mean_task_seconds = duration if mean is None else mean + EWMA_WEIGHT * (duration - mean)
-            task.transition("result")
-            self.counters["finished" if result.status == Status.OK else "failed"] += 1
-            self._forget(task)
-            self._result_to(task.client, result)
+            ok = result.status == Status.OK
+            self.counters["finished" if ok else "failed"] += 1
+            if ok and task.holds > 0 and task.state is TaskState.DISPATCHED:
+                task.transition("result-kept")  # dependents need it: it stays, FINISHED
+                task.result = result.payload
+                self._dependents_ready(task)
+            else:
+                task.transition("result")
+                self._forget(task)
+                if not ok:
+                    self._fail_dependents(task, result.status, result.payload)
+            if not task.flags & TaskFlags.NO_RESULT:
+                self._result_to(task.client, result)
 
     def _on_seceded(self, peer: bytes, message: m.Seceded) -> None:
         worker = self.workers[peer]
@@ -590,7 +677,9 @@ class Scheduler:
                 f"{len(task.failures)} attempt(s) allowed (max_retries={max_retries})"
             )
             payload = _pack_lost(text, task.failures)
-            self._result_to(task.client, m.TaskResult(task.task_id, task.attempt, Status.WORKER_LOST, payload, m.NO_FACTS))
+            self._fail_dependents(task, Status.WORKER_LOST, payload)
+            if not task.flags & TaskFlags.NO_RESULT:
+                self._result_to(task.client, m.TaskResult(task.task_id, task.attempt, Status.WORKER_LOST, payload, m.NO_FACTS))
             return
         task.attempt += 1
         task.transition("attempt-failed")
@@ -662,8 +751,11 @@ class Scheduler:
         if fn_id and fn_id not in worker.functions:
             worker.functions.add(fn_id)
             entry[0].append(m.FunctionBlob(fn_id, self.functions[fn_id]))
+        deps = [m.DepValue(d, self.tasks[d].result) for d in task.deps] if task.deps else []  # type: ignore[arg-type]
         entry[1].append(
-            m.TaskDispatch(task.task_id, task.attempt, fn_id, task.flags, task.payload, task.objects, task.options.task_timeout)
+            m.TaskDispatch(
+                task.task_id, task.attempt, fn_id, task.flags, task.payload, task.objects, task.options.task_timeout, deps
+            )
         )
         running = self._running.get(task.client)
         if running is None:
@@ -718,13 +810,21 @@ class Scheduler:
                     task.transition("reject")
                     self._forget(task)
                     self.counters["failed"] += 1
-                    reason = self._unsatisfiable_text(key) + f" within unsatisfiable_timeout={timeout:g} s"
-                    self._result_to(task.client, m.TaskResult(task.task_id, 0, Status.REJECTED, reason.encode(), m.NO_FACTS))
+                    reason = (self._unsatisfiable_text(key) + f" within unsatisfiable_timeout={timeout:g} s").encode()
+                    self._fail_dependents(task, Status.REJECTED, reason)
+                    if not task.flags & TaskFlags.NO_RESULT:
+                        self._result_to(task.client, m.TaskResult(task.task_id, 0, Status.REJECTED, reason, m.NO_FACTS))
 
     # ------------------------------------------------------------------ bookkeeping
 
     def _forget(self, task: TaskRecord) -> None:
-        self.tasks.pop(task.task_id, None)
+        if self.tasks.pop(task.task_id, None) is None:
+            return
+        for dep_id in task.deps:
+            dep = self.tasks.get(dep_id)
+            if dep is not None:
+                dep.holds -= 1
+                self._maybe_release(dep)
         if task.fn_id:
             left = self.function_refs[task.fn_id] - 1
             self.function_refs[task.fn_id] = left
@@ -812,6 +912,13 @@ class Scheduler:
                 assert task.worker is None, f"{task!r} has a worker but is {task.state.value}"
             if task.client in self.clients:
                 assert task_id in self.clients[task.client].tasks, f"{task!r} missing from its client"
+            if task.state is TaskState.FINISHED:
+                assert task.result is not None and task.holds > 0, f"{task!r} finished but kept for nothing"
+            if task.state is TaskState.WAITING:
+                unfinished = sum(1 for d in task.deps if self.tasks[d].state is not TaskState.FINISHED)
+                assert task.waiting == unfinished > 0, f"{task!r} waits for {task.waiting}, {unfinished} unfinished"
+            holders = sum(1 for d in (task.dependents or ()) if d in self.tasks)
+            assert task.holds == holders, f"{task!r} holds={task.holds} but {holders} live dependents"
         for worker in self.workers.values():
             used: dict[str, float] = {}
             for task_id in worker.inflight:
@@ -836,7 +943,9 @@ class Scheduler:
 
 
 def _pack_lost(text: str, failures: list[str]) -> bytes:
-    import msgpack
+    return _packb([text, failures])
 
-    return msgpack.packb([text, failures], use_bin_type=True)
+
+def _packb(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)  # type: ignore[no-any-return]
 

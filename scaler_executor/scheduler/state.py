@@ -4,7 +4,8 @@ A task's life in the daemon (the table below is the spec; ``transition``
 enforces it and an illegal move raises :class:`IllegalTransition` carrying the
 task's recent story)::
 
-    WAITING ──deps ready──► PENDING ──dispatch──► DISPATCHED ──result──► (gone)
+    WAITING ──deps ready──► PENDING ──dispatch──► DISPATCHED ──result──► (gone), or FINISHED
+                                                                   while dependents need it
                               ▲                      │  │
                               │   worker/processor   │  └─cancel──► CANCELLING ──result/lost──► (gone)
                               └──── died, retries ◄──┘
@@ -46,6 +47,7 @@ class TaskState(enum.Enum):
     RETRYING = "retrying"  # ready again after a failed attempt
     DISPATCHED = "dispatched"  # sent to a worker (queued there or running)
     CANCELLING = "cancelling"  # cancel forwarded to the worker, its answer awaited
+    FINISHED = "finished"  # done, its result kept for dependents that have not finished
     DONE = "done"  # terminal: the record is dropped
 
 
@@ -56,6 +58,7 @@ TRANSITIONS: dict[tuple[TaskState, str], TaskState] = {
     (S.WAITING, "deps-ready"): S.PENDING,
     (S.WAITING, "cancel"): S.DONE,
     (S.WAITING, "dep-failed"): S.DONE,
+    (S.WAITING, "dep-gone"): S.DONE,
     (S.PENDING, "dispatch"): S.DISPATCHED,
     (S.PENDING, "cancel"): S.DONE,
     (S.PENDING, "reject"): S.DONE,
@@ -63,6 +66,8 @@ TRANSITIONS: dict[tuple[TaskState, str], TaskState] = {
     (S.RETRYING, "cancel"): S.DONE,
     (S.RETRYING, "reject"): S.DONE,
     (S.DISPATCHED, "result"): S.DONE,
+    (S.DISPATCHED, "result-kept"): S.FINISHED,
+    (S.FINISHED, "released"): S.DONE,
     (S.DISPATCHED, "attempt-failed"): S.RETRYING,
     (S.DISPATCHED, "retries-exhausted"): S.DONE,
     (S.DISPATCHED, "returned"): S.PENDING,  # worker left cleanly before running it
@@ -102,6 +107,10 @@ class TaskRecord:
         "story",
         "queue_key",
         "queued_at",
+        "waiting",
+        "dependents",
+        "holds",
+        "result",
     )
 
     def __init__(
@@ -132,6 +141,10 @@ class TaskRecord:
         self.story: list[str] | None = None  # recent transitions, kept once a task moves twice
         self.queue_key: ConstraintKey | None = None  # resources/tags it needs; None = any worker
         self.queued_at = 0.0
+        self.waiting = 0  # dependencies not finished yet
+        self.dependents: list[int] | None = None  # tasks waiting for (or using) this one's result
+        self.holds = 0  # dependents not done yet: the result is kept while > 0
+        self.result: bytes | None = None  # the pickled result, kept while FINISHED
 
     def transition(self, event: str) -> TaskState:
         new = TRANSITIONS.get((self.state, event))

@@ -559,7 +559,7 @@ class WorkerAgent:
         self._to_processor(
             p,
             msgpack.packb(
-                [proc.RUN, task.task_id, task.attempt, task.fn_id, fn_payload, task.flags, task.payload],
+                [proc.RUN, task.task_id, task.attempt, task.fn_id, fn_payload, task.flags, task.payload, task.deps],
                 use_bin_type=True,
             ),
         )

@@ -3,7 +3,7 @@
 It speaks to its worker agent over one stream socket (framed by
 ``multiprocessing.connection.Connection``), never over ZeroMQ::
 
-    agent ──[RUN, task, attempt, fn_id, fn_payload|None, flags, payload]──► processor
+    agent ──[RUN, task, attempt, fn_id, fn_payload|None, flags, payload, deps]──► processor
     agent ◄──[DONE, task, attempt, status, payload, started, finished, peak]── processor
     agent ──[FORGET, [fn_id, ...]]──► processor        (drop cached callables)
     agent ◄──[INIT_FAILED, exception payload]── processor (then it exits)
@@ -34,6 +34,7 @@ import cloudpickle
 import msgpack
 
 from scaler_executor.protocol.messages import Status, TaskFlags
+from scaler_executor.worker.deps import install as install_deps
 from scaler_executor.worker.memory import private_memory
 
 RUN, DONE, FORGET, INIT_FAILED, SECEDE = 1, 2, 3, 4, 5
@@ -202,7 +203,7 @@ def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None) ->
         message = state.take(unpackb(raw))
         if message is None:
             continue
-        _, task_id, attempt, fn_id, _fn_payload, flags, payload = message
+        _, task_id, attempt, fn_id, _fn_payload, flags, payload, deps = message
         fn: Any = None
         if fn_id:
             try:
@@ -214,7 +215,10 @@ def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None) ->
                 continue
         state.task_id = task_id
         started = time.time()
+        install_deps(deps)
         status, result = _run(fn, flags, payload)
+        if deps:
+            install_deps(None)  # let the dependency values go
         finished = time.time()
         # Private memory at the end of tasks long enough for it to matter (the agent also
         # samples every 100 ms); 20 us is too much to spend on every no-op.

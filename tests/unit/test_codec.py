@@ -71,8 +71,8 @@ SAMPLES: dict[type, Any] = {
     m.DispatchTasks: m.DispatchTasks(
         [m.FunctionBlob(SPEC.fn_id, b"\x80\x05fn")],
         [
-            m.TaskDispatch(SPEC.task_id, 1, SPEC.fn_id, 0, b"args", [b"obj"], 30.0),
-            m.TaskDispatch(SPEC.task_id + 1, 0, 0, m.TaskFlags.INLINE_FN, b"fnargs", [], None),
+            m.TaskDispatch(SPEC.task_id, 1, SPEC.fn_id, 0, b"args", [b"obj"], 30.0, [m.DepValue(7, b"dep")]),
+            m.TaskDispatch(SPEC.task_id + 1, 0, 0, m.TaskFlags.INLINE_FN, b"fnargs", [], None, []),
         ],
     ),
     m.CancelTasks: m.CancelTasks([SPEC.task_id], True),
@@ -424,7 +424,7 @@ def test_bool_fields_accept_bools() -> None:
 def test_float_fields_accept_ints() -> None:
     (welcome,), _ = decode(raw(m.Welcome, [1, 2, 6]))
     assert welcome == m.Welcome(1, 2, 6) and welcome.heartbeat_interval == 2.0
-    (dispatch,), _ = decode(raw(m.DispatchTasks, [[], [[1, 0, 0, 0, b"", [], 30]]]))
+    (dispatch,), _ = decode(raw(m.DispatchTasks, [[], [[1, 0, 0, 0, b"", [], 30, []]]]))
     assert dispatch.tasks[0].task_timeout == 30
     (hello,), _ = decode(raw(m.Hello, _with(m.Hello, resources={"cpu": 8})))
     assert hello.resources == {"cpu": 8}
@@ -433,7 +433,7 @@ def test_float_fields_accept_ints() -> None:
 
 
 def test_optional_fields_accept_none() -> None:
-    (dispatch,), _ = decode(raw(m.DispatchTasks, [[], [[1, 0, 0, 0, b"", [], None]]]))
+    (dispatch,), _ = decode(raw(m.DispatchTasks, [[], [[1, 0, 0, 0, b"", [], None, []]]]))
     assert dispatch.tasks[0].task_timeout is None
     (options,), _ = decode(raw(m.RegisterOptions, [0, [{}, [], 0, None, None]]))
     assert options.options == m.DEFAULT_OPTIONS

@@ -316,7 +316,7 @@ def test_submit_dispatch_result_forget(cluster: Cluster) -> None:
     assert out.to(b"w1") == [
         m.DispatchTasks(
             [m.FunctionBlob(fn, b"pickled-fn")],
-            [m.TaskDispatch(t, 0, fn, TaskFlags.CALL, b"args-%d" % t, [], None)],
+            [m.TaskDispatch(t, 0, fn, TaskFlags.CALL, b"args-%d" % t, [], None, [])],
         )
     ]
     assert out.to(b"c1") == [m.SubmitAck(1), m.TasksRunning([t])]
@@ -899,7 +899,7 @@ def test_cluster_broken_is_forwarded_and_the_worker_gets_no_more_tasks(cluster: 
 
 
 @pytest.mark.parametrize(
-    "case", ["deps", "unknown-fn", "foreign-id", "reused-id", "unknown-options"]
+    "case", ["unknown-fn", "foreign-id", "reused-id", "unknown-options"]
 )
 def test_rejected_tasks(cluster: Cluster, case: str) -> None:
     cid, fn = client_with_function(cluster)
@@ -908,7 +908,6 @@ def test_rejected_tasks(cluster: Cluster, case: str) -> None:
     live = tid(cid, 1)
     cluster.send(b"c1", m.SubmitTasks([spec(live, fn)]))
     bad, reason = {
-        "deps": (spec(tid(cid, 2), fn, deps=[live]), b"dependencies"),
         "unknown-fn": (spec(tid(cid, 2), tid(cid, 77)), b"never registered"),
         "foreign-id": (spec(tid(other, 2), fn), b"not this client's"),
         "reused-id": (spec(live, fn), b"reused"),
