@@ -101,13 +101,17 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import BrokenExecutor, Executor, Future
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
-import joblib
-from joblib._parallel_backends import FallbackToBackend, SequentialBackend
-from joblib.parallel import AutoBatchingMixin, ParallelBackendBase
+import joblib  # type: ignore[import-untyped]
+from joblib._parallel_backends import (  # type: ignore[import-untyped]
+    FallbackToBackend,
+    SequentialBackend,
+)
+from joblib.parallel import AutoBatchingMixin, ParallelBackendBase  # type: ignore[import-untyped]
 
 __all__ = ["ScalerBackend", "shutdown"]
 
@@ -121,7 +125,7 @@ _OPTION_NAMES = ("max_retries", "priority", "task_timeout")
 class _Cluster:
     """One executor the module owns (the embedded cluster, or a client of an address)."""
 
-    __slots__ = ("executor", "size", "users", "retired", "broken", "closed")
+    __slots__ = ("broken", "closed", "executor", "retired", "size", "users")
 
     def __init__(self, executor: Executor, size: int) -> None:
         self.executor = executor
@@ -153,7 +157,11 @@ def _acquire_embedded(n_jobs: int) -> _Cluster:
     with _lock:
         current = _embedded
         if current is None or current.broken or current.size < n_jobs:
-            size = max(n_jobs, _default_size(), current.size if current is not None and not current.broken else 0)
+            size = max(
+                n_jobs,
+                _default_size(),
+                current.size if current is not None and not current.broken else 0,
+            )
             replacement = _Cluster(ScalerExecutor(max_workers=size), size)
             if current is not None:
                 _retire(current)
@@ -347,7 +355,7 @@ class _Call:
         try:
             submitter = self.backend._submitter()
             inner = submitter.submit(batch)
-        except BaseException as exc:  # broken or shut down executor: fail this batch, not hang
+        except BaseException as exc:  # noqa: BLE001  # broken/shut down executor: fail the batch, not hang
             if isinstance(exc, BrokenExecutor) and cluster is not None:
                 _mark_broken(cluster)
             inner = Future()
@@ -392,7 +400,7 @@ class _Call:
 # =========================================================================== the backend
 
 
-class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):
+class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc]
     """joblib's ``"scaler"`` backend; see the module docstring for the keywords and rules."""
 
     supports_retrieve_callback = True
@@ -417,12 +425,18 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):
         if address is not None and executor is not None:
             raise ValueError("give the scaler backend either address= or executor=, not both")
         if executor is not None and not hasattr(executor, "submit"):
-            raise TypeError(f"executor must be a concurrent.futures.Executor, got {type(executor).__name__}")
+            raise TypeError(
+                f"executor must be a concurrent.futures.Executor, got {type(executor).__name__}"
+            )
         self.address = address
         self.executor = executor
         self.options = {
             name: value
-            for name, value in (("max_retries", max_retries), ("priority", priority), ("task_timeout", task_timeout))
+            for name, value in (
+                ("max_retries", max_retries),
+                ("priority", priority),
+                ("task_timeout", task_timeout),
+            )
             if value is not None
         }
         self.wait_for_workers_timeout = wait_for_workers_timeout
@@ -441,27 +455,49 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Executors, locks and calls stay here; a copy (e.g. in a task) gets the settings only.
-        return (_rebuild_backend, (type(self), self.nesting_level, self.inner_max_num_threads, self._settings()))
+        return (
+            _rebuild_backend,
+            (type(self), self.nesting_level, self.inner_max_num_threads, self._settings()),
+        )
 
     def _settings(self) -> dict[str, Any]:
-        return {"address": self.address, **self.options, "wait_for_workers_timeout": self.wait_for_workers_timeout}
+        return {
+            "address": self.address,
+            **self.options,
+            "wait_for_workers_timeout": self.wait_for_workers_timeout,
+        }
 
     def __repr__(self) -> str:
-        where = f"executor={self.executor!r}" if self.executor is not None else f"address={self.address!r}" if self.address else "embedded"
+        where = (
+            f"executor={self.executor!r}"
+            if self.executor is not None
+            else f"address={self.address!r}"
+            if self.address
+            else "embedded"
+        )
         return f"{type(self).__name__}({where}, nesting_level={self.nesting_level}, options={self.options})"
 
     # ------------------------------------------------------------------ where tasks go
 
     def _sequential_here(self) -> bool:
         """Inside a task with nothing to join: run sequentially (see the module docstring)."""
-        return self.executor is None and self.address is None and _in_task() and _executor_for_nested_call() is None
+        return (
+            self.executor is None
+            and self.address is None
+            and _in_task()
+            and _executor_for_nested_call() is None
+        )
 
     def _target_executor(self) -> Executor | None:
         """An executor the backend does not own (and never shuts down), or None."""
         if self.executor is not None:
             return self.executor
         if _in_task():
-            return _executor_for_nested_call() if self.address is None else _own_cluster_executor(self.address)
+            return (
+                _executor_for_nested_call()
+                if self.address is None
+                else _own_cluster_executor(self.address)
+            )
         return None
 
     def _capacity(self) -> int:
@@ -476,7 +512,9 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):
                 _release(cluster)
         with _lock:
             current = _embedded
-            return max(current.size if current is not None and not current.broken else 0, _default_size())
+            return max(
+                current.size if current is not None and not current.broken else 0, _default_size()
+            )
 
     def effective_n_jobs(self, n_jobs: int | None) -> int:
         if n_jobs == 0:
@@ -489,7 +527,14 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):
             return max(self._capacity() + 1 + n_jobs, 1)
         return n_jobs
 
-    def configure(self, n_jobs: int = 1, parallel: Any = None, prefer: Any = None, require: Any = None, **backend_kwargs: Any) -> int:
+    def configure(
+        self,
+        n_jobs: int = 1,
+        parallel: Any = None,
+        prefer: Any = None,
+        require: Any = None,
+        **backend_kwargs: Any,
+    ) -> int:
         """Called by joblib at the start of each ``Parallel`` call (or ``with Parallel(...)``)."""
         self.parallel = parallel
         if self._sequential_here():
@@ -498,7 +543,11 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):
         if n_jobs == 1:
             raise FallbackToBackend(SequentialBackend(nesting_level=self.nesting_level))
         if self._target_executor() is None:
-            cluster = _acquire_client(self.address) if self.address is not None else _acquire_embedded(n_jobs)
+            cluster = (
+                _acquire_client(self.address)
+                if self.address is not None
+                else _acquire_embedded(n_jobs)
+            )
             with self._lock:
                 self._leases.append(cluster)
                 self._cluster = cluster
@@ -512,7 +561,9 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):
             with self._lock:
                 cluster = self._cluster
             if cluster is None:
-                raise RuntimeError("the scaler backend is not configured: use it through joblib.Parallel")
+                raise RuntimeError(
+                    "the scaler backend is not configured: use it through joblib.Parallel"
+                )
             executor = cluster.executor
         if not self.options:
             return executor
@@ -520,7 +571,9 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):
             view = self._view
             if view is None or view[0] is not executor:
                 if not hasattr(executor, "options"):
-                    raise TypeError(f"{', '.join(self.options)} need a ScalerExecutor, not {type(executor).__name__}")
+                    raise TypeError(
+                        f"{', '.join(self.options)} need a ScalerExecutor, not {type(executor).__name__}"
+                    )
                 view = self._view = (executor, executor.options(**self.options))
             return view[1]
 
@@ -548,7 +601,9 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):
                 call = self._calls[key] = _Call(self, call_id, limit)
             return call
 
-    def submit(self, func: Callable[[], Any], callback: Callable[[Any], Any] | None = None) -> _BatchFuture:
+    def submit(
+        self, func: Callable[[], Any], callback: Callable[[Any], Any] | None = None
+    ) -> _BatchFuture:
         """Run one batch (joblib >= 1.5); ``callback(future)`` runs when it is done."""
         future = _BatchFuture()
         if callback is not None:
@@ -556,7 +611,9 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):
         self._call_for(callback).add(future, func)
         return future
 
-    def apply_async(self, func: Callable[[], Any], callback: Callable[[Any], Any] | None = None) -> _BatchFuture:
+    def apply_async(
+        self, func: Callable[[], Any], callback: Callable[[Any], Any] | None = None
+    ) -> _BatchFuture:
         """Run one batch: the entry point of joblib < 1.5 (deprecated there since)."""
         return self.submit(func, callback)
 
@@ -575,7 +632,9 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):
         backend stays usable whatever ``ensure_ready`` says (the cluster is shared).
         """
         with self._lock:
-            calls = [call for key, call in self._calls.items() if getattr(key, "_aborting", key is self)]
+            calls = [
+                call for key, call in self._calls.items() if getattr(key, "_aborting", key is self)
+            ]
             if not calls and self.parallel is not None and self.parallel in self._calls:
                 calls = [self._calls[self.parallel]]
         for call in calls:
@@ -595,7 +654,9 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):
         return nested, None
 
 
-def _rebuild_backend(cls: type[ScalerBackend], nesting_level: int | None, inner: int | None, settings: dict[str, Any]) -> ScalerBackend:
+def _rebuild_backend(
+    cls: type[ScalerBackend], nesting_level: int | None, inner: int | None, settings: dict[str, Any]
+) -> ScalerBackend:
     return cls(nesting_level=nesting_level, inner_max_num_threads=inner, **settings)
 
 
