@@ -156,6 +156,23 @@ class ScalerExecutor(Executor):
         """``Executor.map`` with ``ProcessPoolExecutor``'s ``chunksize`` and Python 3.14's ``buffersize``."""
         return _map(self._agent, 0, fn, iterables, timeout, chunksize, buffersize)
 
+    def get(self, dsk: Any, keys: Any, **options: Any) -> Any:
+        """Compute ``keys`` of a Dask-style graph ``dsk`` in the cluster.
+
+        Usable as a Dask scheduler: ``dask.compute(x, scheduler=ex.get)``.  ``options`` are
+        those of :meth:`options` (priority, max_retries, …) for every task of the graph.
+        Results come in the nested shape of ``keys`` (a list of keys gives a tuple).
+
+        Raises:
+            KeyError: a requested key is not in the graph.
+            ValueError: the graph has a cycle (the message names a key on it).
+            Exception: the first failing task's own exception, for a key that depends on it.
+        """
+        from scaler_executor.client.graph import run_graph
+
+        view = self.options(**options) if options else None
+        return run_graph(self._agent, dsk, keys, view._id() if view is not None else 0)
+
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Standard semantics; idempotent.  Stops the embedded cluster once outstanding work is done."""
         self._agent.shutdown(wait, cancel_futures=cancel_futures)
@@ -270,6 +287,12 @@ class _OptionsView:
         buffersize: int | None = None,
     ) -> Iterator[T]:
         return _map(self._executor._agent, self._id(), fn, iterables, timeout, chunksize, buffersize)
+
+    def get(self, dsk: Any, keys: Any) -> Any:
+        """:meth:`ScalerExecutor.get` with this view's options."""
+        from scaler_executor.client.graph import run_graph
+
+        return run_graph(self._executor._agent, dsk, keys, self._id())
 
     def options(self, **changes: Any) -> _OptionsView:
         merged = dict(zip(_OPTION_NAMES, self._options))

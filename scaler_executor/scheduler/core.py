@@ -520,12 +520,6 @@ class Scheduler:
                 self._result_to(dependent.client, m.TaskResult(dependent.task_id, 0, answer_status, answer, m.NO_FACTS))
             stack.extend(dependent.dependents or ())
 
-    def _maybe_release(self, task: TaskRecord) -> None:
-        if task.holds <= 0 and task.state is TaskState.FINISHED:
-            task.transition("released")
-            task.result = None
-            self._forget(task)
-
     def _satisfiable(self, key: ConstraintKey) -> bool:
         if self.template is not None and self.template.fits_ever(key):
             return True
@@ -818,13 +812,29 @@ class Scheduler:
     # ------------------------------------------------------------------ bookkeeping
 
     def _forget(self, task: TaskRecord) -> None:
-        if self.tasks.pop(task.task_id, None) is None:
-            return
-        for dep_id in task.deps:
-            dep = self.tasks.get(dep_id)
-            if dep is not None:
-                dep.holds -= 1
-                self._maybe_release(dep)
+        # Iterative: forgetting the end of a 10,000-task chain releases the whole chain.
+        stack = [task]
+        while stack:
+            task = stack.pop()
+            if self.tasks.pop(task.task_id, None) is None:
+                continue
+            self._forget_one(task)
+            for dep_id in task.deps:
+                dep = self.tasks.get(dep_id)
+                if dep is not None:
+                    dep.holds -= 1
+                    if dep.holds <= 0 and dep.state is TaskState.FINISHED:
+                        dep.transition("released")
+                        dep.result = None
+                        stack.append(dep)
+
+    def _maybe_release(self, task: TaskRecord) -> None:
+        if task.holds <= 0 and task.state is TaskState.FINISHED:
+            task.transition("released")
+            task.result = None
+            self._forget(task)
+
+    def _forget_one(self, task: TaskRecord) -> None:
         if task.fn_id:
             left = self.function_refs[task.fn_id] - 1
             self.function_refs[task.fn_id] = left

@@ -1,0 +1,263 @@
+"""``ScalerExecutor.get``: Dask-style task graphs, run inside the cluster.
+
+Dask's graph specification, both forms:
+
+* *legacy*: a dict ``{key: value}`` where a value is a task — a tuple whose first
+  element is callable, e.g. ``(add, "x", 1)`` — or data; keys may appear anywhere in a
+  task's arguments, nested in lists, tuples and dicts; a value that is itself a key is
+  an alias; tasks may nest (``(add, (inc, 1), "x")``);
+* *task spec* (Dask ≥ 2024.12): values are ``Task``, ``Alias``, ``DataNode``, ``List``…
+  nodes, recognised by duck typing (a callable with a ``dependencies`` set), so this
+  module never imports Dask.
+
+The graph is culled to what ``keys`` need, checked for cycles, and sent to the daemon
+in one batch in dependency order.  Each task becomes one cluster task whose
+dependencies are the tasks it refers to; the daemon releases it when they finish and
+frees each intermediate result as soon as no dependent needs it.  Only the requested
+keys' results travel back to the client; intermediates stay in the cluster
+(``TaskFlags.NO_RESULT``).  A failure anywhere fails the requested keys that depend on
+it, with the original exception.  Everything here is iterative: a 10,000-node chain
+needs no deep recursion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+from scaler_executor.client.agent import ClientAgent
+from scaler_executor.protocol.messages import TaskFlags
+from scaler_executor.worker.deps import Key, call_node, evaluate
+
+_UNSET = object()
+
+
+def _is_task(value: Any) -> bool:
+    return type(value) is tuple and bool(value) and callable(value[0])
+
+
+def _is_node(value: Any) -> bool:
+    """A Dask task-spec node (Task, Alias, DataNode, List, Dict…), by duck typing."""
+    return hasattr(value, "dependencies") and callable(value) and not isinstance(value, type)
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _flatten_keys(keys: Any) -> list[Hashable]:
+    out: list[Hashable] = []
+    stack = [keys]
+    while stack:
+        item = stack.pop()
+        if type(item) is list:
+            stack.extend(reversed(item))
+        else:
+            out.append(item)
+    return out
+
+
+def _legacy_deps(value: Any, dsk: Mapping[Hashable, Any]) -> set[Hashable]:
+    """Keys referenced anywhere inside a legacy value (not descending into dependency values)."""
+    found: set[Hashable] = set()
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is tuple:
+            if _hashable(item) and item in dsk:
+                found.add(item)
+                continue
+            stack.extend(item[1:] if item and callable(item[0]) else item)
+        elif kind is list:
+            stack.extend(item)
+        elif kind is dict:
+            stack.extend(item.values())
+        elif _hashable(item) and not callable(item) and item in dsk:
+            found.add(item)
+    return found
+
+
+class _Graph:
+    def __init__(self, dsk: Mapping[Hashable, Any]) -> None:
+        self.dsk = dsk
+        self.deps: dict[Hashable, set[Hashable]] = {}
+
+    def alias_target(self, key: Hashable) -> Hashable | None:
+        """The key a value merely names (legacy alias or task-spec Alias), else None."""
+        value = self.dsk[key]
+        if _is_node(value):
+            if type(value).__name__ == "Alias":
+                target = getattr(value, "target", None)
+                target = getattr(target, "key", target)
+                if target is not None and target in self.dsk and target != key:
+                    return target  # type: ignore[no-any-return]
+            return None
+        if _hashable(value) and not callable(value) and value in self.dsk and value != key:
+            return value  # type: ignore[no-any-return]
+        return None
+
+    def dependencies(self, key: Hashable) -> set[Hashable]:
+        found = self.deps.get(key)
+        if found is None:
+            value = self.dsk[key]
+            if _is_node(value):
+                found = {k for k in value.dependencies if k in self.dsk}
+            else:
+                found = _legacy_deps(value, self.dsk) - {key}
+            self.deps[key] = found
+        return found
+
+    def order(self, wanted: list[Hashable]) -> list[Hashable]:
+        """The keys ``wanted`` needs, dependencies first; ValueError naming a key on a cycle."""
+        for key in wanted:
+            if key not in self.dsk:
+                raise KeyError(key)
+        WHITE, GREY, BLACK = 0, 1, 2
+        color: dict[Hashable, int] = {}
+        order: list[Hashable] = []
+        for root in wanted:
+            if color.get(root, WHITE) != WHITE:
+                continue
+            color[root] = GREY
+            stack: list[tuple[Hashable, Any]] = [(root, iter(self.dependencies(root)))]
+            while stack:
+                key, children = stack[-1]
+                for child in children:
+                    state = color.get(child, WHITE)
+                    if state == GREY:
+                        raise ValueError(f"the graph has a cycle through key {child!r}")
+                    if state == WHITE:
+                        color[child] = GREY
+                        stack.append((child, iter(self.dependencies(child))))
+                        break
+                else:
+                    stack.pop()
+                    color[key] = BLACK
+                    order.append(key)
+        return order
+
+
+def run_graph(agent: ClientAgent, dsk: Mapping[Hashable, Any], keys: Any, options_id: int) -> Any:
+    """Compute ``keys`` of ``dsk`` on the cluster; results in the nested shape of ``keys``."""
+    if not isinstance(dsk, Mapping):
+        raise TypeError(f"a graph must be a mapping from keys to tasks, got {type(dsk).__name__}")
+    graph = _Graph(dsk if isinstance(dsk, dict) else dict(dsk))
+    wanted = _flatten_keys(keys)
+    order = graph.order(wanted)
+    evaluate_id = agent.function_id(evaluate)
+    number: dict[Hashable, int] = {}  # key -> task number in the cluster
+    literal: dict[Hashable, Any] = {}  # key -> value known on the client
+    futures: dict[Hashable, Future[Any]] = {}
+
+    def resolve(key: Hashable) -> Hashable:
+        seen = {key}
+        while (target := graph.alias_target(key)) is not None:
+            if target in seen:
+                raise ValueError(f"the graph has a cycle of aliases through key {key!r}")
+            seen.add(target)
+            key = target
+        return key
+
+    def reference(key: Hashable) -> Any:
+        key = resolve(key)
+        if key in literal:
+            return literal[key]
+        return Key(number[key])
+
+    def substitute(value: Any) -> Any:
+        kind = type(value)
+        if kind is tuple:
+            if _hashable(value) and value in graph.dsk:
+                return reference(value)
+            if value and callable(value[0]):
+                return (value[0], *[substitute(a) for a in value[1:]])
+            return tuple(substitute(a) for a in value)
+        if kind is list:
+            return [substitute(a) for a in value]
+        if kind is dict:
+            return {k: substitute(v) for k, v in value.items()}
+        if _hashable(value) and not callable(value) and value in graph.dsk:
+            return reference(value)
+        return value
+
+    wanted_targets = {resolve(w) for w in wanted}
+    for key in order:
+        if graph.alias_target(key) is not None:
+            continue
+        value = graph.dsk[key]
+        deps = graph.dependencies(key)
+        if _is_node(value):
+            if type(value).__name__ == "DataNode" and not deps and hasattr(value, "value"):
+                literal[key] = value.value
+                continue
+            expr: Any = (call_node, value, {d: reference(d) for d in deps})
+        elif not deps and not _contains_task(value):
+            literal[key] = value
+            continue
+        else:
+            expr = substitute(value)
+        dep_numbers = sorted({number[resolve(d)] for d in deps if resolve(d) in number})
+        payload, extra = agent.pickle_args((expr,), {})
+        dep_numbers = sorted(set(dep_numbers) | set(extra))
+        if key in wanted_targets:
+            future: Future[Any] = Future()
+            number[key] = agent.enqueue_graph_task(future, evaluate_id, options_id, payload, dep_numbers)
+            futures[key] = future
+        else:
+            number[key] = agent.enqueue_internal(
+                evaluate_id, options_id, TaskFlags.CALL | TaskFlags.NO_RESULT, payload, dep_numbers
+            )
+
+    results: dict[Hashable, Any] = {}
+    for key in wanted:
+        target = resolve(key)
+        if target in literal:
+            results[key] = literal[target]
+        else:
+            results[key] = futures[target].result()
+    return _pack(keys, results)
+
+
+def _contains_task(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is tuple:
+            if item and callable(item[0]):
+                return True
+            stack.extend(item)
+        elif kind is list:
+            stack.extend(item)
+        elif kind is dict:
+            stack.extend(item.values())
+    return False
+
+
+def _pack(keys: Any, results: dict[Hashable, Any]) -> Any:
+    """Results in the shape of ``keys``: a list of keys gives a tuple, as Dask's schedulers do."""
+    if type(keys) is not list:
+        return results[keys]
+    # Iterative, for very long or deep key lists.
+    root: list[Any] = []
+    stack: list[tuple[Any, list[Any]]] = [(keys, root)]
+    frames: list[tuple[list[Any], list[Any], int]] = []
+    while stack:
+        source, target = stack.pop()
+        for item in source:
+            if type(item) is list:
+                child: list[Any] = []
+                target.append(child)
+                stack.append((item, child))
+                frames.append((target, child, len(target) - 1))
+            else:
+                target.append(results[item])
+    for parent, child, index in reversed(frames):
+        parent[index] = tuple(child)
+    return tuple(root)
