@@ -27,6 +27,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Clust
         help="a file holding cloudpickle.dumps((initializer, initargs)) run in every local processor",
     )
     parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)  # stop when stdin closes
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)  # the embedded cluster's private directory
     args = parser.parse_args(argv)
     config = config_from_args(args)
     if not config.address:
@@ -59,7 +60,15 @@ def main(argv: list[str] | None = None) -> int:
 
     daemon = Daemon(config, config.address, lifeline_fd=0 if args.lifeline else None, manager=manager)
     daemon.install_signal_handlers()
-    return daemon.run()
+    try:
+        return daemon.run()
+    finally:
+        if args.workdir:
+            # The embedded cluster's directory (socket, config, initializer): gone with the
+            # daemon, even when the client that made it was killed.
+            import shutil
+
+            shutil.rmtree(args.workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ import io
 import itertools
 import logging
 import os
-import queue
 import socket
 import threading
 import time
@@ -55,6 +54,8 @@ log = logging.getLogger("scaler_executor.client")
 TASK_MASK = (1 << m.TASK_ID_BITS) - 1
 SUBMIT, CANCEL, REGISTER_FN, RELEASE_FN, REGISTER_OPTIONS, STATS, FORCE_CANCEL = range(7)
 RECV_BURST = 1024
+TURN_SECONDS = 0.02  # most a turn spends receiving, so heartbeats and submissions still go out under floods
+MAX_TASKS_PER_TRANSMISSION = 2000  # bounds the daemon's work per message, hence its turn time
 
 _live_agents: weakref.WeakSet[ClientAgent] = weakref.WeakSet()
 
@@ -118,10 +119,8 @@ class ClientAgent:
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._wake_pending = False
         self._closed = False
-        self._completions: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="scaler-client-agent", daemon=True)
-        self._completer = threading.Thread(target=self._complete, name="scaler-completion", daemon=True)
-        self._completer.start()
+        self._completer = _Completer(self)
         self._thread.start()
         _live_agents.add(self)
 
@@ -347,7 +346,7 @@ class ClientAgent:
             for future in list(self.futures.values()):
                 future.cancel()
         self.wake()
-        if wait and threading.current_thread() not in (self._thread, self._completer):
+        if wait and threading.current_thread() is not self._thread and threading.get_ident() not in self._completer.busy:
             self._thread.join()
             self._completer.join()
 
@@ -373,9 +372,10 @@ class ClientAgent:
         self._base = 0
         self._unacked = 0
         self._pending_frames: list[Any] | None = None
+        self._heartbeat_interval = self.config.heartbeat_interval
         started = self._last_recv = self._last_send = time.monotonic()
         self._send([self._hello()])
-        tick = min(self.config.heartbeat_interval / 2, 0.1)
+        tick = min(self.config.heartbeat_interval / 4, 0.05)
         try:
             while True:
                 timeout = tick * 1000 if self._pending_frames is None else 5
@@ -389,6 +389,7 @@ class ClientAgent:
                         except BlockingIOError:
                             pass
                 now = time.monotonic()
+                self._completer.check(now)
                 if self.broken is None:
                     self._check_daemon(now, started)
                 if self.broken is not None:
@@ -397,7 +398,7 @@ class ClientAgent:
                     self._drain_outbox()
                 if self._pending_frames is not None:
                     self._retry_pending()
-                elif now - self._last_send >= self.config.heartbeat_interval:
+                elif now - self._last_send >= self._heartbeat_interval:
                     self._send([m.Heartbeat(0, 0)])
                 if self.shutdown_requested and not self.futures and self._pending_frames is None:
                     if not any(item[0] == SUBMIT for item in self.outbox):
@@ -453,7 +454,7 @@ class ClientAgent:
             item = outbox[0]
             kind = item[0]
             if kind == SUBMIT:
-                if self._unacked >= window:
+                if self._unacked >= window or len(specs) >= MAX_TASKS_PER_TRANSMISSION:
                     break
                 outbox.popleft()
                 _, n, fn_id, options_id, flags, payload, deps = item
@@ -498,7 +499,10 @@ class ClientAgent:
 
     def _receive(self) -> None:
         sock = self._sock
+        deadline = time.monotonic() + TURN_SECONDS
         for _ in range(RECV_BURST):
+            if time.monotonic() > deadline:
+                return  # the rest waits for the next turn
             try:
                 frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=True)
             except zmq.Again:
@@ -512,14 +516,16 @@ class ClientAgent:
             for message in messages:
                 kind = type(message)
                 if kind is m.TaskResults:
-                    self._completions.put((RESULTS, message.results))
+                    self._completer.put_results(message.results)
                 elif kind is m.TasksRunning:
-                    self._completions.put((RUNNING, message.task_ids))
+                    self._completer.put(RUNNING, message.task_ids)
                 elif kind is m.SubmitAck:
                     self._unacked -= message.count
                 elif kind is m.Welcome:
                     self._welcomed = True
                     self._base = message.peer_id << m.TASK_ID_BITS
+                    # The daemon judges our liveness by its settings, not ours.
+                    self._heartbeat_interval = min(self.config.heartbeat_interval, message.heartbeat_interval)
                 elif kind is m.Stats:
                     if self._stats_waiters:
                         self._stats_waiters.popleft().set_result(dict(message.snapshot))
@@ -551,7 +557,7 @@ class ClientAgent:
             self.broken = exc
             self.outbox.clear()
         log.debug("client broken: %s", exc)
-        self._completions.put((FAIL_ALL, exc))
+        self._completer.put(FAIL_ALL, exc)
 
     def _teardown(self, context: zmq.Context[Any], sock: zmq.Socket[Any]) -> None:
         if self.broken is None or not isinstance(self.broken, DaemonLost):
@@ -563,61 +569,54 @@ class ClientAgent:
         context.term()
         if self.cluster is not None:
             self.cluster.stop()
-        self._completions.put((FAIL_ALL, DaemonLost("the executor shut down before these tasks finished")))
-        self._completions.put(None)
+        self._completer.put(FAIL_ALL, DaemonLost("the executor shut down before these tasks finished"))
+        self._completer.stop()
         with self.lock:
             self._closed = True
             os.close(self._wake_fd)
         _live_agents.discard(self)
 
-    # ================================================================== completion thread
+    # ================================================================== completion threads
 
-    def _complete(self) -> None:
+    def _complete_result(self, result: m.TaskResult) -> None:
+        """Complete one future from its result (on a completion thread; runs its callbacks)."""
+        n = result.task_id & TASK_MASK
+        if result.status == Status.DEP_GONE:
+            self._resubmit(n)
+            return
+        future = self.futures.pop(n, None)
+        if future is None:
+            return  # cancelled, or a late duplicate
+        self._repack.pop(n, None)
+        submitted = self._submitted.pop(n, 0.0)
+        if result.status == Status.CANCELLED and not future.running():
+            future.cancel()  # a dependency was cancelled: so is this, unrun
+            self._ids.pop(id(future), None)
+            return
+        if not future.running() and not future.set_running_or_notify_cancel():
+            self._ids.pop(id(future), None)
+            return
+        facts = result.facts
+        if facts.worker:
+            TASK_INFO[future] = TaskInfo(
+                result.task_id, facts.worker, submitted, facts.started, facts.finished,
+                result.attempt + 1, facts.peak_memory,
+            )
+        ok, value = ser.outcome(result.status, result.payload, result.task_id)
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+        # Only now: until the future is done, passing it as an argument must make a
+        # dependency (reduce_future), never a "foreign future" error.
+        self._ids.pop(id(future), None)
+
+    def _mark_running(self, task_ids: list[int]) -> None:
         futures = self.futures
-        while True:
-            item = self._completions.get()
-            if item is None:
-                return
-            kind, data = item
-            if kind == RESULTS:
-                for result in data:
-                    n = result.task_id & TASK_MASK
-                    if result.status == Status.DEP_GONE:
-                        self._resubmit(n)
-                        continue
-                    future = futures.pop(n, None)
-                    if future is None:
-                        continue  # cancelled, or a late duplicate
-                    self._repack.pop(n, None)
-                    submitted = self._submitted.pop(n, 0.0)
-                    if result.status == Status.CANCELLED and not future.running():
-                        future.cancel()  # a dependency was cancelled: so is this, unrun
-                        self._ids.pop(id(future), None)
-                        continue
-                    if not future.running() and not future.set_running_or_notify_cancel():
-                        self._ids.pop(id(future), None)
-                        continue
-                    facts = result.facts
-                    if facts.worker:
-                        TASK_INFO[future] = TaskInfo(
-                            result.task_id, facts.worker, submitted, facts.started, facts.finished,
-                            result.attempt + 1, facts.peak_memory,
-                        )
-                    ok, value = ser.outcome(result.status, result.payload, result.task_id)
-                    if ok:
-                        future.set_result(value)
-                    else:
-                        future.set_exception(value)
-                    # Only now: until the future is done, passing it as an argument must make a
-                    # dependency (reduce_future), never a "foreign future" error.
-                    self._ids.pop(id(future), None)
-            elif kind == RUNNING:
-                for task_id in data:
-                    future = futures.get(task_id & TASK_MASK)
-                    if future is not None and not future.running() and not future.done():
-                        future.set_running_or_notify_cancel()
-            elif kind == FAIL_ALL:
-                self._fail_all(data)
+        for task_id in task_ids:
+            future = futures.get(task_id & TASK_MASK)
+            if future is not None and not future.running() and not future.done():
+                future.set_running_or_notify_cancel()
 
     def _fail_all(self, exc: BaseException) -> None:
         self._ids.clear()
@@ -637,6 +636,88 @@ class ClientAgent:
 
 
 RESULTS, RUNNING, FAIL_ALL = "results", "running", "fail-all"
+STUCK_SECONDS = 0.1  # a completion thread busy this long in one item is presumed in a slow callback
+MAX_COMPLETION_THREADS = 32
+
+
+class _Completer:
+    """Completes futures on completion threads, never on the thread that owns the socket.
+
+    Work items are taken one at a time from a shared queue, so when a done-callback is
+    slow, only its own future's item waits: the agent thread notices a thread stuck in
+    one item (``check``) and starts another, which carries on with the rest.  Order
+    within a future is kept: a result arriving before its RUNNING notice marks the
+    future running itself.
+    """
+
+    def __init__(self, agent: ClientAgent) -> None:
+        self.agent = agent
+        self.work: deque[tuple[str, Any]] = deque()
+        self.cond = threading.Condition()
+        self.busy: dict[int, float] = {}  # thread ident -> when it took its current item
+        self.threads: list[threading.Thread] = []
+        self.stopping = False
+        self._start_thread()
+
+    def _start_thread(self) -> None:
+        thread = threading.Thread(target=self._loop, name=f"scaler-completion-{len(self.threads)}", daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def put(self, kind: str, data: Any) -> None:
+        self.work.append((kind, data))
+        with self.cond:
+            self.cond.notify()
+
+    def put_results(self, results: list[m.TaskResult]) -> None:
+        self.work.extend((RESULTS, r) for r in results)
+        with self.cond:
+            self.cond.notify()
+
+    def check(self, now: float) -> None:
+        """Start another thread if work waits while every thread is stuck in one item."""
+        if not self.work or len(self.threads) >= MAX_COMPLETION_THREADS:
+            return
+        busy = list(self.busy.values())
+        if len(busy) >= len(self.threads) and all(now - since > STUCK_SECONDS for since in busy):
+            self._start_thread()
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+
+    def join(self) -> None:
+        for thread in list(self.threads):
+            if thread is not threading.current_thread():
+                thread.join()
+
+    def _loop(self) -> None:
+        me = threading.get_ident()
+        work, agent = self.work, self.agent
+        while True:
+            try:
+                kind, data = work.popleft()
+            except IndexError:
+                with self.cond:
+                    while not work and not self.stopping:
+                        self.cond.wait()
+                    if self.stopping and not work:
+                        return
+                continue
+            self.busy[me] = time.monotonic()
+            try:
+                if kind == RESULTS:
+                    agent._complete_result(data)
+                elif kind == RUNNING:
+                    agent._mark_running(data)
+                elif kind == FAIL_ALL:
+                    agent._fail_all(data)
+            except Exception:  # a bug here must not kill the thread that completes futures
+                log.exception("client: failed to complete a future")
+            finally:
+                del self.busy[me]
+                kind = data = None  # hold no result while waiting for the next item
 
 
 class DependencyFailed(Exception):

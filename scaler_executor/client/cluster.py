@@ -41,6 +41,7 @@ class EmbeddedCluster:
         initializer: bytes | None = None,
         max_tasks_per_child: int | None = None,
     ) -> None:
+        _remove_stale_directories()
         self.directory = tempfile.mkdtemp(prefix=f"scaler-{os.getpid()}-")  # mode 0700; pid names the owner
         self.address = f"ipc://{self.directory}/daemon.sock"
         if minimum is None or minimum == processors:
@@ -57,7 +58,16 @@ class EmbeddedCluster:
         config_file = os.path.join(self.directory, "config.toml")
         with open(config_file, "w") as f:
             f.write(self.config.to_toml())
-        command = [sys.executable, "-m", "scaler_executor.cli.daemon", "--config", config_file, "--lifeline"]
+        command = [
+            sys.executable,
+            "-m",
+            "scaler_executor.cli.daemon",
+            "--config",
+            config_file,
+            "--lifeline",
+            "--workdir",
+            self.directory,
+        ]
         if initializer is not None:
             initializer_file = os.path.join(self.directory, "initializer.pickle")
             with open(initializer_file, "wb") as f:
@@ -92,6 +102,38 @@ class EmbeddedCluster:
                 pass
             self.process.wait()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _remove_stale_directories() -> None:
+    """Remove the directories of embedded clusters whose client and daemon both died."""
+    import glob
+
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), "scaler-*-*")):
+        pid_text = os.path.basename(path).split("-")[1]
+        if not pid_text.isdigit() or os.stat(path).st_uid != os.getuid():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+            continue  # its client still runs
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        socket_path = os.path.join(path, "daemon.sock")
+        if os.path.exists(socket_path) and _daemon_answers(socket_path):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _daemon_answers(socket_path: str) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(socket_path)
+        except OSError:
+            return False
+    return True
 
 
 def _worker_environment() -> dict[str, str]:

@@ -345,6 +345,16 @@ def _make_options(
 # --------------------------------------------------------------------------- map
 
 
+def _result_or_cancel(future: Future[Any], end_time: float | None) -> Any:
+    try:
+        try:
+            return future.result(None if end_time is None else end_time - time.monotonic())
+        finally:
+            future.cancel()
+    finally:
+        del future  # break the reference cycle through the exception's traceback
+
+
 def _map(
     agent: ClientAgent,
     options_id: int,
@@ -407,18 +417,16 @@ def _map(
                     item = next(zipped, None)
                     if item is not None:
                         fs.appendleft(submit_one(item))
-                future = fs.pop()
-                try:
-                    if end_time is None:
-                        value = future.result()
-                    else:
-                        value = future.result(end_time - time.monotonic())
-                finally:
-                    future.cancel()
+                # No local keeps the future or its value while suspended at yield: a result
+                # the caller dropped is freed (CPython's map does the same, bpo-14406).
                 if flags == TaskFlags.CHUNK:
-                    yield from value
+                    values, failure = _result_or_cancel(fs.pop(), end_time)
+                    yield from values
+                    del values
+                    if failure is not None:
+                        raise ser.rebuild_exception(failure)
                 else:
-                    yield value
+                    yield _result_or_cancel(fs.pop(), end_time)
         finally:
             for future in fs:
                 future.cancel()

@@ -13,12 +13,9 @@ and the workers stop.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 from scaler_executor.config import ClusterConfig
@@ -54,12 +51,10 @@ class LocalWorkerManager:
         self.young_deaths = 0
         self.next_start = 0.0
         self.stopping = False
-        self._dir = tempfile.mkdtemp(prefix="scaler-manager-")
-        self._config_file = os.path.join(self._dir, "config.toml")
-        with open(self._config_file, "w") as f:
-            f.write(config.replace(address=address, workers=0).to_toml())
 
     def command(self) -> list[str]:
+        """The worker's command line; the settings travel as flags, so no file outlives a crash."""
+        c = self.config
         cmd = [
             sys.executable,
             "-m",
@@ -67,11 +62,24 @@ class LocalWorkerManager:
             self.address,
             "--processors",
             str(self.processors),
-            "--config",
-            self._config_file,
             "--lifeline",
             "--workers-on-host",
             str(self.count),
+            "--heartbeat-interval",
+            repr(c.heartbeat_interval),
+            "--heartbeat-liveness",
+            str(c.heartbeat_liveness),
+            "--send-hwm",
+            str(c.send_hwm),
+            "--log-level",
+            c.log_level,
+            "--worker-resources",
+            c.worker_resources,
+            "--worker-tags",
+            c.worker_tags,
+            "--memory-limit",
+            c.memory_limit,
+            "--allow-tcp-unauthenticated" if c.allow_tcp_unauthenticated else "--no-allow-tcp-unauthenticated",
         ]
         if self.initializer_file:
             cmd += ["--initializer", self.initializer_file]
@@ -103,9 +111,7 @@ class LocalWorkerManager:
                     pass
 
     def _start_one(self) -> None:
-        env = dict(os.environ)
-        env.pop("SCALER_CONFIG", None)  # the worker's config is the file given on its command line
-        process = subprocess.Popen(self.command(), stdin=subprocess.PIPE, env=env)
+        process = subprocess.Popen(self.command(), stdin=subprocess.PIPE)
         self.workers[process.pid] = (process, time.monotonic())
 
     def poll(self) -> list[tuple[int, str]]:
@@ -151,7 +157,6 @@ class LocalWorkerManager:
                 process.kill()
                 process.wait()
         self.workers.clear()
-        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def _wait_status(returncode: int) -> int:

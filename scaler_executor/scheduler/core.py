@@ -173,6 +173,7 @@ class Scheduler:
         }
         self._monitors: dict[bytes, float] = {}
         self._heartbeats_due = False
+        self._stats_wanted: list[bytes] = []
         self._next_peer_id = 1
         self._now = 0.0
         self._out: dict[bytes, list[Any]] = {}
@@ -565,7 +566,7 @@ class Scheduler:
         return
 
     def _on_stats_request(self, peer: bytes, message: m.StatsRequest) -> None:
-        self._send(peer, m.Stats(self.statistics()))
+        self._stats_wanted.append(peer)  # answered in _flush, after this turn's dispatch
 
     def _lose_client(self, client: ClientRecord, why: str) -> None:
         log.info("client %r lost: %s; cancelling its %d tasks", client.name, why, len(client.tasks))
@@ -861,6 +862,12 @@ class Scheduler:
             results.append(result)
 
     def _flush(self) -> list[Command]:
+        if self._stats_wanted:
+            snapshot = self.statistics()
+            for peer in self._stats_wanted:
+                if peer in self.clients or peer in self._monitors:
+                    self._send(peer, m.Stats(snapshot))
+            self._stats_wanted.clear()
         for peer, count in self._acks.items():
             self._send(peer, m.SubmitAck(count))
         self._acks.clear()

@@ -46,6 +46,7 @@ from scaler_executor.scheduler.core import (
 log = logging.getLogger("scaler_executor.daemon")
 
 RECV_BURST = 4096  # transmissions read per turn before the core runs: bounds latency under load
+TURN_SECONDS = 0.05  # and at most this long receiving, so heartbeats and dispatch keep flowing
 MAX_BACKLOG = 100_000  # transmissions held for one slow peer before it is declared unreachable
 BACKLOG_RETRY_MS = 5
 
@@ -168,7 +169,10 @@ class Daemon:
 
     def _receive(self, events: list[core.Event], now: float) -> None:
         sock = self.sock
+        deadline = now + TURN_SECONDS
         for _ in range(RECV_BURST):
+            if time.monotonic() > deadline:
+                return
             try:
                 frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=True)
             except zmq.Again:

@@ -144,7 +144,7 @@ class WorkerAgent:
         self.functions: dict[int, bytes] = {}
         self.results: list[m.TaskResult] = []
         self.outbox: list[object] = []
-        self.mean_task = 0.0
+        self.mean_task: float | None = None  # EWMA of task durations; None until one finished
         self.welcomed = False
         self.stopping = False
         self.broken: str | None = None
@@ -152,6 +152,8 @@ class WorkerAgent:
         self.last_recv = time.monotonic()
         self.last_send = 0.0
         self.last_hello = 0.0
+        self.heartbeat_interval = config.heartbeat_interval
+        self.daemon_silence_limit = config.heartbeat_interval * config.heartbeat_liveness
         self.died_in_a_row = 0
         self.respawn_at = 0.0
         self._signal_r, self._signal_w = os.pipe()
@@ -276,6 +278,12 @@ class WorkerAgent:
                     self._to_processor(p, forget)
         elif kind is m.Welcome:
             self.welcomed = True
+            # Send at least as often as the daemon expects; judge its silence by its own pace.
+            self.heartbeat_interval = min(self.config.heartbeat_interval, message.heartbeat_interval)  # type: ignore[attr-defined]
+            self.daemon_silence_limit = max(
+                self.config.heartbeat_interval * self.config.heartbeat_liveness,
+                message.heartbeat_interval * message.heartbeat_liveness,  # type: ignore[attr-defined]
+            )
             log.info("worker %s joined the daemon at %s as worker %d", self.name, self.address, message.peer_id)  # type: ignore[attr-defined]
         elif kind is m.Refused:
             reason = message.reason  # type: ignore[attr-defined]
@@ -400,7 +408,8 @@ class WorkerAgent:
         else:
             facts = m.TaskFacts(self.name, started, finished, peak)
             self.results.append(m.TaskResult(task_id, attempt, status, payload, facts))
-        self.mean_task += 0.2 * ((finished - started) - self.mean_task)
+        duration = finished - started
+        self.mean_task = duration if self.mean_task is None else self.mean_task + 0.2 * (duration - self.mean_task)
         self.died_in_a_row = 0
 
     def _on_stderr(self, p: Processor) -> None:
@@ -533,7 +542,9 @@ class WorkerAgent:
     def _assign(self, now: float) -> None:
         if not self.queue or self.broken is not None:
             return
-        depth = 2 if self.mean_task < SHORT_TASK_SECONDS else 1
+        # A second task queued behind a running one only pays off for short tasks, and
+        # only once we know they are short: before that, two long tasks would run in series.
+        depth = 2 if self.mean_task is not None and self.mean_task < SHORT_TASK_SECONDS else 1
         live = [p for p in self.processors.values() if p.eof_at is None and p.kill is None and not p.seceded]
         for level in range(1, depth + 1):
             for p in live:
@@ -582,12 +593,12 @@ class WorkerAgent:
                     self._kill(p, Status.TIMEOUT, f"task ran longer than its task_timeout of {limit} s")
         self._reconcile(now)
         silence = now - self.last_recv
-        if silence > self.config.heartbeat_interval * self.config.heartbeat_liveness:
+        if silence > self.daemon_silence_limit:
             if self.lifeline_fd is not None:
                 log.error("worker %s: no message from the daemon for %.1f s; stopping", self.name, silence)
                 self.exit_code = 4
                 self.stopping = True
-            elif now - self.last_hello > self.config.heartbeat_interval * self.config.heartbeat_liveness:
+            elif now - self.last_hello > self.daemon_silence_limit:
                 log.warning("worker %s: no message from the daemon for %.1f s; joining again", self.name, silence)
                 self._forget_daemon_state()
                 self._hello()
@@ -597,7 +608,7 @@ class WorkerAgent:
         if self.results:
             batch.append(m.TaskResults(self.results))
             self.results = []
-        if not batch and now - self.last_send >= self.config.heartbeat_interval:
+        if not batch and now - self.last_send >= self.heartbeat_interval:
             running = sum(1 for p in self.processors.values() if p.outstanding)
             batch.append(m.Heartbeat(len(self.queue), running))
         if batch and self.welcomed:

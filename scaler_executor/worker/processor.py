@@ -93,7 +93,17 @@ def _run(fn: Callable[..., Any], flags: int, payload: bytes) -> tuple[int, bytes
         return Status.ERROR, dump_exception(exc)
     try:
         if flags & TaskFlags.CHUNK:
-            value: Any = [fn(*item) for item in chunk]
+            # (results, None), or (results before the failing call, its exception): map
+            # yields those, then raises at the failing item's position.
+            values: list[Any] = []
+            failure = None
+            for item in chunk:
+                try:
+                    values.append(fn(*item))
+                except BaseException as exc:
+                    failure = dump_exception(exc)
+                    break
+            value: Any = (values, failure)
         else:
             value = fn(*args, **kwargs)
     except BaseException as exc:  # the task's own error, whatever it is, goes back to the caller
