@@ -45,6 +45,7 @@ from bench.contestants import CONTESTANTS, REFERENCE  # noqa: E402  (imports no 
 from bench.workloads import WORKLOADS  # noqa: E402
 
 DEFAULT_TIMEOUT = 600.0  # seconds per (contestant, workload) subprocess
+STDERR_TAIL = 60  # lines of a failed cell's stderr kept in its result (daemon logs land there too)
 BUSY_WARNING = 0.2  # cores of other processes' CPU during a cell that make its figures suspect
 
 
@@ -124,6 +125,46 @@ def children_cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
+class TreeCpu:
+    """CPU of a process tree, sampled every ``interval`` s while it runs (psutil).
+
+    RUSAGE_CHILDREN misses descendants their parent never waited for (orphans
+    reaped by init); sampling catches them up to the last sample before they exit.
+    """
+
+    def __init__(self, pid: int, interval: float = 0.2) -> None:
+        import threading
+
+        import psutil
+
+        self._psutil = psutil
+        self._pid = pid
+        self._seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(interval,), daemon=True)
+        self._thread.start()
+
+    def _loop(self, interval: float) -> None:
+        psutil = self._psutil
+        while not self._stop.wait(interval):
+            try:
+                root = psutil.Process(self._pid)
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                continue
+            for p in procs:
+                try:
+                    t = p.cpu_times()
+                    self._seen[p.pid] = max(self._seen.get(p.pid, 0.0), t.user + t.system)
+                except psutil.Error:
+                    continue
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return sum(self._seen.values())
+
+
 def wait_idle(limit: float, threshold: float = 0.15) -> float:
     """Wait up to ``limit`` s for the machine to be under ``threshold`` busy; returns the last busy fraction."""
     deadline = time.monotonic() + limit
@@ -155,6 +196,7 @@ def spawn(contestant: str, workload: str, workers: int, quick: bool, timeout: fl
         cwd=ROOT,
         start_new_session=True,  # so a timeout can kill the child's whole process group
     )
+    tree = TreeCpu(proc.pid)
     try:
         # Waits for EOF, i.e. until every process holding the pipes (the contestant's
         # workers too) is gone: the next pair starts on a quiet machine.
@@ -168,12 +210,14 @@ def spawn(contestant: str, workload: str, workers: int, quick: bool, timeout: fl
             out, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             out, err = b"", b""
+        tree.stop()
         return {"contestant": contestant, "workload": workload, "error": f"timed out after {timeout:.0f} s"}
     elapsed = time.monotonic() - started
     busy1, _ = machine_cpu_seconds()
     # Whatever the machine was busy with that was not this cell (its processes are all
     # reaped by now, so their CPU is in RUSAGE_CHILDREN): other people's work.
-    foreign = max(0.0, (busy1 - busy0) - (children_cpu_seconds() - own0))
+    own = max(children_cpu_seconds() - own0, tree.stop())
+    foreign = max(0.0, (busy1 - busy0) - own)
     parsed = None
     for line in reversed(out.decode(errors="replace").splitlines()):
         line = line.strip()
@@ -184,13 +228,13 @@ def spawn(contestant: str, workload: str, workers: int, quick: bool, timeout: fl
             except json.JSONDecodeError:
                 continue
     if parsed is None:
-        tail = err.decode(errors="replace").strip().splitlines()[-5:]
+        tail = err.decode(errors="replace").strip().splitlines()[-STDERR_TAIL:]
         parsed = {"contestant": contestant, "workload": workload, "error": f"exit {proc.returncode}, no JSON result"}
         parsed["stderr"] = "\n".join(tail)
     elif proc.returncode != 0 and "error" not in parsed:
         parsed["error"] = f"exit {proc.returncode}"
     if "error" in parsed and "stderr" not in parsed:
-        parsed["stderr"] = "\n".join(err.decode(errors="replace").strip().splitlines()[-5:])
+        parsed["stderr"] = "\n".join(err.decode(errors="replace").strip().splitlines()[-STDERR_TAIL:])
     parsed["elapsed"] = elapsed
     parsed["foreign_cores"] = foreign / elapsed if elapsed > 0 else 0.0
     return parsed
@@ -251,11 +295,7 @@ def fmt_value(value: float, unit: str) -> str:
         return f"{value:,.0f}"
     if abs(value) >= 100:
         return f"{value:,.0f}"
-    if abs(value) >= 10:
-        return f"{value:.1f}"
-    if abs(value) >= 1:
-        return f"{value:.2f}"
-    return f"{value:.3g}"
+    return f"{value:#.3g}"  # three significant figures, trailing zeros kept: 0.500, 1.20, 12.0
 
 
 def fmt_ratio(value: float, reference: float) -> str:
@@ -358,7 +398,7 @@ def notes(results: dict[tuple[str, str], dict[str, Any]], contestants: list[str]
         worst = sorted(busy.items(), key=lambda kv: -kv[1])
         lines.append(
             "WARNING: other processes kept the machine busy during "
-            f"{len(busy)} of {len(results)} cells (on average, in cores: "
+            f"{len(busy)} of {sum('foreign_cores' in r for r in results.values())} cells (on average, in cores: "
             + ", ".join(f"{c}/{w} {v:.2f}" for (c, w), v in worst[:6])
             + (", ..." if len(worst) > 6 else "")
             + "): those figures are suspect; rerun on a quiet machine (see --wait-idle)."
@@ -374,8 +414,11 @@ def notes(results: dict[tuple[str, str], dict[str, Any]], contestants: list[str]
     return lines
 
 
-def write_rst(path: str, table: str, machine: dict[str, str], note_lines: list[str], workers: int, quick: bool, command: str, contestants: list[str]) -> None:
+def write_rst(path: str, table: str, machine: dict[str, str], note_lines: list[str], workers: int, quick: bool, command: str, contestants: list[str], versions: dict[str, str]) -> None:
     title = "Performance: ScalerExecutor side by side"
+    machine = dict(machine)
+    if versions:
+        machine["packages"] = ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
     labels = "\n".join(f"* ``{c}``: {CONTESTANTS[c].label}" for c in contestants)
     machine_rows = "\n".join(f"   * - {k}\n     - {v}" for k, v in machine.items())
     workload_lines = "\n".join(f"* ``{w.name}``: {w.summary}" for w in WORKLOADS.values())
@@ -466,7 +509,10 @@ def parent_main(args: argparse.Namespace) -> int:
     print("machine: " + "; ".join(f"{k} {v}" for k, v in machine.items()))
     if args.output:
         command = "python bench/compare.py " + " ".join(sys.argv[1:])
-        write_rst(args.output, render_rst(header, rows), machine, note_lines, args.workers, args.quick, command, shown)
+        versions: dict[str, str] = {}
+        for r in results.values():
+            versions.update(r.get("versions", {}))
+        write_rst(args.output, render_rst(header, rows), machine, note_lines, args.workers, args.quick, command, shown, versions)
         print(f"wrote {args.output}")
     if args.save_json:
         with open(args.save_json, "w") as f:
