@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import resource
@@ -31,7 +32,7 @@ import subprocess
 import sys
 import time
 import traceback
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -41,8 +42,8 @@ if ROOT not in sys.path:
     # embedded cluster passes sys.path on as PYTHONPATH, forked pools inherit it.
     sys.path.insert(0, ROOT)
 
-from bench.contestants import CONTESTANTS, REFERENCE  # noqa: E402  (imports no contestant package)
-from bench.workloads import WORKLOADS  # noqa: E402
+from bench.contestants import CONTESTANTS, REFERENCE  # imports no contestant package
+from bench.workloads import WORKLOADS
 
 DEFAULT_TIMEOUT = 600.0  # seconds per (contestant, workload) subprocess
 STDERR_TAIL = 60  # lines of a failed cell's stderr kept in its result (daemon logs land there too)
@@ -85,7 +86,7 @@ def child_main(args: argparse.Namespace) -> int:
     try:
         result = run_one(contestant_name, workload_name, args.workers, args.quick)
         code = 0
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001  (reported as the cell's result)
         traceback.print_exc()
         result = {
             "contestant": contestant_name,
@@ -177,12 +178,25 @@ def wait_idle(limit: float, threshold: float = 0.15) -> float:
             return busy
 
 
-def spawn(contestant: str, workload: str, workers: int, quick: bool, timeout: float) -> dict[str, Any]:
-    command = [sys.executable, os.path.abspath(__file__), "--run", contestant, workload, "--workers", str(workers), "--json"]
+def spawn(
+    contestant: str, workload: str, workers: int, quick: bool, timeout: float
+) -> dict[str, Any]:
+    command = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--run",
+        contestant,
+        workload,
+        "--workers",
+        str(workers),
+        "--json",
+    ]
     if quick:
         command.append("--quick")
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([ROOT, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [ROOT, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    )
     env.pop("PYTHONSTARTUP", None)
     started = time.monotonic()
     busy0, _ = machine_cpu_seconds()
@@ -211,7 +225,11 @@ def spawn(contestant: str, workload: str, workers: int, quick: bool, timeout: fl
         except subprocess.TimeoutExpired:
             out, err = b"", b""
         tree.stop()
-        return {"contestant": contestant, "workload": workload, "error": f"timed out after {timeout:.0f} s"}
+        return {
+            "contestant": contestant,
+            "workload": workload,
+            "error": f"timed out after {timeout:.0f} s",
+        }
     elapsed = time.monotonic() - started
     busy1, _ = machine_cpu_seconds()
     # Whatever the machine was busy with that was not this cell (its processes are all
@@ -229,12 +247,18 @@ def spawn(contestant: str, workload: str, workers: int, quick: bool, timeout: fl
                 continue
     if parsed is None:
         tail = err.decode(errors="replace").strip().splitlines()[-STDERR_TAIL:]
-        parsed = {"contestant": contestant, "workload": workload, "error": f"exit {proc.returncode}, no JSON result"}
+        parsed = {
+            "contestant": contestant,
+            "workload": workload,
+            "error": f"exit {proc.returncode}, no JSON result",
+        }
         parsed["stderr"] = "\n".join(tail)
     elif proc.returncode != 0 and "error" not in parsed:
         parsed["error"] = f"exit {proc.returncode}"
     if "error" in parsed and "stderr" not in parsed:
-        parsed["stderr"] = "\n".join(err.decode(errors="replace").strip().splitlines()[-STDERR_TAIL:])
+        parsed["stderr"] = "\n".join(
+            err.decode(errors="replace").strip().splitlines()[-STDERR_TAIL:]
+        )
     parsed["elapsed"] = elapsed
     parsed["foreign_cores"] = foreign / elapsed if elapsed > 0 else 0.0
     return parsed
@@ -269,7 +293,7 @@ def machine_info() -> dict[str, str]:
         "RAM": ram,
         "OS": platform.platform(),
         "Python": f"{platform.python_implementation()} {platform.python_version()}",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     commit = _git("rev-parse", "--short", "HEAD")
     if commit:
@@ -280,7 +304,9 @@ def machine_info() -> dict[str, str]:
 
 def _git(*args: str) -> str:
     try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=False
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
 
@@ -289,7 +315,7 @@ def _git(*args: str) -> str:
 
 
 def fmt_value(value: float, unit: str) -> str:
-    if value != value or value in (float("inf"), float("-inf")):
+    if not math.isfinite(value):
         return str(value)
     if unit in ("tasks/s", "items/s"):
         return f"{value:,.0f}"
@@ -304,7 +330,9 @@ def fmt_ratio(value: float, reference: float) -> str:
     return f"{value / reference:.2f}×"
 
 
-def build_rows(results: dict[tuple[str, str], dict[str, Any]], contestants: list[str], workloads: list[str]) -> tuple[list[str], list[list[str]]]:
+def build_rows(
+    results: dict[tuple[str, str], dict[str, Any]], contestants: list[str], workloads: list[str]
+) -> tuple[list[str], list[list[str]]]:
     """Header and rows: workload, metric, one column per contestant, then one ratio column each."""
     others = [c for c in contestants if c != REFERENCE]
     ref_present = REFERENCE in contestants
@@ -352,7 +380,9 @@ def render_text(header: list[str], rows: list[list[str]]) -> str:
     numeric = [i >= 2 for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric)).rstrip()
+        return "  ".join(
+            c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric)
+        ).rstrip()
 
     out = [line(header), "  ".join("-" * w for w in widths)]
     out += [line(r) for r in rows]
@@ -360,7 +390,10 @@ def render_text(header: list[str], rows: list[list[str]]) -> str:
 
 
 def render_markdown(header: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join(":---" if i < 2 else "---:" for i in range(len(header))) + "|"]
+    out = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(":---" if i < 2 else "---:" for i in range(len(header))) + "|",
+    ]
     out += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
     return "\n".join(out)
 
@@ -372,7 +405,14 @@ def render_rst(header: list[str], rows: list[list[str]]) -> str:
     head_sep = "+" + "+".join("=" * (w + 2) for w in widths) + "+"
 
     def line(cells: list[str]) -> str:
-        return "|" + "|".join(" " + (c.rjust(w) if i >= 2 else c.ljust(w)) + " " for i, (c, w) in enumerate(zip(cells, widths))) + "|"
+        return (
+            "|"
+            + "|".join(
+                " " + (c.rjust(w) if i >= 2 else c.ljust(w)) + " "
+                for i, (c, w) in enumerate(zip(cells, widths))
+            )
+            + "|"
+        )
 
     out = [sep, line(header), head_sep]
     for r in rows:
@@ -380,7 +420,12 @@ def render_rst(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-def notes(results: dict[tuple[str, str], dict[str, Any]], contestants: list[str], workloads: list[str], skipped: dict[str, str]) -> list[str]:
+def notes(
+    results: dict[tuple[str, str], dict[str, Any]],
+    contestants: list[str],
+    workloads: list[str],
+    skipped: dict[str, str],
+) -> list[str]:
     lines = []
     if REFERENCE in contestants:
         lines.append(
@@ -393,7 +438,11 @@ def notes(results: dict[tuple[str, str], dict[str, Any]], contestants: list[str]
         if "error" in r:
             detail = f" — {r['stderr'].splitlines()[-1]}" if r.get("stderr") else ""
             lines.append(f"{c} / {w}: {r['error']}{detail}")
-    busy = {k: r["foreign_cores"] for k, r in results.items() if r.get("foreign_cores", 0.0) >= BUSY_WARNING}
+    busy = {
+        k: r["foreign_cores"]
+        for k, r in results.items()
+        if r.get("foreign_cores", 0.0) >= BUSY_WARNING
+    }
     if busy:
         worst = sorted(busy.items(), key=lambda kv: -kv[1])
         lines.append(
@@ -405,7 +454,14 @@ def notes(results: dict[tuple[str, str], dict[str, Any]], contestants: list[str]
         )
     sizes = {w: r["sizes"] for (c, w), r in results.items() if r.get("sizes")}
     if sizes:
-        lines.append("sizes: " + "; ".join(f"{w} {', '.join(f'{k}={v:,}' for k, v in s.items())}" for w, s in sizes.items() if s))
+        lines.append(
+            "sizes: "
+            + "; ".join(
+                f"{w} {', '.join(f'{k}={v:,}' for k, v in s.items())}"
+                for w, s in sizes.items()
+                if s
+            )
+        )
     versions: dict[str, str] = {}
     for r in results.values():
         versions.update(r.get("versions", {}))
@@ -414,7 +470,17 @@ def notes(results: dict[tuple[str, str], dict[str, Any]], contestants: list[str]
     return lines
 
 
-def write_rst(path: str, table: str, machine: dict[str, str], note_lines: list[str], workers: int, quick: bool, command: str, contestants: list[str], versions: dict[str, str]) -> None:
+def write_rst(
+    path: str,
+    table: str,
+    machine: dict[str, str],
+    note_lines: list[str],
+    workers: int,
+    quick: bool,
+    command: str,
+    contestants: list[str],
+    versions: dict[str, str],
+) -> None:
     title = "Performance: ScalerExecutor side by side"
     machine = dict(machine)
     if versions:
@@ -423,9 +489,9 @@ def write_rst(path: str, table: str, machine: dict[str, str], note_lines: list[s
     machine_rows = "\n".join(f"   * - {k}\n     - {v}" for k, v in machine.items())
     workload_lines = "\n".join(f"* ``{w.name}``: {w.summary}" for w in WORKLOADS.values())
     text = f"""{title}
-{'=' * len(title)}
+{"=" * len(title)}
 
-Generated by ``bench/compare.py`` (one run, {workers} worker processes per contestant{', --quick sizes' if quick else ''};
+Generated by ``bench/compare.py`` (one run, {workers} worker processes per contestant{", --quick sizes" if quick else ""};
 every contestant and workload in a fresh interpreter)::
 
     {command}
@@ -440,7 +506,7 @@ Workloads:
 
 {table}
 
-{chr(10).join('* ' + n for n in note_lines)}
+{chr(10).join("* " + n for n in note_lines)}
 
 Machine
 -------
@@ -457,11 +523,17 @@ Machine
 
 
 def parent_main(args: argparse.Namespace) -> int:
-    contestants = [c.strip() for c in args.contestants.split(",") if c.strip()] if args.contestants else list(CONTESTANTS)
+    contestants = (
+        [c.strip() for c in args.contestants.split(",") if c.strip()]
+        if args.contestants
+        else list(CONTESTANTS)
+    )
     for c in contestants:
         if c not in CONTESTANTS:
             sys.exit(f"unknown contestant {c!r}; known: {', '.join(CONTESTANTS)}")
-    workloads = [w.strip() for w in args.only.split(",") if w.strip()] if args.only else list(WORKLOADS)
+    workloads = (
+        [w.strip() for w in args.only.split(",") if w.strip()] if args.only else list(WORKLOADS)
+    )
     for w in workloads:
         if w not in WORKLOADS:
             sys.exit(f"unknown workload {w!r}; known: {', '.join(WORKLOADS)}")
@@ -473,9 +545,9 @@ def parent_main(args: argparse.Namespace) -> int:
             print(f"note: skipping {c}: {reason}", file=sys.stderr)
     running = [c for c in contestants if c not in skipped]
     results: dict[tuple[str, str], dict[str, Any]] = {}
-    for c in skipped:
+    for c, reason in skipped.items():
         for w in workloads:
-            results[(c, w)] = {"skipped": skipped[c]}
+            results[(c, w)] = {"skipped": reason}
     total = len(running) * len(workloads)
     done = 0
     for w in workloads:
@@ -501,7 +573,9 @@ def parent_main(args: argparse.Namespace) -> int:
     else:
         table = render_text(header, rows)
     print()
-    print(f"{args.workers} workers per contestant{' (--quick sizes)' if args.quick else ''}; one run, fresh interpreter per cell")
+    print(
+        f"{args.workers} workers per contestant{' (--quick sizes)' if args.quick else ''}; one run, fresh interpreter per cell"
+    )
     print(table)
     print()
     for n in note_lines:
@@ -512,24 +586,61 @@ def parent_main(args: argparse.Namespace) -> int:
         versions: dict[str, str] = {}
         for r in results.values():
             versions.update(r.get("versions", {}))
-        write_rst(args.output, render_rst(header, rows), machine, note_lines, args.workers, args.quick, command, shown, versions)
+        write_rst(
+            args.output,
+            render_rst(header, rows),
+            machine,
+            note_lines,
+            args.workers,
+            args.quick,
+            command,
+            shown,
+            versions,
+        )
         print(f"wrote {args.output}")
     if args.save_json:
         with open(args.save_json, "w") as f:
-            json.dump({"machine": machine, "results": [dict(r, contestant=c, workload=w) for (c, w), r in results.items()]}, f, indent=2)
+            json.dump(
+                {
+                    "machine": machine,
+                    "results": [dict(r, contestant=c, workload=w) for (c, w), r in results.items()],
+                },
+                f,
+                indent=2,
+            )
     return 1 if any("error" in r for r in results.values()) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workers", type=int, default=2, help="worker processes per contestant (default 2)")
-    p.add_argument("--only", metavar="WORKLOAD[,...]", help=f"workloads to run (default all: {', '.join(WORKLOADS)})")
-    p.add_argument("--contestants", metavar="NAME[,...]", help=f"contestants (default all: {', '.join(CONTESTANTS)})")
-    p.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run, noisier figures)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--workers", type=int, default=2, help="worker processes per contestant (default 2)"
+    )
+    p.add_argument(
+        "--only",
+        metavar="WORKLOAD[,...]",
+        help=f"workloads to run (default all: {', '.join(WORKLOADS)})",
+    )
+    p.add_argument(
+        "--contestants",
+        metavar="NAME[,...]",
+        help=f"contestants (default all: {', '.join(CONTESTANTS)})",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="smaller sizes (a smoke run, noisier figures)"
+    )
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--markdown", action="store_true", help="print the table as Markdown")
-    fmt.add_argument("--rst", action="store_true", help="print the table as a reStructuredText grid table")
-    p.add_argument("--output", metavar="FILE", help="also write an .rst page (table, notes, machine), e.g. docs/performance.rst")
+    fmt.add_argument(
+        "--rst", action="store_true", help="print the table as a reStructuredText grid table"
+    )
+    p.add_argument(
+        "--output",
+        metavar="FILE",
+        help="also write an .rst page (table, notes, machine), e.g. docs/performance.rst",
+    )
     p.add_argument("--save-json", metavar="FILE", help="also write every raw result as JSON")
     p.add_argument(
         "--wait-idle",
@@ -538,17 +649,31 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECONDS",
         help="before each cell, wait up to SECONDS for the machine to be under 15%% busy (shared machines)",
     )
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per subprocess (default %(default)s)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help="seconds per subprocess (default %(default)s)",
+    )
     p.add_argument("--list", action="store_true", help="list contestants and workloads, then exit")
-    p.add_argument("--run", nargs=2, metavar=("CONTESTANT", "WORKLOAD"), help="(internal) run one pair in this process")
-    p.add_argument("--json", action="store_true", help="with --run: print the result as one JSON line")
+    p.add_argument(
+        "--run",
+        nargs=2,
+        metavar=("CONTESTANT", "WORKLOAD"),
+        help="(internal) run one pair in this process",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="with --run: print the result as one JSON line"
+    )
     args = p.parse_args(argv)
     if args.workers < 1:
         p.error("--workers must be >= 1")
     if args.list:
         for c in CONTESTANTS.values():
             reason = c.missing()
-            print(f"contestant {c.name:14} {c.label}" + (f"  [skipped: {reason}]" if reason else ""))
+            print(
+                f"contestant {c.name:14} {c.label}" + (f"  [skipped: {reason}]" if reason else "")
+            )
         for w in WORKLOADS.values():
             print(f"workload   {w.name:14} {w.summary}")
         return 0

@@ -65,7 +65,9 @@ class Contestant:
         """A future with ``result()``."""
         return ex.submit(fn, *args)
 
-    def map(self, ex: Any, fn: Callable[..., Any], iterable: Iterable[Any], chunksize: int) -> Iterator[Any]:
+    def map(
+        self, ex: Any, fn: Callable[..., Any], iterable: Iterable[Any], chunksize: int
+    ) -> Iterator[Any]:
         return ex.map(fn, iterable, chunksize=chunksize)  # type: ignore[no-any-return]
 
     def shutdown(self, ex: Any) -> None:
@@ -81,7 +83,7 @@ def _version(module: str) -> str:
         from importlib.metadata import version
 
         return version(module)
-    except Exception:
+    except Exception:  # noqa: BLE001  (a version is informative, never essential)
         return "?"
 
 
@@ -165,7 +167,10 @@ class Dask(Contestant):
 
     def versions(self) -> dict[str, str]:
         self._ensure_loaded()
-        return {"dask": self.mods["dask"].__version__, "distributed": self.mods["distributed"].__version__}
+        return {
+            "dask": self.mods["dask"].__version__,
+            "distributed": self.mods["distributed"].__version__,
+        }
 
     def create(self, workers: int) -> Any:
         self._ensure_loaded()
@@ -182,7 +187,9 @@ class Dask(Contestant):
     def submit(self, ex: Any, fn: Callable[..., Any], *args: Any) -> Any:
         return ex.submit(fn, *args, pure=False)
 
-    def map(self, ex: Any, fn: Callable[..., Any], iterable: Iterable[Any], chunksize: int) -> Iterator[Any]:
+    def map(
+        self, ex: Any, fn: Callable[..., Any], iterable: Iterable[Any], chunksize: int
+    ) -> Iterator[Any]:
         from functools import partial
 
         from bench.workloads import apply_chunk

@@ -61,7 +61,12 @@ def submit_batch(base: int, first: int, n: int = BATCH) -> m.SubmitTasks:
     """What a client sends for ``n`` calls of a registered function with one int argument."""
     fn_id = base | FN_LOCAL_ID
     return m.SubmitTasks(
-        [m.TaskSpec(base | (first + i), fn_id, 0, m.TaskFlags.CALL, dumps_args((i,), {}), [], [], 0) for i in range(n)]
+        [
+            m.TaskSpec(
+                base | (first + i), fn_id, 0, m.TaskFlags.CALL, dumps_args((i,), {}), [], [], 0
+            )
+            for i in range(n)
+        ]
     )
 
 
@@ -69,7 +74,16 @@ def result_batch(task_ids: list[int]) -> m.TaskResults:
     """What a worker sends back for no-op tasks (``None`` pickled, facts filled in)."""
     payload = pickle.dumps(None, protocol=5)
     return m.TaskResults(
-        [m.TaskResult(t, 0, m.Status.OK, payload, m.TaskFacts("bench-worker", 1000.0, 1000.0 + TASK_SECONDS, 0)) for t in task_ids]
+        [
+            m.TaskResult(
+                t,
+                0,
+                m.Status.OK,
+                payload,
+                m.TaskFacts("bench-worker", 1000.0, 1000.0 + TASK_SECONDS, 0),
+            )
+            for t in task_ids
+        ]
     )
 
 
@@ -143,7 +157,13 @@ class Cluster:
         assert type(welcome[CLIENT]) is m.Welcome and type(welcome[WORKER]) is m.Welcome, welcome
         self.base = welcome[CLIENT].peer_id << m.TASK_ID_BITS
         self.next_task = 1
-        self.handle(Received(CLIENT, [m.RegisterFunction(self.base | FN_LOCAL_ID, cloudpickle.dumps(noop))], self.tick()))
+        self.handle(
+            Received(
+                CLIENT,
+                [m.RegisterFunction(self.base | FN_LOCAL_ID, cloudpickle.dumps(noop))],
+                self.tick(),
+            )
+        )
         # One untimed cycle so the worker has a measured task duration: from then on its
         # prefetch window (Little's law) takes a whole batch, as under a real load.
         for _ in range(3):
@@ -166,7 +186,14 @@ class Cluster:
 
     @staticmethod
     def dispatched(commands: list[Send]) -> list[int]:
-        return [t.task_id for c in commands if c.peer == WORKER for msg in c.messages if type(msg) is m.DispatchTasks for t in msg.tasks]
+        return [
+            t.task_id
+            for c in commands
+            if c.peer == WORKER
+            for msg in c.messages
+            if type(msg) is m.DispatchTasks
+            for t in msg.tasks
+        ]
 
     def settle(self, task_ids: list[int]) -> None:
         """Feed results for everything at the worker and anything still queued: back to idle."""
@@ -197,7 +224,9 @@ def test_scheduler_submit_batch(benchmark: Any, cluster: Cluster) -> None:
         return commands
 
     benchmark.pedantic(run, setup=setup, rounds=2000, warmup_rounds=50)
-    assert len(pending[-1]) == BATCH, f"the worker was dispatched {len(pending[-1])} of {BATCH} tasks"
+    assert len(pending[-1]) == BATCH, (
+        f"the worker was dispatched {len(pending[-1])} of {BATCH} tasks"
+    )
     cluster.settle(pending.pop())
     _per_task(benchmark)
 
@@ -217,7 +246,13 @@ def test_scheduler_result_batch(benchmark: Any, cluster: Cluster) -> None:
         return commands
 
     benchmark.pedantic(run, setup=setup, rounds=2000, warmup_rounds=50)
-    to_client = [msg for c in check[0] if c.peer == CLIENT for msg in c.messages if type(msg) is m.TaskResults]
+    to_client = [
+        msg
+        for c in check[0]
+        if c.peer == CLIENT
+        for msg in c.messages
+        if type(msg) is m.TaskResults
+    ]
     assert sum(len(msg.results) for msg in to_client) == BATCH
     assert not cluster.scheduler.tasks
     _per_task(benchmark)

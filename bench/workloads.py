@@ -31,7 +31,6 @@ if TYPE_CHECKING:  # no import at run time: cold_start must time the contestant'
 
 def noop(*args: Any) -> None:
     """The task: does nothing, so what is measured is the executor's own overhead."""
-    return None
 
 
 def apply_chunk(fn: Callable[..., Any], chunk: list[Any]) -> list[Any]:
@@ -109,8 +108,12 @@ class Workload:
 WORKLOADS: dict[str, Workload] = {}
 
 
-def workload(name: str, summary: str, sizes: dict[str, int], quick_sizes: dict[str, int]) -> Callable[..., Any]:
-    def register(fn: Callable[[Contestant, int, dict[str, int]], dict[str, Metric]]) -> Callable[..., Any]:
+def workload(
+    name: str, summary: str, sizes: dict[str, int], quick_sizes: dict[str, int]
+) -> Callable[..., Any]:
+    def register(
+        fn: Callable[[Contestant, int, dict[str, int]], dict[str, Metric]],
+    ) -> Callable[..., Any]:
         WORKLOADS[name] = Workload(name, summary, fn, sizes, quick_sizes)
         return fn
 
