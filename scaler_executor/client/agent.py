@@ -383,11 +383,14 @@ class ClientAgent:
                     if target is sock:
                         self._receive()
                     else:
-                        self._wake_pending = False
+                        # Read, then clear: clearing first lets a wake() in between write, have
+                        # its write consumed here, and leave the flag set on an empty eventfd,
+                        # after which no wake() would ever write again (found by the benchmarks).
                         try:
                             os.eventfd_read(self._wake_fd)
                         except BlockingIOError:
                             pass
+                        self._wake_pending = False
                 now = time.monotonic()
                 self._completer.check(now)
                 if self.broken is None:

@@ -220,10 +220,10 @@ def workers_of(daemon: psutil.Process) -> list[psutil.Process]:
     return out
 
 
-def config_dir_of(worker: psutil.Process) -> str:
-    """The directory of the config file a local worker was started with (the daemon's manager made it)."""
+def assert_no_files_for(worker: psutil.Process) -> None:
+    """A local worker gets its settings as flags: nothing on disk can outlive a killed daemon."""
     cmd = worker.cmdline()
-    return os.path.dirname(cmd[cmd.index("--config") + 1])
+    assert "--config" not in cmd and "--initializer" not in cmd or "--workdir" in " ".join(cmd), cmd
 
 
 def descendants(p: psutil.Process) -> list[int]:
@@ -511,7 +511,7 @@ def test_daemon_killed_pending_futures_fail_with_daemon_lost(
     cluster = descendants(daemon)  # worker, zygote, processors
     assert len(cluster) >= 4, cluster
     (worker,) = workers_of(daemon)
-    manager_dir = config_dir_of(worker)
+    assert_no_files_for(worker)
     try:
         killed_at = time.monotonic()
         daemon.kill()
@@ -536,13 +536,8 @@ def test_daemon_killed_pending_futures_fail_with_daemon_lost(
         assert time.monotonic() - shutdown_started < 10
         ex.shutdown(wait=True)  # idempotent
         assert not os.path.exists(socket_dir(ex)), "shutdown left the socket directory behind"
-        # Last, as the least serious: what the dead daemon wrote to disk must not outlive the cluster.
-        assert not os.path.exists(manager_dir), (
-            f"the local worker manager's directory {manager_dir} outlived its daemon: {os.listdir(manager_dir)}"
-        )
     finally:
         kill_leftovers(cluster)
-        shutil.rmtree(manager_dir, ignore_errors=True)
 
 
 # =========================================================================== client scripts (own process)
@@ -647,7 +642,7 @@ def test_client_killed_the_cluster_exits_and_its_directory_goes(
 ) -> None:
     proc = _start_client(str(tmp_path), "killed", workdir)
     cluster: list[int] = []
-    directory = manager_dir = None
+    directory = None
     try:
         info = json.loads(_read_tagged(proc, "READY "))
         cluster = info["cluster"]
@@ -657,7 +652,7 @@ def test_client_killed_the_cluster_exits_and_its_directory_goes(
         )  # daemon, worker, zygote, processors
         assert os.path.isdir(directory)
         cmd = info["worker_cmdline"]
-        manager_dir = os.path.dirname(cmd[cmd.index("--config") + 1])
+        assert "--config" not in cmd, cmd  # settings travel as flags: no file to outlive the cluster
         killed_at = time.monotonic()
         proc.kill()
         proc.wait(10)
@@ -666,7 +661,6 @@ def test_client_killed_the_cluster_exits_and_its_directory_goes(
         assert gone, (
             f"still alive {elapsed:.1f} s after the client died: {[p for p in cluster if not is_gone(p)]}"
         )
-        assert wait_until(lambda: not os.path.exists(manager_dir), timeout=3.0), manager_dir
         assert wait_until(lambda: not os.path.exists(directory), timeout=3.0), (
             f"the socket directory {directory} outlived the client: {os.listdir(directory)}"
         )
@@ -675,9 +669,8 @@ def test_client_killed_the_cluster_exits_and_its_directory_goes(
             proc.kill()
             proc.wait()
         kill_leftovers(cluster)
-        for path in (directory, manager_dir):
-            if path is not None:
-                shutil.rmtree(path, ignore_errors=True)
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.mark.timeout(120)
@@ -788,11 +781,10 @@ def test_standalone_daemon_outlives_its_clients_and_stops_cleanly_on_sigterm(
     tree = standalone.tree(daemon)
     assert len(tree) >= 3, tree  # worker, zygote, processor
     (worker,) = workers_of(psutil.Process(daemon.pid))
-    manager_dir = config_dir_of(worker)
+    assert_no_files_for(worker)
     daemon.send_signal(signal.SIGTERM)
     assert daemon.wait(15) == 0
     assert wait_until(lambda: all_gone(tree), timeout=10), [p for p in tree if not is_gone(p)]
-    assert not os.path.exists(manager_dir), "the daemon's worker manager left its directory behind"
     assert not os.path.exists(standalone.sock_path), "the daemon left its socket behind"
 
 
