@@ -69,7 +69,8 @@ typedef enum {
     OBJSTORE_CRASH_FREE_AFTER_UNLINK = 6,
     OBJSTORE_CRASH_DELETE_AFTER_UNINDEX = 7,
     OBJSTORE_CRASH_REAP = 8,
-    OBJSTORE_CRASH_NPOINTS = 9
+    OBJSTORE_CRASH_GROW = 9,
+    OBJSTORE_CRASH_NPOINTS = 10
 } objstore_crash_point_t;
 
 typedef enum {
@@ -103,6 +104,7 @@ typedef struct {
     uint64_t reaped_processes;
     uint64_t region_size;
     uint64_t file_backed;
+    uint64_t committed;
 } objstore_stats_t;
 
 objstore_status_t objstore_create_region(const char *name, const objstore_options_t *opts,
@@ -112,6 +114,7 @@ void objstore_close(objstore_t *s);
 objstore_status_t objstore_unlink(objstore_t *s);
 objstore_status_t objstore_unlink_name(const char *name, const char *fallback_dir);
 const char *objstore_path(const objstore_t *s);
+void objstore_mapping(const objstore_t *s, const void **base, uint64_t *size);
 
 objstore_status_t objstore_create(objstore_t *s, const char *id, uint64_t size, void **data);
 objstore_status_t objstore_seal(objstore_t *s, const char *id);
@@ -133,6 +136,7 @@ int objstore_last_errno(const objstore_t *s);
 const char *objstore_status_name(objstore_status_t st);
 const char *objstore_status_message(objstore_status_t st);
 void objstore_test_crash_point(objstore_t *s, int point, uint32_t countdown, int action);
+void objstore_test_set_commit_limit(objstore_t *s, uint64_t bytes);
 """
 
 

@@ -14,9 +14,11 @@
  * update), check every precondition *before* the first write, then begin / write through
  * the journal / commit, and unlock.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "os_internal.h"
 
@@ -191,9 +193,23 @@ void os_tables_init(objstore_t *s) {
 
 /* ---------------------------------------------------------------- lifecycle */
 
+/* The first fit at *off reaches past the committed mark: take a committed block that
+ * fits instead if there is one (keeps the file small), else commit more. If the
+ * filesystem is full, FULL, with s->last_errno saying why. Lock held; the commitment is
+ * an update of its own, committed before the caller's begins. */
+static objstore_status_t os_place(objstore_t *s, uint64_t need, uint64_t *off) {
+    uint64_t within = os_alloc_find_within(s, need, os_hdr(s)->committed);
+    if (within != 0) {
+        *off = within;
+        return OBJSTORE_OK;
+    }
+    return os_commit_to(s, os_take_end(s, *off, need));
+}
+
 objstore_status_t objstore_create(objstore_t *s, const char *id, uint64_t size, void **data) {
     if (s == NULL || id == NULL || data == NULL) return OBJSTORE_E_INVALID;
     *data = NULL;
+    s->last_errno = 0; /* set again if a commitment fails */
     os_header_t *h = os_hdr(s);
     if (size > h->heap_size) return OBJSTORE_E_FULL;
     uint64_t need = os_block_need(size), off = 0;
@@ -202,6 +218,7 @@ objstore_status_t objstore_create(objstore_t *s, const char *id, uint64_t size, 
     if (os_lookup(s, id) != OS_NIL) st = OBJSTORE_E_EXISTS;
     else if (h->entry_free == OS_NIL || h->ref_free == OS_NIL) st = OBJSTORE_E_TABLE_FULL;
     else if ((off = os_alloc_find(s, need)) == 0) st = OBJSTORE_E_FULL;
+    else if (os_take_end(s, off, need) > h->committed) st = os_place(s, need, &off);
     if (st == OBJSTORE_OK) {
         uint64_t w[2];
         os_id_words(id, w);
@@ -438,6 +455,7 @@ objstore_status_t objstore_stats(objstore_t *s, objstore_stats_t *out) {
     out->recoveries = h->recoveries;
     out->reaped_processes = h->reaped_processes;
     out->region_size = h->region_size;
+    out->committed = h->committed;
     out->file_backed = (uint64_t)s->file_backed;
     os_unlock(s);
     return st;
@@ -526,6 +544,24 @@ done:
     return 0;
 }
 
+/* The committed mark: page aligned (or the region's end), covers the tables, and the
+ * file really holds that much (else touching the heap below the mark could SIGBUS). */
+static int os_validate_commitment(const objstore_t *s, char *msg, size_t msglen) {
+    const os_header_t *h = os_hdr(s);
+    struct stat sb;
+    if (h->committed < h->heap_off + OS_MIN_BLOCK || h->committed > h->region_size ||
+        (h->committed % OS_PAGE != 0 && h->committed != h->region_size))
+        VFAIL("committed mark %llu outside [heap start, region end] or not page aligned",
+              (unsigned long long)h->committed);
+    if (fstat(s->fd, &sb) != 0) VFAIL("fstat of the region failed (errno %d)", errno);
+    if ((uint64_t)sb.st_size < h->committed)
+        VFAIL("committed mark %llu past the end of the file (%llu bytes)",
+              (unsigned long long)h->committed, (unsigned long long)sb.st_size);
+    return 1;
+done:
+    return 0;
+}
+
 objstore_status_t objstore_validate(objstore_t *s, char *msg, size_t msglen) {
     if (s == NULL) return OBJSTORE_E_INVALID;
     if (msg != NULL && msglen > 0) msg[0] = '\0';
@@ -538,6 +574,7 @@ objstore_status_t objstore_validate(objstore_t *s, char *msg, size_t msglen) {
         uint64_t used = 0;
         int ok = h->undo_count == 0;
         if (!ok && msg != NULL) snprintf(msg, msglen, "journal not empty");
+        ok = ok && os_validate_commitment(s, msg, msglen);
         ok = ok && os_validate_heap(s, msg, msglen, &used);
         ok = ok && os_validate_tables(s, counts, msg, msglen, used);
         st = ok ? OBJSTORE_OK : OBJSTORE_E_CORRUPT;

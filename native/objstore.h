@@ -56,7 +56,9 @@ typedef enum {
     OBJSTORE_E_NOT_SEALED = 4,     /* the object is not sealed yet (get, delete) */
     OBJSTORE_E_SEALED = 5,         /* the object is already sealed (seal, abort) */
     OBJSTORE_E_NOT_HELD = 6,       /* this process holds no reference / is not the creator */
-    OBJSTORE_E_FULL = 7,           /* no free block large enough: the memory limit is reached */
+    OBJSTORE_E_FULL = 7,           /* no free block large enough: the memory limit is reached,
+                                      or /dev/shm (the fallback filesystem) has no room left
+                                      to commit more of the region (objstore_last_errno) */
     OBJSTORE_E_TABLE_FULL = 8,     /* the object index or the reference table is full */
     OBJSTORE_E_LOCK_TIMEOUT = 9,   /* the region lock was not acquired in time */
     OBJSTORE_E_NO_SPACE = 10,      /* no room for the region in /dev/shm (nor the fallback) */
@@ -88,7 +90,8 @@ typedef enum {
     OBJSTORE_CRASH_FREE_AFTER_UNLINK = 6,    /* freeing: neighbours unlinked, not re-listed */
     OBJSTORE_CRASH_DELETE_AFTER_UNINDEX = 7, /* object removed from the index, block not freed */
     OBJSTORE_CRASH_REAP = 8,                 /* reaping: between two reference releases */
-    OBJSTORE_CRASH_NPOINTS = 9
+    OBJSTORE_CRASH_GROW = 9,                 /* file extended, new committed mark not committed */
+    OBJSTORE_CRASH_NPOINTS = 10
 } objstore_crash_point_t;
 
 /* What the process does at a crash point. */
@@ -123,6 +126,7 @@ typedef struct {
     uint64_t reaped_processes;
     uint64_t region_size;    /* bytes mapped */
     uint64_t file_backed;    /* 1 if the region lives in the fallback directory */
+    uint64_t committed;      /* bytes of the region backed by memory (or disk) so far */
 } objstore_stats_t;
 
 /* ---------------------------------------------------------------- regions */
@@ -130,11 +134,15 @@ typedef struct {
 /*
  * objstore_create_region: create region `name` (1-200 chars of [A-Za-z0-9._-], not
  * starting with '.') with mode 0600, initialise it and attach to it.
- * The space is reserved up front (posix_fallocate), so a first write never dies with
- * SIGBUS. If /dev/shm lacks room and opts->fallback_dir is set, the region is a file
- * there instead. Returns OK and *out, or: INVALID, REGION_EXISTS, NO_SPACE (the message
- * from objstore_status_message names the fix), SYSTEM. On error *out is NULL and nothing
- * is left behind.
+ * Memory is committed lazily: the whole region is mapped, but only its tables and a
+ * first step of heap (64 MiB, or all of a smaller heap) are reserved now
+ * (posix_fallocate); objstore_create reserves more, in steps, as objects need it. So a
+ * write never dies with SIGBUS; a store that cannot grow (the filesystem filled up)
+ * answers FULL. Creation needs room for the first step now, and a filesystem at least
+ * as large as the region. If /dev/shm fails that and opts->fallback_dir is set, the
+ * region is a file there instead. Returns OK and *out, or: INVALID, REGION_EXISTS,
+ * NO_SPACE (the message from objstore_status_message names the fix), SYSTEM. On error
+ * *out is NULL and nothing is left behind.
  */
 objstore_status_t objstore_create_region(const char *name, const objstore_options_t *opts,
                                          objstore_t **out);
@@ -169,13 +177,21 @@ objstore_status_t objstore_unlink_name(const char *name, const char *fallback_di
 /* objstore_path: where the region lives ("/dev/shm/NAME" or "DIR/NAME"); owned by s. */
 const char *objstore_path(const objstore_t *s);
 
+/* objstore_mapping: this handle's mapping of the region: *base and *size (either may be
+ * NULL). Every object's bytes lie inside it; valid until objstore_close. */
+void objstore_mapping(const objstore_t *s, const void **base, uint64_t *size);
+
 /* ---------------------------------------------------------------- objects */
 
 /*
  * objstore_create: allocate `size` bytes (64-byte aligned) for a new unsealed object and
  * give the creator a reference; *data points at the bytes to write. Never blocks for
- * room. Returns OK, INVALID, EXISTS (also while an old object with this id is delete
- * pending), FULL, TABLE_FULL, LOCK_TIMEOUT, FORKED, CORRUPT.
+ * room. If the block reaches past the committed part of the region, commits more first
+ * (under the lock, from this process: the pages are then valid in every mapping).
+ * Returns OK, INVALID, EXISTS (also while an old object with this id is delete pending),
+ * FULL (objstore_last_errno is ENOSPC or EFBIG when the filesystem had no room to commit
+ * more, else 0), TABLE_FULL, LOCK_TIMEOUT, FORKED, CORRUPT, SYSTEM (committing failed
+ * otherwise).
  */
 objstore_status_t objstore_create(objstore_t *s, const char *id, uint64_t size, void **data);
 
@@ -245,7 +261,8 @@ void objstore_set_lock_timeout(objstore_t *s, uint32_t ms);
  * (0 if unknown or never). */
 int32_t objstore_last_holder_pid(const objstore_t *s);
 
-/* objstore_last_errno: errno of this handle's last SYSTEM status (0 if none). */
+/* objstore_last_errno: errno of this handle's last SYSTEM status, or of the failed
+ * commitment behind objstore_create's last FULL (0 if none). */
 int objstore_last_errno(const objstore_t *s);
 
 /* objstore_status_name / objstore_status_message: static strings for a status. */
@@ -255,6 +272,11 @@ const char *objstore_status_message(objstore_status_t st);
 /* objstore_test_crash_point: tests only. The `countdown`-th time this handle reaches
  * `point` inside a critical section, perform `action`. point NONE disarms. */
 void objstore_test_crash_point(objstore_t *s, int point, uint32_t countdown, int action);
+
+/* objstore_test_set_commit_limit: tests only. Committing the region past `bytes` (an
+ * offset from the region's start, tables included) fails for this handle as if the
+ * filesystem were full (ENOSPC). 0 removes the limit. */
+void objstore_test_set_commit_limit(objstore_t *s, uint64_t bytes);
 
 #ifdef __cplusplus
 }

@@ -14,6 +14,12 @@
  * fit. Splitting keeps the front of a block (the hot end) and lists the remainder.
  *
  * All writes go through the journal (os_j64), so a holder that dies half-way is undone.
+ *
+ * Lazy commitment (see os_internal.h): the last block, when free, may reach past the
+ * committed mark; objstore_create commits up to os_take_end before os_alloc_take, so a
+ * header or used block is never written there. When the first fit would need more
+ * commitment, any committed block that fits is taken instead (os_alloc_find_within), so
+ * the mark only grows when the committed memory is really used up.
  */
 #include <stdio.h>
 #include <string.h>
@@ -78,6 +84,33 @@ uint64_t os_alloc_find(const objstore_t *s, uint64_t need) {
     return 0;
 }
 
+/* End (region offset) of the memory that taking the free block at `off` for `need` bytes
+ * writes: the block's front, plus the header of the remainder when it is split off, or
+ * the whole block when it is not. The caller commits up to it first. */
+uint64_t os_take_end(const objstore_t *s, uint64_t off, uint64_t need) {
+    uint64_t size = os_block(s, off)->size;
+    return size - need >= OS_MIN_BLOCK ? off + need + OS_BLOCK_HDR : off + size;
+}
+
+/* Like os_alloc_find, but only a block that can be taken without committing past
+ * `limit` (os_take_end <= limit), largest class first. Only the last block can straddle
+ * the mark, so in a larger class the first block that is not it fits; only the request's
+ * own class is scanned for a fit. Used when the first fit would need more commitment.
+ * 0 if none. */
+uint64_t os_alloc_find_within(const objstore_t *s, uint64_t need, uint64_t limit) {
+    const os_header_t *h = os_hdr(s);
+    if (need > h->heap_size) return 0;
+    uint64_t bound = h->heap_size / OS_MIN_BLOCK + 1;
+    for (unsigned c = OS_NCLASSES; c-- > os_class_of(need);) {
+        for (uint64_t off = h->free_head[c]; off != 0 && bound > 0; bound--) {
+            const os_block_t *b = os_block(s, off);
+            if (b->size >= need && os_take_end(s, off, need) <= limit) return off;
+            off = b->next_free;
+        }
+    }
+    return 0;
+}
+
 /* Take the free block at `off` (found by os_alloc_find) for `need` bytes, splitting off
  * the rest when it can hold a block of its own. */
 void os_alloc_take(objstore_t *s, uint64_t off, uint64_t need) {
@@ -136,7 +169,8 @@ void os_free_block(objstore_t *s, uint64_t off) {
     os_list_push(s, off);
 }
 
-/* One free block spanning the heap. Runs before the region is published: no journal. */
+/* One free block spanning the heap (only its header is touched: the rest may lie beyond
+ * the committed mark). Runs before the region is published: no journal. */
 void os_heap_init(objstore_t *s) {
     os_header_t *h = os_hdr(s);
     os_block_t *b = os_block(s, h->heap_off);
@@ -167,6 +201,10 @@ int os_validate_heap(const objstore_t *s, char *msg, size_t msglen, uint64_t *us
         if (b->size < OS_MIN_BLOCK || b->size % OS_ALIGN != 0 || b->size > end - off)
             FAIL("block %llu: bad size %llu", (unsigned long long)off,
                  (unsigned long long)b->size);
+        if (off + OS_BLOCK_HDR > h->committed || (!b->is_free && off + b->size > h->committed))
+            FAIL("block %llu (size %llu) reaches past the committed mark %llu",
+                 (unsigned long long)off, (unsigned long long)b->size,
+                 (unsigned long long)h->committed);
         if (b->prev_size != prev_size)
             FAIL("block %llu: prev_size %llu, previous block is %llu", (unsigned long long)off,
                  (unsigned long long)b->prev_size, (unsigned long long)prev_size);

@@ -6,6 +6,12 @@
  *   [ os_header_t | slots[max_slots] | entries[max_objects] | buckets[nbuckets]
  *     | refs[max_refs] | ref_buckets[nref_buckets] | heap ... ]
  *
+ * Lazy commitment: the whole region is mapped, but the backing file only holds its first
+ * `committed` bytes (tables + the start of the heap); touching a page beyond would be
+ * SIGBUS. The allocator keeps every block header and every used block below that mark
+ * and raises it (os_commit_to, posix_fallocate on the shared file, so the pages become
+ * valid in every process's mapping at once) before taking a block that reaches past it.
+ *
  * No pointers are stored in the region (each process maps it at its own address): blocks
  * are named by their offset from the region base, entries and reference records by index.
  *
@@ -25,7 +31,7 @@
 #include "objstore.h"
 
 #define OS_MAGIC 0x31305453424f4353ULL /* "SCOBST01" little-endian */
-#define OS_VERSION 1u
+#define OS_VERSION 2u             /* 2: lazily committed heap (os_header_t.committed) */
 #define OS_ALIGN 64u
 #define OS_BLOCK_HDR 64u           /* block header size; data follows, 64-byte aligned */
 #define OS_MIN_BLOCK 128u          /* header + one 64-byte line */
@@ -37,13 +43,18 @@
 #define OS_MAX_SLOTS 4096u
 #define OS_DEFAULT_TIMEOUT_MS 10000u
 #define OS_NAME_MAX 200
+#define OS_PAGE 4096u
+/* Commitment grows by at least this much at a time: one posix_fallocate of 64 MiB on
+ * tmpfs takes ~10 ms under the lock, and amortised over 64 MiB of objects that is noise,
+ * while creating a store costs only its tables plus one step. */
+#define OS_COMMIT_STEP (64ULL << 20)
 
 enum { OS_ENTRY_FREE = 0, OS_ENTRY_CREATED = 1, OS_ENTRY_SEALED = 2 };
 enum { OS_FLAG_DELETE_PENDING = 1 };
 
 enum {
     OS_OP_NONE = 0, OS_OP_CREATE, OS_OP_SEAL, OS_OP_ABORT, OS_OP_GET, OS_OP_RELEASE,
-    OS_OP_DELETE, OS_OP_ATTACH, OS_OP_DETACH, OS_OP_REAP
+    OS_OP_DELETE, OS_OP_ATTACH, OS_OP_DETACH, OS_OP_REAP, OS_OP_GROW
 };
 
 typedef struct {
@@ -115,6 +126,10 @@ typedef struct {
     uint64_t ref_free;
     uint64_t in_use, data_bytes, objects, sealed, pending, refs_total, processes;
     uint64_t recoveries, last_recovered_op, last_recovered_pid, reaped_processes;
+    /* bytes of the backing file (from the region base) that are allocated: every block
+     * header and every used block lies below it; only the last block, free, may reach
+     * beyond. Never more than the file really holds (see os_commit_to). */
+    uint64_t committed;
 
     os_undo_t undo[OS_JOURNAL_CAP];
 } os_header_t;
@@ -131,6 +146,7 @@ struct objstore {
     int last_errno;
     int crash_point, crash_action;
     uint32_t crash_countdown;
+    uint64_t test_commit_limit; /* tests: growing past this fails as ENOSPC (0: off) */
     char name[OS_NAME_MAX + 2];
     char path[4096];
 };
@@ -167,10 +183,15 @@ void os_crash(objstore_t *s, int point);
 objstore_status_t os_lock(objstore_t *s);
 void os_unlock(objstore_t *s);
 
+/* commitment (os_region.c): make the file hold at least `end` bytes; lock held */
+objstore_status_t os_commit_to(objstore_t *s, uint64_t end);
+
 /* allocator (os_alloc.c) */
 unsigned os_class_of(uint64_t size);
 uint64_t os_block_need(uint64_t size);
 uint64_t os_alloc_find(const objstore_t *s, uint64_t need);
+uint64_t os_alloc_find_within(const objstore_t *s, uint64_t need, uint64_t limit);
+uint64_t os_take_end(const objstore_t *s, uint64_t off, uint64_t need);
 void os_alloc_take(objstore_t *s, uint64_t off, uint64_t need);
 void os_free_block(objstore_t *s, uint64_t off);
 void os_heap_init(objstore_t *s);

@@ -2,11 +2,16 @@
  * os_region.c -- the region: create / attach / close / unlink, the robust lock, process
  * slots and reaping, and the status strings.
  *
- * Room: containers often give /dev/shm only 64 MB, and a mapping of a tmpfs file that
- * has no pages behind it dies with SIGBUS on first touch. So creation checks the free
- * space (fstatvfs) and then reserves every page (posix_fallocate) before mapping; when
- * /dev/shm has no room and the caller named a fallback directory, the region is a file
- * there instead, and attach looks there after /dev/shm.
+ * Room, committed lazily: containers often give /dev/shm only 64 MB, and a mapping of a
+ * tmpfs file that has no pages behind it dies with SIGBUS on first touch. So the region
+ * is mapped at its full size (mapping past the end of a file is allowed) but the file
+ * holds only a committed prefix: the tables and one step of heap at creation, then more
+ * by os_commit_to whenever the allocator needs it. Creation checks that the filesystem
+ * could ever hold the whole region (its total size) and has room now for the first step
+ * (fstatvfs), then reserves that step (posix_fallocate). When /dev/shm fails either
+ * check and the caller named a fallback directory, the region is a file there instead,
+ * and attach looks there after /dev/shm. A commitment that fails later (the filesystem
+ * filled up) makes that allocation FULL; the region stays usable.
  *
  * Publication: the creator fills the header and writes the magic number last (release
  * order); an attacher that finds the name before that polls for the magic until its lock
@@ -244,16 +249,17 @@ static objstore_status_t os_layout(const objstore_options_t *o, os_header_t *L) 
     off = os_round(off + L->max_refs * sizeof(os_ref_t), OS_ALIGN);
     L->ref_buckets_off = off;
     off = os_round(off + L->nref_buckets * sizeof(uint32_t), OS_ALIGN);
-    L->heap_off = os_round(off, 4096);
+    L->heap_off = os_round(off, OS_PAGE);
     L->heap_size = cap;
     L->region_size = L->heap_off + cap;
     return OBJSTORE_OK;
 }
 
-static objstore_status_t os_init_region(objstore_t *s, const os_header_t *L) {
+static objstore_status_t os_init_region(objstore_t *s, const os_header_t *L, uint64_t first) {
     os_header_t *h = os_hdr(s);
     memcpy(h, L, sizeof *h); /* the mapping is zero-filled; this sets the layout */
     h->version = OS_VERSION;
+    h->committed = first;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     h->hash_seed = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec ^ ((uint64_t)s->pid << 40) ^
@@ -276,22 +282,31 @@ static objstore_status_t os_init_region(objstore_t *s, const os_header_t *L) {
 
 /* ---------------------------------------------------------------- create / attach */
 
-/* Reserve `size` bytes for fd: check free space, then allocate every page. */
-static objstore_status_t os_reserve(objstore_t *s, uint64_t size, uint64_t avail_override) {
+/* posix_fallocate [from, to) of s->fd, retried on EINTR; 0 or the error number. The
+ * test limit of the handle makes any commitment past it fail as a full filesystem. */
+static int os_fallocate(objstore_t *s, uint64_t from, uint64_t to) {
+    if (s->test_commit_limit != 0 && to > s->test_commit_limit) return ENOSPC;
+    int rc;
+    do rc = posix_fallocate(s->fd, (off_t)from, (off_t)(to - from));
+    while (rc == EINTR);
+    return rc;
+}
+
+/* Check that fd's filesystem could hold `total` bytes at all and has `first` free now,
+ * then allocate the first `first` bytes. */
+static objstore_status_t os_reserve(objstore_t *s, uint64_t total, uint64_t first,
+                                    uint64_t avail_override) {
     struct statvfs v;
-    uint64_t avail;
-    if (avail_override != 0) {
-        avail = avail_override;
-    } else if (fstatvfs(s->fd, &v) == 0) {
-        avail = (uint64_t)v.f_bavail * (uint64_t)v.f_frsize;
-    } else {
+    if (fstatvfs(s->fd, &v) != 0) {
         s->last_errno = errno;
         return OBJSTORE_E_SYSTEM;
     }
-    if (avail < size) return OBJSTORE_E_NO_SPACE;
-    int rc;
-    do rc = posix_fallocate(s->fd, 0, (off_t)size);
-    while (rc == EINTR);
+    uint64_t size = (uint64_t)v.f_blocks * (uint64_t)v.f_frsize;
+    uint64_t avail = avail_override != 0 ? avail_override : (uint64_t)v.f_bavail * v.f_frsize;
+    /* A region larger than the whole filesystem could never be filled: better the
+     * fallback (or a clear NO_SPACE) now than FULL errors at a fraction of the capacity. */
+    if (avail < first || size < total) return OBJSTORE_E_NO_SPACE;
+    int rc = os_fallocate(s, 0, first);
     if (rc == ENOSPC || rc == EFBIG) return OBJSTORE_E_NO_SPACE;
     if (rc != 0) {
         s->last_errno = rc;
@@ -300,14 +315,51 @@ static objstore_status_t os_reserve(objstore_t *s, uint64_t size, uint64_t avail
     return OBJSTORE_OK;
 }
 
+/* The committed mark for `end` bytes: a whole step past `from` (fewer fallocate calls),
+ * page aligned, never past the region. */
+static uint64_t os_commit_target(uint64_t from, uint64_t end, uint64_t region_size) {
+    uint64_t want = end > from + OS_COMMIT_STEP ? end : from + OS_COMMIT_STEP;
+    want = os_round(want, OS_PAGE);
+    return want < region_size ? want : region_size;
+}
+
+objstore_status_t os_commit_to(objstore_t *s, uint64_t end) {
+    os_header_t *h = os_hdr(s);
+    uint64_t from = h->committed;
+    if (end <= from) return OBJSTORE_OK;
+    if (end > h->region_size) return OBJSTORE_E_FULL; /* cannot happen: blocks end inside */
+    uint64_t to = os_commit_target(from, end, h->region_size);
+    /* Allocate first, record after: the mark never exceeds what the file holds. A holder
+     * that dies in between leaves a longer file and the old mark, which is harmless (the
+     * next commitment allocates the same range again, a no-op for those pages). */
+    int rc = os_fallocate(s, from, to);
+    if ((rc == ENOSPC || rc == EFBIG) && to > os_round(end, OS_PAGE)) {
+        to = os_round(end, OS_PAGE) < h->region_size ? os_round(end, OS_PAGE) : h->region_size;
+        rc = os_fallocate(s, from, to); /* a whole step did not fit: just what is needed */
+    }
+    if (rc != 0) {
+        s->last_errno = rc;
+        return rc == ENOSPC || rc == EFBIG ? OBJSTORE_E_FULL : OBJSTORE_E_SYSTEM;
+    }
+    /* Its own committed update, so a later crash in the caller's update (which is rolled
+     * back) keeps the commitment: the pages are there either way. */
+    os_begin(s, OS_OP_GROW, NULL);
+    os_j64(s, &h->committed, to);
+    os_crash(s, OBJSTORE_CRASH_GROW);
+    os_commit(s);
+    return OBJSTORE_OK;
+}
+
 static int os_file_path(char *out, size_t n, const char *dir, const char *name) {
     int w = snprintf(out, n, "%s/%s", dir, name);
     return w > 0 && (size_t)w < n;
 }
 
-/* Open a new, reserved backing object: /dev/shm first, else the fallback file.
- * On success s->fd, s->path, s->file_backed are set and the name exists. */
-static objstore_status_t os_open_new(objstore_t *s, const objstore_options_t *o, uint64_t size) {
+/* Open a new backing object with its first `first` of `total` bytes reserved: /dev/shm
+ * first, else the fallback file. On success s->fd, s->path, s->file_backed are set and
+ * the name exists. */
+static objstore_status_t os_open_new(objstore_t *s, const objstore_options_t *o, uint64_t total,
+                                     uint64_t first) {
     char shm[OS_NAME_MAX + 4], fpath[sizeof s->path];
     snprintf(shm, sizeof shm, "/%s", s->name);
     if (o->fallback_dir != NULL) {
@@ -322,7 +374,7 @@ static objstore_status_t os_open_new(objstore_t *s, const objstore_options_t *o,
     }
     snprintf(s->path, sizeof s->path, "/dev/shm/%s", s->name);
     objstore_status_t st = fchmod(s->fd, 0600) == 0 ? OBJSTORE_OK : OBJSTORE_E_SYSTEM;
-    if (st == OBJSTORE_OK) st = os_reserve(s, size, o->test_shm_avail);
+    if (st == OBJSTORE_OK) st = os_reserve(s, total, first, o->test_shm_avail);
     if (st == OBJSTORE_OK) return st;
     if (st == OBJSTORE_E_SYSTEM && s->last_errno == 0) s->last_errno = errno;
     close(s->fd);
@@ -338,7 +390,7 @@ static objstore_status_t os_open_new(objstore_t *s, const objstore_options_t *o,
     }
     memcpy(s->path, fpath, sizeof fpath);
     s->file_backed = 1;
-    st = os_reserve(s, size, 0);
+    st = os_reserve(s, total, first, 0);
     if (st != OBJSTORE_OK) {
         close(s->fd);
         s->fd = -1;
@@ -375,7 +427,9 @@ objstore_status_t objstore_create_region(const char *name, const objstore_option
     objstore_t *s = os_handle_new(name);
     if (s == NULL) return OBJSTORE_E_SYSTEM;
     int named = 0;
-    st = os_open_new(s, opts, L.region_size);
+    /* the tables, written in full by os_init_region, and one step of heap */
+    uint64_t first = os_commit_target(L.heap_off, L.heap_off, L.region_size);
+    st = os_open_new(s, opts, L.region_size, first);
     if (st != OBJSTORE_OK) goto fail;
     named = 1;
     void *m = mmap(NULL, L.region_size, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
@@ -386,7 +440,7 @@ objstore_status_t objstore_create_region(const char *name, const objstore_option
     }
     s->base = m;
     s->size = L.region_size;
-    st = os_init_region(s, &L);
+    st = os_init_region(s, &L, first);
     if (st == OBJSTORE_OK) st = os_slot_claim(s);
     if (st != OBJSTORE_OK) goto fail;
     *out = s;
@@ -404,7 +458,9 @@ fail:
     return st;
 }
 
-/* Map an existing backing object once its creator has sized and published it. */
+/* Map an existing backing object once its creator has published it: first its header
+ * (to learn the region's size, which the file's length no longer tells), then the whole
+ * region, past the end of the file like the creator's mapping. */
 static objstore_status_t os_map_existing(objstore_t *s) {
     uint64_t deadline = os_now_ms() + s->timeout_ms;
     struct stat sb;
@@ -417,21 +473,38 @@ static objstore_status_t os_map_existing(objstore_t *s) {
         if (os_now_ms() > deadline) return OBJSTORE_E_BAD_REGION;
         os_nap();
     }
-    void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
+    void *m = mmap(NULL, sizeof(os_header_t), PROT_READ, MAP_SHARED, s->fd, 0);
+    if (m == MAP_FAILED) {
+        s->last_errno = errno;
+        return OBJSTORE_E_SYSTEM;
+    }
+    const os_header_t *h = m;
+    uint64_t size = 0;
+    objstore_status_t st = OBJSTORE_OK;
+    for (;;) {
+        uint64_t magic = __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE);
+        if (magic == OS_MAGIC) break;
+        if (magic != 0 || os_now_ms() > deadline) {
+            st = OBJSTORE_E_BAD_REGION;
+            break;
+        }
+        os_nap();
+    }
+    if (st == OBJSTORE_OK) {
+        size = h->region_size;
+        if (h->version != OS_VERSION || size < h->heap_off || h->heap_off < sizeof(os_header_t) ||
+            h->heap_off + h->heap_size != size || h->committed > size)
+            st = OBJSTORE_E_BAD_REGION;
+    }
+    munmap(m, sizeof(os_header_t));
+    if (st != OBJSTORE_OK) return st;
+    m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
     if (m == MAP_FAILED) {
         s->last_errno = errno;
         return OBJSTORE_E_SYSTEM;
     }
     s->base = m;
-    s->size = (uint64_t)sb.st_size;
-    os_header_t *h = os_hdr(s);
-    for (;;) {
-        uint64_t magic = __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE);
-        if (magic == OS_MAGIC) break;
-        if (magic != 0 || os_now_ms() > deadline) return OBJSTORE_E_BAD_REGION;
-        os_nap();
-    }
-    if (h->version != OS_VERSION || h->region_size != s->size) return OBJSTORE_E_BAD_REGION;
+    s->size = size;
     return OBJSTORE_OK;
 }
 
@@ -512,6 +585,15 @@ objstore_status_t objstore_unlink(objstore_t *s) {
 /* ---------------------------------------------------------------- accessors */
 
 const char *objstore_path(const objstore_t *s) { return s == NULL ? "" : s->path; }
+
+void objstore_mapping(const objstore_t *s, const void **base, uint64_t *size) {
+    if (base != NULL) *base = s == NULL ? NULL : s->base;
+    if (size != NULL) *size = s == NULL ? 0 : s->size;
+}
+
+void objstore_test_set_commit_limit(objstore_t *s, uint64_t bytes) {
+    if (s != NULL) s->test_commit_limit = bytes;
+}
 
 void objstore_set_lock_timeout(objstore_t *s, uint32_t ms) {
     if (s != NULL) s->timeout_ms = ms == 0 ? OS_DEFAULT_TIMEOUT_MS : ms;

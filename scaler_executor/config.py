@@ -145,13 +145,13 @@ class ClusterConfig:
         metavar="SECONDS",
     )
     heartbeat_liveness: int = _opt(
-        6,
+        10,
         "intervals without any message after which a peer is declared dead",
         "higher rides out pauses such as swapping but detects deaths later",
         ge=2,
     )
     daemon_loss_timeout: float = _opt(
-        5.0,
+        15.0,
         "seconds of daemon silence after which a client fails pending futures with DaemonLost",
         "lower fails fast, higher rides out daemon stalls",
         gt=0,

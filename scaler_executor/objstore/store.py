@@ -30,6 +30,7 @@ the region lock serialises them), but ``close()`` must not race other calls on t
 
 from __future__ import annotations
 
+import errno
 import functools
 import itertools
 import threading
@@ -77,6 +78,7 @@ CRASH_POINTS = (
     "free_after_unlink",
     "delete_after_unindex",
     "reap",
+    "grow",
 )
 
 
@@ -100,6 +102,7 @@ class ObjectStoreStats:
     reaped_processes: int
     region_size: int  # bytes mapped, metadata included
     file_backed: bool  # the region lives in the fallback directory, not /dev/shm
+    committed: int  # bytes of the region backed by memory so far (grows on demand)
 
 
 def _object_id(object_id: Any) -> bytes:
@@ -231,8 +234,13 @@ class ObjectStore:
         """Create region ``name`` holding ``size`` bytes of objects, mode 0600, and attach.
 
         ``name``: 1-200 characters of ``[A-Za-z0-9._-]``, not starting with ``.``.
-        The memory is reserved at once, so writes never die with SIGBUS. If /dev/shm has
-        no room and ``fallback_dir`` is given, the region is a file there instead.
+        Memory is committed on demand: creation reserves the tables and a first 64 MiB
+        step of the heap, and allocations reserve more in 64 MiB steps (``stats().
+        committed``), so a large store costs little until it is used. Writes never die
+        with SIGBUS: if /dev/shm fills up before the store does, allocations raise
+        ObjectStoreFull. Creation needs room for the first step and a filesystem at
+        least ``size`` large; if /dev/shm fails that and ``fallback_dir`` is given, the
+        region is a file there instead.
         ``max_objects`` (default ``size // 8192``, at least 256) bounds the index;
         ``max_processes`` (default 128) the attached processes.
         Raises RegionExists, RegionNoSpace, ValueError (bad name or size), StoreSystemError.
@@ -298,6 +306,15 @@ class ObjectStore:
     def path(self) -> str:
         """Where the region lives: ``/dev/shm/NAME`` or ``FALLBACK_DIR/NAME``."""
         return self._path
+
+    @property
+    def mapping(self) -> tuple[int, int]:
+        """``(address, size)`` of this process's mapping of the region: every view that
+        :meth:`get` returns lies inside it (how tests prove a value is zero-copy)."""
+        base = ffi.new("const void **")
+        size = ffi.new("uint64_t *")
+        lib.objstore_mapping(self._handle, base, size)
+        return int(ffi.cast("uintptr_t", base[0])), int(size[0])
 
     @property
     def closed(self) -> bool:
@@ -525,6 +542,11 @@ class ObjectStore:
         act = lib.OBJSTORE_CRASH_STOP if action == "stop" else lib.OBJSTORE_CRASH_EXIT
         lib.objstore_test_crash_point(self._handle, code, countdown, act)
 
+    def _test_set_commit_limit(self, limit: int) -> None:
+        """Tests only: committing the region past ``limit`` bytes (from its start,
+        tables included) fails for this handle as if /dev/shm were full; 0 lifts it."""
+        lib.objstore_test_set_commit_limit(self._handle, limit)
+
     # ------------------------------------------------------------ helpers
 
     @property
@@ -541,11 +563,19 @@ class ObjectStore:
         limit = in_use = holder = err = 0
         detail = ""
         if st in (lib.OBJSTORE_E_FULL, lib.OBJSTORE_E_TABLE_FULL) and handle is not None:
+            grow_errno = int(lib.objstore_last_errno(handle)) if st == lib.OBJSTORE_E_FULL else 0
             out = ffi.new("objstore_stats_t *")
             if lib.objstore_stats(handle, out) == lib.OBJSTORE_OK:
                 limit, in_use = int(out.capacity), int(out.in_use)
                 if st == lib.OBJSTORE_E_TABLE_FULL:
                     detail = f"{out.objects} of {out.max_objects} objects"
+                elif grow_errno:
+                    where = self._path.rsplit("/", 1)[0] or "/"
+                    detail = (
+                        f"{where} has no room to grow the store past {out.committed} of "
+                        f"{out.region_size} bytes ({_errno_name(grow_errno)}): free space "
+                        "there (docker run --shm-size=...), or create a smaller store"
+                    )
         if handle is not None:
             holder = int(lib.objstore_last_holder_pid(handle))
             err = int(lib.objstore_last_errno(handle))
@@ -576,6 +606,10 @@ def _release_view(held: _Held, view: memoryview, oid: bytes) -> None:
             f"object {oid.hex()}: its view is still exported (for example a NumPy array "
             "built on it); delete that first"
         ) from None
+
+
+def _errno_name(err: int) -> str:
+    return errno.errorcode.get(err, str(err))
 
 
 def _status_message(st: int) -> str:

@@ -102,6 +102,37 @@ def stop_in_lock(name: str, oid: bytes) -> None:
     os._exit(0)  # only reached if someone sends SIGCONT
 
 
+def grow_and_crash(name: str, point: str, size: int) -> None:
+    """Arm `point`, then create an object that makes the store commit more memory."""
+    store = ObjectStore.attach(name)
+    store._test_crash_point(point)
+    store.create_buffer(make_id(77, 0), size)
+    os._exit(3)  # the crash point was not reached
+
+
+def read_back(name: str, oids: list[bytes], conn: Any) -> None:
+    """Attach, say so, wait for the parent to grow the store, then check every object."""
+
+    def body() -> dict[str, Any]:
+        with ObjectStore.attach(name) as store:
+            conn.send("attached")
+            conn.recv()  # the parent has put objects past the committed mark of our attach
+            same = []
+            for oid in oids:
+                view = store.get(oid)
+                same.append(bytes(view) == content_big(oid, len(view)))
+                view.release()
+            return {"same": same}
+
+    _report(conn, body)
+
+
+def content_big(oid: bytes, size: int) -> bytes:
+    """Deterministic bytes of any size for `oid` (cheap to build, differs per page)."""
+    pattern = hashlib.blake2b(oid, digest_size=64).digest() * 64  # 4 KiB
+    return (pattern * (size // len(pattern) + 1))[:size]
+
+
 def run_ops(store: ObjectStore, group: int, rounds: int) -> None:
     """put, get, release, delete on own ids: reaches every crash point but reap."""
     for n in range(rounds):
