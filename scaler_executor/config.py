@@ -157,6 +157,14 @@ class ClusterConfig:
         gt=0,
         metavar="SECONDS",
     )
+    client_timeout: float = _opt(
+        60.0,
+        "seconds without any message after which the daemon drops a client and cancels its tasks",
+        "a client's process may pause for seconds (a full garbage collection over a million "
+        "futures); an embedded cluster's daemon sees its client die at once through its lifeline",
+        gt=0,
+        metavar="SECONDS",
+    )
     max_retries: int = _opt(
         3,
         "retries of a task whose worker or processor died",

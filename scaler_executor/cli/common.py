@@ -40,3 +40,18 @@ def read_initializer(path: str | None) -> bytes | None:
         return None
     with open(path, "rb") as f:
         return f.read()
+
+
+def tune_gc() -> None:
+    """Garbage collection for a long-lived daemon or agent holding many records.
+
+    What was imported at start-up is frozen out of every collection, and full collections
+    become rare: the records these processes keep (tasks, workers) form no cycles, and a
+    full pass over a million of them stalls the process for seconds — long enough for its
+    peers to declare it dead.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 50, 1_000)

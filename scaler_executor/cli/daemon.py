@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from scaler_executor.cli.common import check_tcp, setup_logging
+from scaler_executor.cli.common import check_tcp, setup_logging, tune_gc
 from scaler_executor.config import ClusterConfig, add_config_arguments, config_from_args
 
 
@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     daemon = Daemon(config, config.address, lifeline_fd=0 if args.lifeline else None, manager=manager)
     daemon.install_signal_handlers()
+    tune_gc()
     try:
         return daemon.run()
     finally:

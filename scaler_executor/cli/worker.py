@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 
-from scaler_executor.cli.common import check_tcp, read_initializer, setup_logging
+from scaler_executor.cli.common import check_tcp, read_initializer, setup_logging, tune_gc
 from scaler_executor.config import add_config_arguments, config_from_args
 
 
@@ -42,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
         include=[
             "heartbeat_interval",
             "heartbeat_liveness",
+            "daemon_loss_timeout",
             "send_hwm",
             "log_level",
             "max_tasks_per_child",
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         memory_limit=limit,
     )
     agent.install_signal_handlers()
+    tune_gc()
     return agent.run()
 
 

@@ -69,6 +69,8 @@ class LocalWorkerManager:
             repr(c.heartbeat_interval),
             "--heartbeat-liveness",
             str(c.heartbeat_liveness),
+            "--daemon-loss-timeout",
+            repr(c.daemon_loss_timeout),
             "--send-hwm",
             str(c.send_hwm),
             "--log-level",

@@ -264,7 +264,8 @@ class Scheduler:
         deadline = self.config.heartbeat_interval * self.config.heartbeat_liveness
         for worker in [w for w in self.workers.values() if now - w.last_seen > deadline]:
             self._lose_worker(worker, f"missed heartbeats: no message for {now - worker.last_seen:.1f} s (host lost or process hung)")
-        for client in [c for c in self.clients.values() if now - c.last_seen > deadline]:
+        client_deadline = max(deadline, self.config.client_timeout)
+        for client in [c for c in self.clients.values() if now - c.last_seen > client_deadline]:
             self._lose_client(client, f"no message for {now - client.last_seen:.1f} s")
         for peer in [p for p, seen in self._monitors.items() if now - seen > deadline]:
             del self._monitors[peer]

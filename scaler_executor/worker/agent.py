@@ -153,7 +153,7 @@ class WorkerAgent:
         self.last_send = 0.0
         self.last_hello = 0.0
         self.heartbeat_interval = config.heartbeat_interval
-        self.daemon_silence_limit = config.heartbeat_interval * config.heartbeat_liveness
+        self.daemon_silence_limit = max(config.heartbeat_interval * config.heartbeat_liveness, config.daemon_loss_timeout)
         self.died_in_a_row = 0
         self.respawn_at = 0.0
         self._signal_r, self._signal_w = os.pipe()
@@ -283,6 +283,7 @@ class WorkerAgent:
             self.daemon_silence_limit = max(
                 self.config.heartbeat_interval * self.config.heartbeat_liveness,
                 message.heartbeat_interval * message.heartbeat_liveness,  # type: ignore[attr-defined]
+                self.config.daemon_loss_timeout,  # a daemon holding 10^6 tasks may pause to collect garbage
             )
             log.info("worker %s joined the daemon at %s as worker %d", self.name, self.address, message.peer_id)  # type: ignore[attr-defined]
         elif kind is m.Refused:

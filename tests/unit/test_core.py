@@ -36,7 +36,11 @@ INTERVAL = 1.0
 LIVENESS = 3
 DEADLINE = INTERVAL * LIVENESS  # silence after which a peer is lost
 CONFIG = ClusterConfig(
-    heartbeat_interval=INTERVAL, heartbeat_liveness=LIVENESS, max_retries=2, max_prefetch=4
+    heartbeat_interval=INTERVAL,
+    heartbeat_liveness=LIVENESS,
+    client_timeout=DEADLINE,
+    max_retries=2,
+    max_prefetch=4,
 )
 T0 = 1000.0
 
@@ -1283,3 +1287,19 @@ def test_randomized_no_task_lost(seed: int) -> None:
     assert not scheduler.function_refs or not any(scheduler.function_refs.values())
     for worker in world.workers.values():
         assert worker.fns <= set(scheduler.functions), "a worker keeps a function nobody may use"
+
+
+def test_client_silence_is_judged_by_client_timeout() -> None:
+    """A client may pause for seconds (a full garbage collection over a million futures):
+    the daemon drops it after client_timeout, not after the workers' liveness deadline."""
+    cluster = Cluster(CONFIG.replace(client_timeout=DEADLINE * 10))
+    cluster.client()
+    cluster.worker(b"w1")
+    cluster.now += DEADLINE * 5
+    cluster.keepalive(b"w1")
+    cluster.tick()
+    assert cluster.stat("clients") == 1
+    cluster.now += DEADLINE * 6
+    cluster.keepalive(b"w1")
+    cluster.tick()
+    assert cluster.stat("clients") == 0

@@ -1,0 +1,410 @@
+"""Pickled values through the object store: a small header plus zero-copy buffers.
+
+A value is pickled once with cloudpickle, protocol 5. Every out-of-band buffer pickle
+offers (a :class:`pickle.PickleBuffer`: contiguous NumPy arrays of a non-object dtype,
+and anything else whose protocol-5 reduction yields PickleBuffers) of at least
+``threshold`` bytes becomes an object of its own in the store; smaller ones stay in the
+pickle stream (the buffer callback answers "in band" for them, so one pickling pass
+decides). Readers map those objects straight into their arrays: no copy, no private
+memory.
+
+Wire format (the header)::
+
+    PREFIX  = "<4sBBHI": magic b"SXPV", version 1, flags, reserved 0, buffer count
+    header  = PREFIX + pickle stream          (flags = 0)
+            | PREFIX                          (flags = STREAM_IN_STORE)
+
+    object_ids = [stream object, if STREAM_IN_STORE] + [one object per out-of-band
+                 buffer, in the order the unpickler consumes them]
+
+When the pickle stream itself exceeds ``threshold`` (a large ``bytes``, a big list) it is
+stored as one object and the header shrinks to the prefix; it is unpickled straight from
+the shared view, so reading it costs the one copy that building the objects needs.
+:func:`pack_inline` produces the same format with everything in the stream (for peers on
+other hosts); :func:`unpack` and :func:`unpack_inline` both read it.
+
+What comes back
+---------------
+* Out-of-band buffers arrive as read-only views of shared memory: a NumPy array has
+  ``flags.writeable == False`` and writing into it raises numpy's "assignment destination
+  is read-only" ``ValueError``. Take a private copy with ``arr.copy()``, or unpack with
+  ``writable=True`` (every out-of-band buffer is then copied into private memory). The
+  worker can add that advice to the user's traceback with :func:`add_readonly_hint`.
+  Views stay valid as long as anything holds them, even after the store handle is
+  closed or the region unlinked (see :mod:`.store`).
+* datetime64/timedelta64 arrays, which NumPy's own reduction copies in band, travel
+  zero-copy too (as an integer view of the same memory, viewed back on loading).
+* Non-contiguous arrays (``a[::2]``, most transposed slices) are copied into the pickle
+  stream by NumPy itself and come back as private, writable, C-ordered copies; pass
+  ``np.ascontiguousarray(a)`` to share them zero-copy. Fortran-ordered arrays are
+  contiguous and travel zero-copy.
+* ``bytearray``: CPython's C pickler writes it in band (it never makes a PickleBuffer
+  of it), so a large one travels inside the stream object and comes back as a private
+  ``bytearray`` (one copy on each side). ``bytes`` likewise. Wrap data you want to share
+  in a NumPy array (``np.frombuffer``) instead.
+
+Ownership
+---------
+``Packed.created`` lists the objects the call wrote that its caller must delete when the
+value is no longer needed (:func:`delete_objects`). Objects written into a ``shared``
+cache belong to the cache instead and are not in ``created``: delete them with the cache
+(:meth:`SharedBuffers.delete_all`) once every value referring to them is done, so that
+freeing one value never pulls a buffer from under its siblings. ``object_ids`` lists
+every object the header refers to, shared ones included.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import struct
+import sys
+from collections.abc import Iterable, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
+
+from scaler_executor.objstore.errors import ObjectNotFound
+from scaler_executor.objstore.store import ObjectStore
+
+try:
+    from scaler_executor.objstore._objstore import ffi
+except ImportError as exc:  # pragma: no cover - depends on the build
+    raise ImportError(
+        "the C object store is not built: run `python native/build_objstore.py`"
+    ) from exc
+
+__all__ = [
+    "DEFAULT_THRESHOLD",
+    "Packed",
+    "SharedBuffers",
+    "add_readonly_hint",
+    "delete_objects",
+    "pack",
+    "pack_inline",
+    "unpack",
+    "unpack_inline",
+]
+
+#: Buffers (and pickle streams) this large go to the store as objects of their own.
+#: Below it a store object costs more than it saves: a create/seal/get/release round of
+#: the lock (~microseconds) and a 64-byte-aligned block, against a memcpy of < 64 KiB.
+DEFAULT_THRESHOLD = 64 * 1024
+
+PROTOCOL = 5
+_MAGIC = b"SXPV"
+_VERSION = 1
+_STREAM_IN_STORE = 1
+_PREFIX = struct.Struct("<4sBBHI")
+
+_READONLY_HINT = (
+    "This array is a read-only view of the shared-memory object store (zero-copy). "
+    "Write into a private copy instead: `arr = arr.copy()`, or ask for writable copies "
+    "of every argument with writable=True when unpacking."
+)
+
+# NumPy's messages: writing into the array, ufunc out=, and arr.flags.writeable = True
+_READONLY_MARKERS = ("is read-only", "cannot set WRITEABLE flag")
+
+_Key = tuple[int, int, int]  # (id of the owning object, address, length)
+_Entry = tuple[object, bytes]  # (the owning object, kept alive; the store object id)
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """A value packed into a store.
+
+    ``header``: the bytes to send (small unless ``threshold`` is large);
+    ``object_ids``: every store object the header refers to, in the order
+    :func:`unpack` wants them; ``created``: the objects this call wrote whose lifetime the
+    caller owns (shared-cache objects excluded: they belong to the cache).
+    """
+
+    header: bytes
+    object_ids: list[bytes] = field(default_factory=list)
+    created: list[bytes] = field(default_factory=list)
+
+
+class SharedBuffers(dict[_Key, _Entry]):
+    """A cache that stores each buffer once across many :func:`pack` calls.
+
+    Pass the same instance as ``shared`` to every pack of one batch (for example every
+    item of one ``map`` call that shares an array); the buffer is written the first time
+    and referred to afterwards. Keys are the identity of the object owning the memory
+    plus the buffer's address and length, never a hash of the bytes (a hash without a
+    byte comparison would alias two different buffers on a collision); the cache keeps
+    a strong reference to that owner, so its id cannot be reused while cached.
+
+    The bytes are captured at their first pack: do not modify a cached array in place
+    during the batch. Any ``MutableMapping`` works as a cache; this class adds the
+    clean-up.
+    """
+
+    def object_ids(self) -> list[bytes]:
+        """The store objects the cache owns."""
+        return [oid for _owner, oid in self.values()]
+
+    def delete_all(self, store: ObjectStore) -> None:
+        """Delete every object of the cache from ``store`` (deferred while readers still
+        hold them) and empty the cache."""
+        ids = self.object_ids()
+        self.clear()
+        delete_objects(store, ids)
+
+
+# ------------------------------------------------------------------ pack
+
+
+def pack(
+    obj: Any,
+    store: ObjectStore,
+    *,
+    threshold: int = DEFAULT_THRESHOLD,
+    shared: MutableMapping[_Key, _Entry] | None = None,
+) -> Packed:
+    """Pickle ``obj``, writing its large buffers (and a large stream) into ``store``.
+
+    ``threshold``: buffers of at least this many bytes become store objects, and so does
+    a pickle stream longer than this; ``shared``: a cache (see :class:`SharedBuffers`)
+    through which buffers seen by an earlier pack are referred to instead of written.
+    Returns :class:`Packed`. Raises :class:`~.errors.ObjectStoreFull` (or another store
+    error) at once when a write fails, after deleting every object this call wrote and
+    removing what it added to ``shared``; pickling errors propagate before anything is
+    written.
+    """
+    if threshold < 0:
+        raise ValueError(f"threshold must be >= 0, got {threshold}")
+    out_of_band: list[pickle.PickleBuffer] = []
+
+    def decide(buffer: pickle.PickleBuffer) -> bool:
+        with buffer.raw() as raw:
+            large = raw.nbytes >= threshold
+        if large:
+            out_of_band.append(buffer)
+        return not large  # true: pickle writes it in band
+
+    stream = _dump(obj, decide)
+    writer = _Writer(store, shared)
+    try:
+        ids = [writer.buffer(buffer) for buffer in out_of_band]
+        flags = 0
+        with stream.getbuffer() as whole:
+            if len(whole) > threshold:
+                with whole[_PREFIX.size :] as body:
+                    ids.insert(0, writer.fresh(body))
+                flags = _STREAM_IN_STORE
+            else:
+                _PREFIX.pack_into(whole, 0, _MAGIC, _VERSION, 0, 0, len(out_of_band))
+        if flags:
+            header = _PREFIX.pack(_MAGIC, _VERSION, flags, 0, len(out_of_band))
+        else:
+            header = stream.getvalue()
+    except BaseException:
+        writer.undo()
+        raise
+    finally:
+        for buffer in out_of_band:
+            buffer.release()
+    return Packed(header, ids, writer.created)
+
+
+def pack_inline(obj: Any) -> bytes:
+    """The value format of :func:`pack` with everything in band, for a peer without
+    access to the store. Read it with :func:`unpack_inline` (or :func:`unpack`)."""
+    stream = _dump(obj, None)
+    with stream.getbuffer() as whole:
+        _PREFIX.pack_into(whole, 0, _MAGIC, _VERSION, 0, 0, 0)
+    return stream.getvalue()
+
+
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle is untyped
+    """cloudpickle, plus out-of-band buffers for NumPy datetime64/timedelta64 arrays
+    (NumPy's own reduction copies those in band): pickled as an integer view of the same
+    memory, and viewed back as the original dtype when loaded."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        numpy = sys.modules.get("numpy")
+        if (
+            numpy is not None
+            and type(obj) is numpy.ndarray
+            and obj.dtype.kind in "mM"
+            and (obj.flags.c_contiguous or obj.flags.f_contiguous)
+        ):
+            return _view_as, (obj.view(f"<i{obj.dtype.itemsize}"), obj.dtype)
+        return super().reducer_override(obj)
+
+
+def _view_as(array: Any, dtype: Any) -> Any:
+    return array.view(dtype)
+
+
+def _dump(obj: Any, buffer_callback: Any) -> io.BytesIO:
+    # The prefix is reserved first and filled in afterwards, so that a large stream is
+    # never copied just to put a few bytes in front of it.
+    stream = io.BytesIO()
+    stream.write(bytes(_PREFIX.size))
+    _Pickler(stream, protocol=PROTOCOL, buffer_callback=buffer_callback).dump(obj)
+    return stream
+
+
+class _Writer:
+    """Writes one pack's objects; remembers them to undo the pack if a write fails."""
+
+    def __init__(self, store: ObjectStore, shared: MutableMapping[_Key, _Entry] | None) -> None:
+        self.store = store
+        self.shared = shared
+        self.created: list[bytes] = []
+        self.shared_added: list[tuple[_Key, bytes]] = []
+
+    def fresh(self, data: Any) -> bytes:
+        oid = os.urandom(16)
+        self.store.put(oid, data)
+        self.created.append(oid)
+        return oid
+
+    def buffer(self, buffer: pickle.PickleBuffer) -> bytes:
+        with buffer.raw() as raw:
+            if self.shared is None:
+                return self.fresh(raw)
+            owner = _owner(raw.obj)
+            with ffi.from_buffer(raw) as pointer:
+                key = (id(owner), int(ffi.cast("uintptr_t", pointer)), raw.nbytes)
+            hit = self.shared.get(key)
+            if hit is not None and hit[0] is owner and self.store.contains(hit[1]):
+                return hit[1]
+            # new, or its object is gone (deleted, or a different store): write it again
+            oid = os.urandom(16)
+            self.store.put(oid, raw)
+            self.shared[key] = (owner, oid)
+            self.shared_added.append((key, oid))
+            return oid
+
+    def undo(self) -> None:
+        for key, oid in self.shared_added:
+            if self.shared is not None and self.shared.get(key, (None, b""))[1] == oid:
+                del self.shared[key]
+        delete_objects(self.store, self.created + [oid for _key, oid in self.shared_added])
+        self.created = []
+        self.shared_added = []
+
+
+def _owner(exporter: object) -> object:
+    """The object that owns the memory of a buffer exported by ``exporter``.
+
+    NumPy's protocol-5 reduction of a Fortran-ordered array exports a fresh transposed
+    view each time, and views of one array share its memory: keying the shared cache by
+    the base array lets those share one store object. Same owner + same address + same
+    length means the very same bytes, so this cannot alias different data.
+    """
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        while isinstance(exporter, numpy.ndarray) and exporter.base is not None:
+            exporter = exporter.base
+    return exporter
+
+
+def delete_objects(store: ObjectStore, object_ids: Iterable[bytes]) -> None:
+    """Delete each object (deferred while readers hold it); ids already gone are skipped."""
+    for oid in object_ids:
+        try:
+            store.delete(oid)
+        except ObjectNotFound:
+            pass
+
+
+# ------------------------------------------------------------------ unpack
+
+
+def unpack(
+    header: bytes,
+    object_ids: Sequence[bytes],
+    store: ObjectStore | None,
+    *,
+    writable: bool = False,
+) -> Any:
+    """The value packed by :func:`pack` (or :func:`pack_inline`, with no ids).
+
+    Out-of-band buffers come back as read-only zero-copy views of the store (NumPy
+    arrays with ``flags.writeable == False``); ``writable=True`` copies each into
+    private, writable memory instead. Each view holds a reference on its object until
+    the last thing using it is gone. Raises ValueError for a header that is not this
+    format or ids that do not match it, and the store's errors (ObjectNotFound when an
+    object was deleted).
+    """
+    flags, count, body = _parse(header)
+    stream_in_store = bool(flags & _STREAM_IN_STORE)
+    want = count + stream_in_store
+    if len(object_ids) != want:
+        raise ValueError(f"this value refers to {want} store objects, {len(object_ids)} ids given")
+    if want and store is None:
+        raise ValueError("this value refers to store objects: pass the store to unpack")
+    views: list[memoryview] = []
+    buffers: list[Any] = []
+    done = False
+    try:
+        for oid in object_ids:
+            views.append(store.get(oid))  # type: ignore[union-attr]  # checked above
+        if stream_in_store:
+            body = views[0]
+        for view in views[stream_in_store:]:
+            buffers.append(bytearray(view) if writable else view)
+        # a stream view is read in place: the objects pickle builds are the one copy
+        value = pickle.loads(body, buffers=buffers)
+        done = True
+        return value
+    finally:
+        # Release now what nothing uses any more (copied buffers, the stream; every view
+        # if unpickling failed, since a traceback would keep this frame's views alive);
+        # views the value's arrays use are released when those arrays go.
+        del body, buffers
+        for index, view in enumerate(views):
+            if not done or writable or (stream_in_store and index == 0):
+                try:
+                    view.release()
+                except BufferError:  # still used by a half-built object: freed with it
+                    pass
+        views.clear()
+
+
+def unpack_inline(data: bytes) -> Any:
+    """The value packed by :func:`pack_inline`."""
+    flags, count, body = _parse(data)
+    if flags or count:
+        raise ValueError("this value refers to objects in a store: use unpack(header, ids, store)")
+    return pickle.loads(body)
+
+
+def _parse(header: bytes) -> tuple[int, int, memoryview]:
+    view = memoryview(header)
+    if len(view) < _PREFIX.size:
+        raise ValueError(f"not a packed value: {len(view)} bytes is shorter than its prefix")
+    magic, version, flags, _reserved, count = _PREFIX.unpack_from(view)
+    if magic != _MAGIC:
+        raise ValueError(f"not a packed value (prefix {bytes(view[:4])!r}, expected {_MAGIC!r})")
+    if version != _VERSION:
+        raise ValueError(
+            f"packed value format version {version}; this scaler-executor reads version "
+            f"{_VERSION}: run the same version on every host"
+        )
+    return flags, count, view[_PREFIX.size :]
+
+
+# ------------------------------------------------------------------ errors
+
+
+def add_readonly_hint(exc: BaseException) -> bool:
+    """If ``exc`` is NumPy's "assignment destination is read-only" error, add a note
+    telling the user how to get a writable array (``arr.copy()`` or ``writable=True``),
+    shown under its traceback; return True if it did. For the worker to call on the
+    exceptions of user code that received unpacked arguments."""
+    message = str(exc)
+    if (
+        isinstance(exc, ValueError)
+        and any(marker in message for marker in _READONLY_MARKERS)
+        and _READONLY_HINT not in getattr(exc, "__notes__", ())
+    ):
+        exc.add_note(_READONLY_HINT)
+        return True
+    return False
