@@ -7,7 +7,8 @@
 ...     store.delete(object_id)
 
 Other local processes use ``ObjectStore.attach(name)``. See :mod:`.store` for how views
-hold references and how long the mapping lives, :mod:`.errors` for the exceptions.
+hold references and how long the mapping lives, :mod:`.errors` for the exceptions, and
+:mod:`.payload` for pickled values whose large buffers travel through the store.
 """
 
 from __future__ import annotations

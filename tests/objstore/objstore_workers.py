@@ -133,6 +133,55 @@ def content_big(oid: bytes, size: int) -> bytes:
     return (pattern * (size // len(pattern) + 1))[:size]
 
 
+def pack_and_exit(name: str, conn: Any) -> None:
+    """Pack a value with a large array into the store, send its header and ids, exit."""
+    import numpy as np
+
+    from scaler_executor.objstore.payload import pack
+
+    def body() -> dict[str, Any]:
+        with ObjectStore.attach(name) as store:
+            value = {"array": np.arange(1 << 20, dtype=np.int64), "pid": os.getpid()}
+            packed = pack(value, store)
+            return {"header": packed.header, "ids": packed.object_ids}
+
+    _report(conn, body)
+    os._exit(0)
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def unpack_and_measure(name: str, header: bytes, ids: list[bytes], conn: Any) -> None:
+    """Unpack a value holding one large array, touch every page of it, and report how
+    this process's anonymous (private) and shared resident memory grew, in KiB."""
+    import numpy as np
+
+    from scaler_executor.objstore.payload import unpack
+
+    def body() -> dict[str, Any]:
+        with ObjectStore.attach(name) as store:
+            anon, shmem = _status_kib("RssAnon"), _status_kib("RssShmem")
+            array = unpack(header, ids, store)
+            total = int(np.sum(array, dtype=np.int64))  # reads every page
+            result = {
+                "anon_kib": _status_kib("RssAnon") - anon,
+                "shmem_kib": _status_kib("RssShmem") - shmem,
+                "nbytes": array.nbytes,
+                "total": total,
+                "writeable": bool(array.flags.writeable),
+            }
+            del array
+            return result
+
+    _report(conn, body)
+
+
 def run_ops(store: ObjectStore, group: int, rounds: int) -> None:
     """put, get, release, delete on own ids: reaches every crash point but reap."""
     for n in range(rounds):
