@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from scaler_executor._version import __version__
 
 if TYPE_CHECKING:
-    from scaler_executor.client.agent import TaskInfo
+    from scaler_executor.client.agent import ObjectRef, TaskInfo
+    from scaler_executor.objstore.errors import ObjectStoreFull
     from scaler_executor.client.executor import ScalerExecutor, get_executor, task_info
     from scaler_executor.config import ClusterConfig
     from scaler_executor.exceptions import (
@@ -36,6 +37,8 @@ _LAZY = {
     "ScalerExecutor": "scaler_executor.client.executor",
     "ClusterConfig": "scaler_executor.config",
     "TaskInfo": "scaler_executor.client.agent",
+    "ObjectRef": "scaler_executor.client.agent",
+    "ObjectStoreFull": "scaler_executor.objstore.errors",
     "task_info": "scaler_executor.client.executor",
     "get_executor": "scaler_executor.client.executor",
     **{

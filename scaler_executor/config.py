@@ -214,6 +214,19 @@ class ClusterConfig:
         "the processor using most is killed when the sum goes over, before the kernel's OOM killer strikes",
         metavar="SIZE",
     )
+    object_store_size: str = _opt(
+        "auto",
+        "size of the daemon host's shared-memory object store: a size like 8G, 'auto' (25% of RAM) or 'none'",
+        "memory is committed only as objects fill it; large arguments and results travel through it once",
+        metavar="SIZE",
+    )
+    object_store_threshold: int = _opt(
+        65536,
+        "bytes from which a pickled buffer or value goes through the object store instead of inline",
+        "lower moves more through shared memory (zero-copy reads); higher keeps small values in messages",
+        ge=0,
+        metavar="BYTES",
+    )
     unsatisfiable_timeout: float | None = _opt(
         None,
         "seconds a task that no connected worker can ever satisfy waits before it fails, none = forever",
@@ -454,13 +467,15 @@ def _check_together(values: Mapping[str, Any], sources: Mapping[str, str]) -> No
             f"min_workers={minimum!r}{_from(sources.get('min_workers'))} must be <= workers={workers!r}"
             f"{_from(sources.get('workers'))}: workers is the most the daemon starts when autoscaling"
         )
-    if values["memory_limit"].strip().lower() not in ("auto", "none"):
+    for key in ("memory_limit", "object_store_size"):
+        if values[key].strip().lower() in ("auto", "none"):
+            continue
         from scaler_executor.worker.memory import parse_size
 
         try:
-            parse_size(values["memory_limit"])
+            parse_size(values[key])
         except ValueError as exc:
-            raise ConfigError(f"invalid memory_limit{_from(sources.get('memory_limit'))}: {exc}") from None
+            raise ConfigError(f"invalid {key}{_from(sources.get(key))}: {exc}") from None
 
 
 def _validate(values: Mapping[str, Any], sources: Mapping[str, str]) -> dict[str, Any]:

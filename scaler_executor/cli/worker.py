@@ -34,6 +34,12 @@ def _parser() -> argparse.ArgumentParser:
         help="resources this worker offers, e.g. cpu=4,gpu=1,mem=16e9 (default: worker_resources from the config)",
     )
     parser.add_argument("--tags", metavar="TAG,...", help="tags this worker has, e.g. linux,ssd (default: worker_tags)")
+    parser.add_argument(
+        "--fetch-objects-over-network",
+        action="store_true",
+        help="read the daemon host's object store through the daemon even if this host could map it "
+        "(what a worker on another host does anyway)",
+    )
     parser.add_argument("--initializer", metavar="FILE", help="cloudpickle.dumps((initializer, initargs)) file")
     parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)  # stop when stdin closes
     parser.add_argument("--workers-on-host", type=int, default=1, help=argparse.SUPPRESS)  # shares memory_limit=auto
@@ -50,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
             "worker_resources",
             "worker_tags",
             "memory_limit",
+            "object_store_threshold",
         ],
     )
     return parser
@@ -90,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         resources=resources,
         tags=tags,
         memory_limit=limit,
+        fetch_objects=args.fetch_objects_over_network,
     )
     agent.install_signal_handlers()
     tune_gc()

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import atexit
 import io
+import tempfile
 import itertools
 import logging
 import os
+import pickle
 import socket
 import threading
 import time
@@ -33,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass
 from concurrent.futures import CancelledError, Future, InvalidStateError
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import cloudpickle
 import zmq
@@ -47,12 +49,13 @@ from scaler_executor.exceptions import BrokenScalerExecutor, DaemonLost, Initial
 from scaler_executor.protocol import codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status, TaskFlags, TaskOptions
-from scaler_executor.worker.deps import dependency, identity
+from scaler_executor.worker.deps import dependency, identity, stored
 
 log = logging.getLogger("scaler_executor.client")
 
 TASK_MASK = (1 << m.TASK_ID_BITS) - 1
 SUBMIT, CANCEL, REGISTER_FN, RELEASE_FN, REGISTER_OPTIONS, STATS, FORCE_CANCEL = range(7)
+PIN_OBJECTS, RELEASE_OBJECTS, FETCH_OBJECTS = range(7, 10)
 RECV_BURST = 1024
 TURN_SECONDS = 0.02  # most a turn spends receiving, so heartbeats and submissions still go out under floods
 MAX_TASKS_PER_TRANSMISSION = 2000  # bounds the daemon's work per message, hence its turn time
@@ -114,6 +117,9 @@ class ClientAgent:
         self._fn_cache: weakref.WeakKeyDictionary[Callable[..., Any], int] = weakref.WeakKeyDictionary()
         self._options: dict[tuple[Any, ...], int] = {}
         self._stats_waiters: deque[Future[dict[str, Any]]] = deque()
+        self._fetch_waiters: deque[Future[dict[bytes, bytes]]] = deque()
+        self.store: Any = None  # the daemon host's object store, when this host can map it
+        self.store_ready = threading.Event()  # set once the handshake said whether there is one
         self.shutdown_requested = False
         self.broken: BaseException | None = None
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -139,29 +145,29 @@ class ClientAgent:
         if self.shutdown_requested:
             raise RuntimeError("cannot schedule new futures after shutdown")
 
-    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options_id: int) -> Future[Any]:
+    def submit(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options_id: int, flags: int = 0
+    ) -> Future[Any]:
         self.check_usable()
         future: Future[Any] = Future()
 
-        def pack() -> tuple[int, int, bytes, list[int]]:
+        def pack() -> tuple[int, int, Pickled]:
             if ser.is_cacheable(fn):
-                payload, deps = self.pickle_args(args, kwargs)
-                return self.function_id(fn), TaskFlags.CALL, payload, deps
-            payload, deps = self.pickle_obj((fn, args, kwargs))
-            return 0, TaskFlags.INLINE_FN, payload, deps
+                return self.function_id(fn), TaskFlags.CALL | flags, self.pickle_args(args, kwargs)
+            return 0, TaskFlags.INLINE_FN | flags, self.pickle_obj((fn, args, kwargs))
 
         return self.submit_with(future, pack, options_id, lambda: ser.pickling_note(fn, args, kwargs))
 
     def submit_with(
         self,
         future: Future[Any],
-        pack: Callable[[], tuple[int, int, bytes, list[int]]],
+        pack: Callable[[], tuple[int, int, Pickled]],
         options_id: int,
         note: Callable[[], str],
     ) -> Future[Any]:
         """Pickle a call with ``pack`` and queue it; a pickling failure fails ``future`` with a note."""
         try:
-            fn_id, flags, payload, deps = pack()
+            fn_id, flags, pickled = pack()
         except DependencyFailed as failed:
             exc = failed.args[0]
             future.set_exception(exc)
@@ -170,7 +176,11 @@ class ClientAgent:
             exc.add_note(note())
             future.set_exception(exc)
             return future
-        self._enqueue(future, fn_id, options_id, flags, payload, deps, pack if deps else None)
+        try:
+            self._enqueue(future, fn_id, options_id, flags, pickled, pack if pickled.deps else None)
+        except BaseException:
+            self.discard_created(pickled)
+            raise
         return future
 
     def _enqueue(
@@ -179,9 +189,8 @@ class ClientAgent:
         fn_id: int,
         options_id: int,
         flags: int,
-        payload: bytes,
-        deps: list[int],
-        repack: Callable[[], tuple[int, int, bytes, list[int]]] | None,
+        pickled: Pickled,
+        repack: Callable[[], tuple[int, int, Pickled]] | None,
     ) -> None:
         with self.lock:
             self.check_usable()
@@ -191,24 +200,22 @@ class ClientAgent:
             self._submitted[n] = time.time()
             if repack is not None:
                 self._repack[n] = (repack, options_id)
-            self.outbox.append((SUBMIT, n, fn_id, options_id, flags, payload, deps))
+            self.outbox.append((SUBMIT, n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects))
         future.add_done_callback(partial(self._on_future_done, n))
         self.wake()
 
-    def enqueue_internal(self, fn_id: int, options_id: int, flags: int, payload: bytes, deps: list[int]) -> int:
+    def enqueue_internal(self, fn_id: int, options_id: int, flags: int, pickled: Pickled) -> int:
         """Queue a task no future waits for (a graph intermediate); returns its number."""
         with self.lock:
             self.check_usable()
             n = next(self._counter)
-            self.outbox.append((SUBMIT, n, fn_id, options_id, flags, payload, deps))
+            self.outbox.append((SUBMIT, n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects))
         self.wake()
         return n
 
-    def enqueue_graph_task(
-        self, future: Future[Any], fn_id: int, options_id: int, payload: bytes, deps: list[int]
-    ) -> int:
+    def enqueue_graph_task(self, future: Future[Any], fn_id: int, options_id: int, pickled: Pickled) -> int:
         """Queue a graph task whose result the client wants; returns its number."""
-        self._enqueue(future, fn_id, options_id, TaskFlags.CALL, payload, deps, None)
+        self._enqueue(future, fn_id, options_id, TaskFlags.CALL, pickled, None)
         return self._ids[id(future)]
 
     def _resubmit(self, n: int) -> None:
@@ -219,7 +226,7 @@ class ClientAgent:
             return
         repack, options_id = entry
         try:
-            fn_id, flags, payload, deps = repack()
+            fn_id, flags, pickled = repack()
         except DependencyFailed as failed:
             self.futures.pop(n, None)
             self._ids.pop(id(future), None)
@@ -227,25 +234,70 @@ class ClientAgent:
                 future.set_exception(failed.args[0])
             return
         with self.lock:
-            if deps:
+            if pickled.deps:
                 self._repack[n] = (repack, options_id)
-            self.outbox.append((SUBMIT, n, fn_id, options_id, flags, payload, deps))
+            self.outbox.append((SUBMIT, n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects))
         self.wake()
 
     # ------------------------------------------------------------------ pickling
 
-    def pickle_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bytes, list[int]]:
+    def pickle_args(self, args: tuple[Any, ...], kwargs: dict[str, Any], shared: Any = None) -> Pickled:
         fast = ser.dumps_plain_args(args, kwargs)
         if fast is not None:
-            return fast, []
-        return self.pickle_obj((args, kwargs))
+            return Pickled(fast, NO_DEPS, NO_OBJECTS, 0)
+        return self.pickle_obj((args, kwargs), shared)
 
-    def pickle_obj(self, obj: Any) -> tuple[bytes, list[int]]:
-        """cloudpickle ``obj``; futures of this executor inside it become dependencies."""
-        buffer = io.BytesIO()
-        pickler = _CallPickler(buffer, self)
-        pickler.dump(obj)
-        return buffer.getvalue(), pickler.deps
+    def pickle_obj(self, obj: Any, shared: Any = None) -> Pickled:
+        """cloudpickle ``obj``; futures of this executor inside it become dependencies, and
+        large buffers (or a large whole) go through the object store when there is one."""
+        if self.store is None:
+            buffer = io.BytesIO()
+            pickler = _CallPickler(buffer, self)
+            pickler.dump(obj)
+            payload = buffer.getvalue()
+            if len(payload) < self.config.object_store_threshold or self.store_ready.is_set():
+                return Pickled(payload, pickler.deps, pickler.objects, 0)
+            # Large, and the handshake that says whether there is a store has not finished
+            # (a submit right after start-up): wait for it rather than send it inline.
+            self.store_ready.wait(self.config.daemon_loss_timeout)
+            if self.store is None:
+                return Pickled(payload, pickler.deps, pickler.objects, 0)
+        from scaler_executor.objstore import payload as packing
+
+        deps: list[int] = []
+        objects: list[bytes] = []
+        known = set(shared.object_ids()) if shared is not None else None
+        packed = packing.pack(
+            obj,
+            self.store,
+            threshold=self.config.object_store_threshold,
+            shared=shared,
+            reducer=lambda o: self._reduce(o, deps, objects),
+        )
+        if shared is not None:
+            fresh = [i for i in shared.object_ids() if i not in known]  # type: ignore[operator]
+            if fresh:
+                self.pin_objects(fresh)  # the map call holds them until it ends
+        objects.extend(packed.object_ids)
+        stream = packing.inline_stream(packed.header)
+        if stream is not None:
+            return Pickled(stream, deps, objects, 0)  # refs only: the header is a plain pickle
+        return Pickled(packed.header, deps, objects, TaskFlags.PACKED, packed.created)
+
+    def discard_created(self, pickled: Pickled) -> None:
+        """Objects a pickling wrote for a task that was never sent."""
+        if pickled.created and self.store is not None:
+            from scaler_executor.objstore import payload as packing
+
+            packing.delete_objects(self.store, pickled.created)
+
+    def _reduce(self, obj: Any, deps: list[int], objects: list[bytes]) -> Any:
+        if isinstance(obj, Future):
+            return self.reduce_future(obj, deps)
+        if isinstance(obj, ObjectRef):
+            objects.extend(obj.object_ids)
+            return (stored, (obj.header, obj.object_ids))
+        return NotImplemented
 
     def reduce_future(self, future: Future[Any], deps: list[int]) -> tuple[Any, ...]:
         n = self._ids.get(id(future))
@@ -307,6 +359,47 @@ class ClientAgent:
                     self.outbox.append((REGISTER_OPTIONS, options_id, options))
                     self._options[key] = options_id
         return options_id
+
+    def put(self, value: Any) -> ObjectRef:
+        """Place ``value`` in the object store once (inline when there is no store or it is small)."""
+        self.check_usable()
+        if self.store is None and not self.store_ready.is_set():
+            self.store_ready.wait(self.config.daemon_loss_timeout)
+        if self.store is None:
+            return ObjectRef(ser.dumps(value), [], self)
+        from scaler_executor.objstore import payload as packing
+
+        packed = packing.pack(value, self.store, threshold=self.config.object_store_threshold)
+        return ObjectRef(packed.header, packed.object_ids, self)
+
+    def pin_objects(self, object_ids: list[bytes]) -> None:
+        self.outbox.append((PIN_OBJECTS, object_ids))
+        self.wake()
+
+    def release_objects(self, object_ids: list[bytes]) -> None:
+        if self.broken is None and not self._closed:
+            self.outbox.append((RELEASE_OBJECTS, object_ids))
+            self.wake()
+
+    def fetch_objects(self, object_ids: list[bytes]) -> dict[bytes, bytes]:
+        """The bytes of store objects, through the daemon (for a client on another host)."""
+        future: Future[dict[bytes, bytes]] = Future()
+        with self.lock:
+            self.check_usable()
+            self._fetch_waiters.append(future)
+            self.outbox.append((FETCH_OBJECTS, object_ids))
+        self.wake()
+        return future.result()
+
+    def load_value(self, header: bytes, object_ids: list[bytes]) -> Any:
+        """A value the cluster stored (a large result, an ex.put): zero-copy when the store is here."""
+        from scaler_executor.objstore import payload as packing
+
+        if self.store is not None:
+            return packing.unpack(header, object_ids, self.store)
+        from scaler_executor.worker.processor import _Fetched
+
+        return packing.unpack(header, object_ids, _Fetched(self.fetch_objects(object_ids)))
 
     def request_stats(self) -> Future[dict[str, Any]]:
         future: Future[dict[str, Any]] = Future()
@@ -460,7 +553,7 @@ class ClientAgent:
                 if self._unacked >= window or len(specs) >= MAX_TASKS_PER_TRANSMISSION:
                     break
                 outbox.popleft()
-                _, n, fn_id, options_id, flags, payload, deps = item
+                _, n, fn_id, options_id, flags, payload, deps, objects = item
                 specs.append(
                     m.TaskSpec(
                         base | n,
@@ -469,7 +562,7 @@ class ClientAgent:
                         flags,
                         payload,
                         [base | d for d in deps] if deps else [],
-                        [],
+                        objects,
                         0,
                     )
                 )
@@ -491,6 +584,12 @@ class ClientAgent:
                 batch.append(m.RegisterOptions(item[1], item[2]))
             elif kind == STATS:
                 batch.append(m.StatsRequest())
+            elif kind == PIN_OBJECTS:
+                batch.append(m.PinObjects(item[1]))
+            elif kind == RELEASE_OBJECTS:
+                batch.append(m.ReleaseObjects(item[1]))
+            elif kind == FETCH_OBJECTS:
+                batch.append(m.ObjectRequest(item[1]))
         if specs:
             batch.append(m.SubmitTasks(specs))
         if cancels:
@@ -512,7 +611,7 @@ class ClientAgent:
                 return
             self._last_recv = time.monotonic()
             try:
-                messages, _ = codec.decode(frames)
+                messages, buffers = codec.decode(frames)
             except codec.DecodeError as exc:
                 log.warning("client: dropped a bad transmission from the daemon: %s", exc)
                 continue
@@ -529,6 +628,17 @@ class ClientAgent:
                     self._base = message.peer_id << m.TASK_ID_BITS
                     # The daemon judges our liveness by its settings, not ours.
                     self._heartbeat_interval = min(self.config.heartbeat_interval, message.heartbeat_interval)
+                    self._attach_store(message.object_store)
+                elif kind is m.ObjectData:
+                    if self._fetch_waiters:
+                        data = iter(buffers)
+                        got = {oid: bytes(next(data)) for oid, ok in zip(message.object_ids, message.found) if ok}
+                        waiter = self._fetch_waiters.popleft()
+                        missing = [oid.hex() for oid, ok in zip(message.object_ids, message.found) if not ok]
+                        if missing:
+                            waiter.set_exception(LookupError(f"objects no longer in the store: {missing}"))
+                        else:
+                            waiter.set_result(got)
                 elif kind is m.Stats:
                     if self._stats_waiters:
                         self._stats_waiters.popleft().set_result(dict(message.snapshot))
@@ -538,6 +648,16 @@ class ClientAgent:
                     self._break(DaemonLost(f"the daemon at {self.address} refused this client: {message.reason}"))
                 elif kind is m.Goodbye:
                     self._break(DaemonLost(f"the daemon at {self.address} stopped ({message.reason})"))
+
+    def _attach_store(self, name: str) -> None:
+        if name:
+            try:
+                from scaler_executor.objstore import ObjectStore
+
+                self.store = ObjectStore.attach(name, fallback_dir=tempfile.gettempdir())
+            except Exception as exc:  # another host: objects travel through the daemon
+                log.debug("client cannot map the object store %s: %s", name, exc)
+        self.store_ready.set()
 
     def _check_daemon(self, now: float, started: float) -> None:
         if self.cluster is not None:
@@ -605,7 +725,15 @@ class ClientAgent:
                 result.task_id, facts.worker, submitted, facts.started, facts.finished,
                 result.attempt + 1, facts.peak_memory,
             )
-        ok, value = ser.outcome(result.status, result.payload, result.task_id)
+        if result.objects:
+            try:
+                ok, value = True, self.load_value(result.payload, result.objects)
+            except Exception as exc:
+                exc.add_note(f"while reading the result of task {result.task_id:#x} from the object store")
+                ok, value = False, exc
+            self.release_objects(result.objects)  # our views keep them alive as long as needed
+        else:
+            ok, value = ser.outcome(result.status, result.payload, result.task_id)
         if ok:
             future.set_result(value)
         else:
@@ -631,11 +759,12 @@ class ClientAgent:
                 future.set_exception(type(exc)(*exc.args) if exc.__cause__ is None else exc)
             except InvalidStateError:
                 pass  # cancelled meanwhile
-        while self._stats_waiters:
-            try:
-                self._stats_waiters.popleft().set_exception(type(exc)(*exc.args))
-            except InvalidStateError:
-                pass
+        for waiters in (self._stats_waiters, self._fetch_waiters):
+            while waiters:
+                try:
+                    waiters.popleft().set_exception(type(exc)(*exc.args))  # type: ignore[attr-defined]
+                except InvalidStateError:
+                    pass
 
 
 RESULTS, RUNNING, FAIL_ALL = "results", "running", "fail-all"
@@ -727,17 +856,67 @@ class DependencyFailed(Exception):
     """Raised while pickling: a future passed as an argument failed; args[0] is its exception."""
 
 
+NO_DEPS: list[int] = []
+NO_OBJECTS: list[bytes] = []
+
+
+class Pickled(NamedTuple):
+    """A pickled call or value, ready to travel."""
+
+    payload: bytes  # a plain pickle, or with flags PACKED an object-store header
+    deps: list[int]  # tasks (futures) it refers to
+    objects: list[bytes]  # store objects it refers to (its own buffers, ObjectRefs)
+    flags: int  # TaskFlags.PACKED or 0
+    created: list[bytes] = NO_OBJECTS  # objects written for it (freed if it is never sent)
+
+
+class ObjectRef:
+    """A value placed in the cluster's object store once (``ScalerExecutor.put``).
+
+    Pass it as an argument anywhere (nested in containers too): tasks receive the value,
+    zero-copy on the daemon's host.  ``result()`` reads it here.  The objects stay in the
+    store while the ref lives (and while tasks that got it run).
+    """
+
+    __slots__ = ("header", "object_ids", "_agent", "__weakref__")
+
+    def __init__(self, header: bytes, object_ids: list[bytes], agent: ClientAgent) -> None:
+        self.header = header
+        self.object_ids = object_ids
+        self._agent = agent
+        if object_ids:
+            agent.pin_objects(object_ids)
+            weakref.finalize(self, agent.release_objects, object_ids).atexit = False
+
+    def result(self) -> Any:
+        if not self.object_ids:
+            return pickle.loads(self.header)
+        return self._agent.load_value(self.header, self.object_ids)
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "an ObjectRef is resolved when it is an argument of a task of its executor; "
+            "it cannot be pickled on its own"
+        )
+
+    def __repr__(self) -> str:
+        return f"<ObjectRef {len(self.object_ids)} object(s)>"
+
+
 class _CallPickler(cloudpickle.Pickler):
-    """cloudpickle, plus: a Future of this executor becomes a dependency, found in the same pass."""
+    """cloudpickle, plus: futures of this executor become dependencies and ObjectRefs
+    references, found in the same pass that pickles the call."""
 
     def __init__(self, file: io.BytesIO, agent: ClientAgent) -> None:
         super().__init__(file, protocol=5)
         self.agent = agent
         self.deps: list[int] = []
+        self.objects: list[bytes] = []
 
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, Future):
-            return self.agent.reduce_future(obj, self.deps)
+        reduced = self.agent._reduce(obj, self.deps, self.objects)
+        if reduced is not NotImplemented:
+            return reduced
         return super().reducer_override(obj)
 
 

@@ -23,7 +23,7 @@ import cloudpickle
 
 from scaler_executor._compat import DAEMON_ADDRESS_ENV
 from scaler_executor.client import serialization as ser
-from scaler_executor.client.agent import TASK_INFO, ClientAgent, TaskInfo
+from scaler_executor.client.agent import TASK_INFO, ClientAgent, ObjectRef, Pickled, TaskInfo
 from scaler_executor.client.cluster import EmbeddedCluster
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS, TaskFlags, TaskOptions
@@ -187,12 +187,35 @@ class ScalerExecutor(Executor):
         priority: int = 0,
         task_timeout: float | None = None,
         max_retries: int | None = None,
+        writable: bool = False,
     ) -> _OptionsView:
         """A view on this executor whose ``submit``/``map`` carry scheduling options.
 
         ``ex.options(priority=5).submit(f, x, timeout=3)`` passes ``timeout=3`` to ``f``.
+        ``writable=True`` gives tasks private writable copies of arguments that travel through
+        the object store (by default they are read-only zero-copy views).
         """
-        return _OptionsView(self, _make_options(resources, tags, priority, task_timeout, max_retries))
+        if not isinstance(writable, bool):
+            raise TypeError(f"writable must be True or False, got {writable!r}")
+        return _OptionsView(self, _make_options(resources, tags, priority, task_timeout, max_retries), writable)
+
+    def put(self, value: Any) -> ObjectRef:
+        """Place ``value`` in the cluster's object store once; returns a ref to pass as an argument.
+
+        Large buffers (contiguous NumPy arrays, anything pickle protocol 5 hands out of band)
+        reach tasks as read-only zero-copy views of shared memory; other large values arrive
+        as their own type after one copy.  The value stays stored while the ref lives.
+
+        Raises:
+            ObjectStoreFull: the store has no room for it (at once, nothing half-written).
+        """
+        return self._agent.put(value)
+
+    def get_object(self, ref: ObjectRef) -> Any:
+        """The value behind ``ref`` (same as ``ref.result()``)."""
+        if not isinstance(ref, ObjectRef):
+            raise TypeError(f"get_object takes an ObjectRef from put(), got {type(ref).__name__}")
+        return ref.result()
 
     def cancel(self, future: Future[Any], *, force: bool = False) -> bool:
         """Cancel a future of this executor; with ``force=True`` also a running one.
@@ -265,10 +288,12 @@ def task_info(future: Future[Any]) -> TaskInfo | None:
 class _OptionsView:
     """``submit``/``map`` with scheduling options, on the same connection as its executor."""
 
-    def __init__(self, executor: ScalerExecutor, options: TaskOptions) -> None:
+    def __init__(self, executor: ScalerExecutor, options: TaskOptions, writable: bool = False) -> None:
         self._executor = executor
         self._options = options
         self._options_id: int | None = None
+        self._writable = writable
+        self._flags = TaskFlags.WRITABLE if writable else 0
 
     def _id(self) -> int:
         if self._options_id is None:
@@ -276,7 +301,7 @@ class _OptionsView:
         return self._options_id
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        return self._executor._agent.submit(fn, args, kwargs, self._id())
+        return self._executor._agent.submit(fn, args, kwargs, self._id(), self._flags)
 
     def map(
         self,
@@ -286,7 +311,7 @@ class _OptionsView:
         chunksize: int = 1,
         buffersize: int | None = None,
     ) -> Iterator[T]:
-        return _map(self._executor._agent, self._id(), fn, iterables, timeout, chunksize, buffersize)
+        return _map(self._executor._agent, self._id(), fn, iterables, timeout, chunksize, buffersize, self._flags)
 
     def get(self, dsk: Any, keys: Any) -> Any:
         """:meth:`ScalerExecutor.get` with this view's options."""
@@ -296,11 +321,12 @@ class _OptionsView:
 
     def options(self, **changes: Any) -> _OptionsView:
         merged = dict(zip(_OPTION_NAMES, self._options))
-        unknown = set(changes) - set(_OPTION_NAMES)
+        unknown = set(changes) - set(_OPTION_NAMES) - {"writable"}
         if unknown:
-            raise TypeError(f"unknown option(s) {sorted(unknown)}; valid: {list(_OPTION_NAMES)}")
+            raise TypeError(f"unknown option(s) {sorted(unknown)}; valid: {[*_OPTION_NAMES, 'writable']}")
+        writable = changes.pop("writable", self._writable)
         merged.update(changes)
-        return _OptionsView(self._executor, _make_options(**merged))
+        return self._executor.options(**merged, writable=writable)
 
     def __repr__(self) -> str:
         return f"<options {self._options} on {self._executor!r}>"
@@ -345,6 +371,14 @@ def _make_options(
 # --------------------------------------------------------------------------- map
 
 
+def _release_shared(agent_ref: weakref.ref[ClientAgent], shared: Any) -> None:
+    agent = agent_ref()
+    ids = shared.object_ids()
+    shared.clear()
+    if agent is not None and ids:
+        agent.release_objects(ids)
+
+
 def _result_or_cancel(future: Future[Any], end_time: float | None) -> Any:
     try:
         try:
@@ -363,6 +397,7 @@ def _map(
     timeout: float | None,
     chunksize: int,
     buffersize: int | None,
+    extra_flags: int = 0,
 ) -> Iterator[Any]:
     if not isinstance(chunksize, int) or chunksize < 1:
         raise ValueError("chunksize must be >= 1.")
@@ -373,6 +408,12 @@ def _map(
     agent.check_usable()
     end_time = None if timeout is None else timeout + time.monotonic()
     owner = _MapOwner()
+    # The same large argument given to many items (map(f, repeat(big))) is stored once:
+    # the cache is keyed by the buffer's owner, and its objects are held until the map ends.
+    from scaler_executor.objstore.payload import SharedBuffers
+
+    shared = SharedBuffers()
+    weakref.finalize(owner, _release_shared, weakref.ref(agent), shared).atexit = False
     try:
         fn_id = agent.register_function(fn, owner)
     except Exception as exc:
@@ -381,23 +422,23 @@ def _map(
     zipped: Iterator[tuple[Any, ...]] = zip(*iterables)
     if chunksize > 1:
         zipped = iter(lambda it=zipped: list(itertools.islice(it, chunksize)), [])  # type: ignore[misc]
-        flags = TaskFlags.CHUNK
+        flags = TaskFlags.CHUNK | extra_flags
     else:
-        flags = TaskFlags.CALL
+        flags = TaskFlags.CALL | extra_flags
 
     def submit_one(item: Any) -> Future[Any]:
-        if flags == TaskFlags.CHUNK:
+        if flags & TaskFlags.CHUNK:
 
-            def pack() -> tuple[int, int, bytes, list[int]]:
-                return (fn_id, flags, *agent.pickle_obj(item))
+            def pack() -> tuple[int, int, Pickled]:
+                return fn_id, flags, agent.pickle_obj(item, shared)
 
         else:
 
-            def pack() -> tuple[int, int, bytes, list[int]]:
-                return (fn_id, flags, *agent.pickle_args(item, {}))
+            def pack() -> tuple[int, int, Pickled]:
+                return fn_id, flags, agent.pickle_args(item, {}, shared)
 
         return agent.submit_with(
-            Future(), pack, options_id, lambda: ser.pickling_note(fn, item if flags == TaskFlags.CALL else (), {})
+            Future(), pack, options_id, lambda: ser.pickling_note(fn, () if flags & TaskFlags.CHUNK else item, {})
         )
 
     if buffersize:
@@ -419,7 +460,7 @@ def _map(
                         fs.appendleft(submit_one(item))
                 # No local keeps the future or its value while suspended at yield: a result
                 # the caller dropped is freed (CPython's map does the same, bpo-14406).
-                if flags == TaskFlags.CHUNK:
+                if flags & TaskFlags.CHUNK:
                     values, failure = _result_or_cancel(fs.pop(), end_time)
                     yield from values
                     del values

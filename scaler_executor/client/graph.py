@@ -202,17 +202,15 @@ def run_graph(agent: ClientAgent, dsk: Mapping[Hashable, Any], keys: Any, option
             continue
         else:
             expr = substitute(value)
-        dep_numbers = sorted({number[resolve(d)] for d in deps if resolve(d) in number})
-        payload, extra = agent.pickle_args((expr,), {})
-        dep_numbers = sorted(set(dep_numbers) | set(extra))
+        pickled = agent.pickle_args((expr,), {})
+        dep_numbers = sorted({number[resolve(d)] for d in deps if resolve(d) in number} | set(pickled.deps))
+        pickled = pickled._replace(deps=dep_numbers)
         if key in wanted_targets:
             future: Future[Any] = Future()
-            number[key] = agent.enqueue_graph_task(future, evaluate_id, options_id, payload, dep_numbers)
+            number[key] = agent.enqueue_graph_task(future, evaluate_id, options_id, pickled)
             futures[key] = future
         else:
-            number[key] = agent.enqueue_internal(
-                evaluate_id, options_id, TaskFlags.CALL | TaskFlags.NO_RESULT, payload, dep_numbers
-            )
+            number[key] = agent.enqueue_internal(evaluate_id, options_id, TaskFlags.CALL | TaskFlags.NO_RESULT, pickled)
 
     results: dict[Hashable, Any] = {}
     for key in wanted:

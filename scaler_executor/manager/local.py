@@ -81,6 +81,8 @@ class LocalWorkerManager:
             c.worker_tags,
             "--memory-limit",
             c.memory_limit,
+            "--object-store-threshold",
+            str(c.object_store_threshold),
             "--allow-tcp-unauthenticated" if c.allow_tcp_unauthenticated else "--no-allow-tcp-unauthenticated",
         ]
         if self.initializer_file:

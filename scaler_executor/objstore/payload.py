@@ -163,12 +163,15 @@ def pack(
     *,
     threshold: int = DEFAULT_THRESHOLD,
     shared: MutableMapping[_Key, _Entry] | None = None,
+    reducer: Any = None,
 ) -> Packed:
     """Pickle ``obj``, writing its large buffers (and a large stream) into ``store``.
 
     ``threshold``: buffers of at least this many bytes become store objects, and so does
     a pickle stream longer than this; ``shared``: a cache (see :class:`SharedBuffers`)
-    through which buffers seen by an earlier pack are referred to instead of written.
+    through which buffers seen by an earlier pack are referred to instead of written;
+    ``reducer``: called for each object pickled, returning a reduce tuple to override its
+    pickling (the executor turns futures and object refs into references) or NotImplemented.
     Returns :class:`Packed`. Raises :class:`~.errors.ObjectStoreFull` (or another store
     error) at once when a write fails, after deleting every object this call wrote and
     removing what it added to ``shared``; pickling errors propagate before anything is
@@ -185,7 +188,7 @@ def pack(
             out_of_band.append(buffer)
         return not large  # true: pickle writes it in band
 
-    stream = _dump(obj, decide)
+    stream = _dump(obj, decide, reducer)
     writer = _Writer(store, shared)
     try:
         ids = [writer.buffer(buffer) for buffer in out_of_band]
@@ -224,7 +227,13 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle is unt
     (NumPy's own reduction copies those in band): pickled as an integer view of the same
     memory, and viewed back as the original dtype when loaded."""
 
+    reducer: Any = None  # the caller's hook: obj -> a reduce tuple, or NotImplemented
+
     def reducer_override(self, obj: Any) -> Any:
+        if self.reducer is not None:
+            reduced = self.reducer(obj)
+            if reduced is not NotImplemented:
+                return reduced
         numpy = sys.modules.get("numpy")
         if (
             numpy is not None
@@ -240,13 +249,21 @@ def _view_as(array: Any, dtype: Any) -> Any:
     return array.view(dtype)
 
 
-def _dump(obj: Any, buffer_callback: Any) -> io.BytesIO:
+def _dump(obj: Any, buffer_callback: Any, reducer: Any = None) -> io.BytesIO:
     # The prefix is reserved first and filled in afterwards, so that a large stream is
     # never copied just to put a few bytes in front of it.
     stream = io.BytesIO()
     stream.write(bytes(_PREFIX.size))
-    _Pickler(stream, protocol=PROTOCOL, buffer_callback=buffer_callback).dump(obj)
+    pickler = _Pickler(stream, protocol=PROTOCOL, buffer_callback=buffer_callback)
+    pickler.reducer = reducer  # e.g. the executor's: futures and object refs become references
+    pickler.dump(obj)
     return stream
+
+
+def inline_stream(header: bytes) -> bytes | None:
+    """The bare pickle stream of a header that refers to no store object, else None."""
+    flags, count, body = _parse(header)
+    return None if flags or count else bytes(body)
 
 
 class _Writer:

@@ -23,6 +23,9 @@ DispatchTasks          D→W      tasks to run (plus callables the worker lacks)
 CancelTasks            C→D→W    drop (or with ``force`` kill) tasks
 TaskResults            W→D→C    outcomes, with attempt number and per-task facts
 ReleaseObjects         C→D      object references dropped by the client (object store)
+PinObjects             C→D      objects the client holds (ex.put, a map's shared argument)
+ObjectRequest          W/C→D    a worker or client that cannot map the store asks for bytes
+ObjectData             D→W/C    those bytes, one out-of-band frame per object
 ClusterBroken          D→C, W→D the cluster cannot run tasks (e.g. a failing initializer)
 Seceded                W→D      running tasks that wait on sub-tasks: they no longer
                                 count against the worker's capacity
@@ -86,6 +89,8 @@ class TaskFlags:
     CHUNK = 1  # payload pickles a list of args tuples; the result is the list of results
     INLINE_FN = 2  # fn_id is 0 and payload pickles (fn, args, kwargs) (uncached callables)
     NO_RESULT = 4  # a graph intermediate: its result stays in the cluster for its dependents
+    PACKED = 8  # payload is an object-store header (objstore.payload) referring to TaskSpec.objects
+    WRITABLE = 16  # the task gets private writable copies of store buffers (ex.options(writable=True))
 
 
 # --------------------------------------------------------------------------- records
@@ -122,6 +127,7 @@ class DepValue(NamedTuple):
 
     task_id: int
     payload: bytes
+    objects: list[bytes]  # object-store ids the payload refers to (then it is a store header)
 
 
 class TaskDispatch(NamedTuple):
@@ -147,6 +153,7 @@ class TaskFacts(NamedTuple):
 
 
 NO_FACTS = TaskFacts("", 0.0, 0.0, 0)
+NO_OBJECTS: list[bytes] = []
 
 
 class TaskResult(NamedTuple):
@@ -157,6 +164,7 @@ class TaskResult(NamedTuple):
     status: int
     payload: bytes
     facts: TaskFacts
+    objects: list[bytes]  # object-store ids a large result lives in (then payload is a store header)
 
 
 class FunctionBlob(NamedTuple):
@@ -185,6 +193,7 @@ class Welcome(NamedTuple):
     peer_id: int
     heartbeat_interval: float
     heartbeat_liveness: int
+    object_store: str  # name of the daemon host's shared-memory region, "" if none
 
 
 class Refused(NamedTuple):
@@ -244,6 +253,25 @@ class ReleaseObjects(NamedTuple):
     object_ids: list[bytes]
 
 
+class PinObjects(NamedTuple):
+    """The client holds these objects (``ex.put``, a map's shared argument) until it releases them."""
+
+    object_ids: list[bytes]
+
+
+class ObjectRequest(NamedTuple):
+    """A worker without access to the daemon host's store asks for objects' bytes."""
+
+    object_ids: list[bytes]
+
+
+class ObjectData(NamedTuple):
+    """The bytes of objects, one out-of-band frame each, in order; missing ones have found=False."""
+
+    object_ids: list[bytes]
+    found: list[bool]
+
+
 class ClusterBroken(NamedTuple):
     reason: str
     payload: bytes  # pickled exception with remote traceback, may be empty
@@ -282,6 +310,9 @@ MESSAGE_TAGS: dict[type, int] = {
     StatsRequest: 17,
     Stats: 18,
     Seceded: 19,
+    PinObjects: 20,
+    ObjectRequest: 21,
+    ObjectData: 22,
 }
 
 # Which roles may send which messages to the daemon.
@@ -296,9 +327,11 @@ ACCEPTED_FROM: dict[str, frozenset[type]] = {
             SubmitTasks,
             CancelTasks,
             ReleaseObjects,
+            PinObjects,
+            ObjectRequest,
             StatsRequest,
         }
     ),
-    Role.WORKER: frozenset({Heartbeat, Goodbye, TaskResults, ClusterBroken, Seceded}),
+    Role.WORKER: frozenset({Heartbeat, Goodbye, TaskResults, ClusterBroken, Seceded, ObjectRequest}),
     Role.MONITOR: frozenset({Heartbeat, Goodbye, StatsRequest}),
 }

@@ -111,8 +111,23 @@ class StopWorkers:
     pids: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class DeleteObjects:
+    """Nothing holds these objects any more: delete them from the host's store."""
+
+    object_ids: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SendObjects:
+    """Read these objects from the store and send their bytes to ``peer`` (ObjectData)."""
+
+    peer: bytes
+    object_ids: tuple[bytes, ...]
+
+
 Event = Received | Tick | PeerUnreachable | WorkerExited | LocalWorkers
-Command = Send | StartWorkers | StopWorkers
+Command = Send | StartWorkers | StopWorkers | DeleteObjects | SendObjects
 
 
 def refusal_for(hello: m.Hello) -> str | None:
@@ -141,8 +156,13 @@ def refusal_for(hello: m.Hello) -> str | None:
 class Scheduler:
     """The whole daemon state.  ``handle`` is the only entry point that changes it."""
 
-    def __init__(self, config: ClusterConfig) -> None:
+    def __init__(self, config: ClusterConfig, object_store: str = "") -> None:
         self.config = config
+        self.object_store = object_store  # the region's name, told to peers in Welcome
+        # Object controller: who holds each object of the store (tasks whose arguments or
+        # kept results live there, clients' pins and unread results).  At zero, deleted.
+        self.object_holds: dict[bytes, int] = {}
+        self._deletions: list[bytes] = []
         self.policy = LeastLoaded(config.max_prefetch)
         self.tasks: dict[int, TaskRecord] = {}
         self.ready = ReadyQueue()  # tasks any worker can run
@@ -193,6 +213,8 @@ class Scheduler:
             m.TaskResults: self._on_task_results,
             m.ClusterBroken: self._on_cluster_broken,
             m.Seceded: self._on_seceded,
+            m.PinObjects: self._on_pin_objects,
+            m.ObjectRequest: self._on_object_request,
         }
         self._event_handlers: dict[type, Callable[[Any], None]] = {
             Received: self._on_received,
@@ -363,7 +385,9 @@ class Scheduler:
             log.info("worker %r joined with %d processors (pid %d on %s)", hello.name, hello.capacity, hello.pid, hello.host)
         else:
             self._monitors[peer] = self._now
-        self._send(peer, m.Welcome(peer_id, self.config.heartbeat_interval, self.config.heartbeat_liveness))
+        self._send(
+            peer, m.Welcome(peer_id, self.config.heartbeat_interval, self.config.heartbeat_liveness, self.object_store)
+        )
 
     def _on_heartbeat(self, peer: bytes, message: m.Heartbeat) -> None:
         worker = self.workers.get(peer)
@@ -437,6 +461,8 @@ class Scheduler:
             )
             tasks[spec.task_id] = task
             owned.add(spec.task_id)
+            if spec.objects:
+                self._hold(spec.objects)
             if spec.fn_id:
                 refs[spec.fn_id] = refs.get(spec.fn_id, 0) + 1
             if spec.deps and not self._link(task):
@@ -472,7 +498,7 @@ class Scheduler:
                 task.deps = []
                 task.transition("dep-gone")
                 self._forget(task)
-                self._result_to(task.client, m.TaskResult(task.task_id, 0, Status.DEP_GONE, _packb([dep_id]), m.NO_FACTS))
+                self._result_to(task.client, m.TaskResult(task.task_id, 0, Status.DEP_GONE, _packb([dep_id]), m.NO_FACTS, m.NO_OBJECTS))
                 return False
             if dep.dependents is None:
                 dep.dependents = []
@@ -519,7 +545,7 @@ class Scheduler:
             self._forget(dependent)
             self.counters["cancelled" if answer_status == Status.CANCELLED else "failed"] += 1
             if not dependent.flags & TaskFlags.NO_RESULT:
-                self._result_to(dependent.client, m.TaskResult(dependent.task_id, 0, answer_status, answer, m.NO_FACTS))
+                self._result_to(dependent.client, m.TaskResult(dependent.task_id, 0, answer_status, answer, m.NO_FACTS, m.NO_OBJECTS))
             stack.extend(dependent.dependents or ())
 
     def _satisfiable(self, key: ConstraintKey) -> bool:
@@ -540,7 +566,7 @@ class Scheduler:
     def _reject_spec(self, peer: bytes, spec: m.TaskSpec, reason: str) -> None:
         log.warning("rejected task %#x from %r: %s", spec.task_id, peer, reason)
         self.counters["failed"] += 1
-        self._result_to(peer, m.TaskResult(spec.task_id, 0, Status.REJECTED, reason.encode(), m.NO_FACTS))
+        self._result_to(peer, m.TaskResult(spec.task_id, 0, Status.REJECTED, reason.encode(), m.NO_FACTS, m.NO_OBJECTS))
 
     def _on_cancel(self, peer: bytes, message: m.CancelTasks) -> None:
         for task_id in message.task_ids:
@@ -561,10 +587,47 @@ class Scheduler:
             assert task.worker is not None
             self._send(task.worker, m.CancelTasks([task.task_id], force))
 
+    # ------------------------------------------------------------------ object controller
+
+    def _hold(self, object_ids: list[bytes]) -> None:
+        holds = self.object_holds
+        for object_id in object_ids:
+            holds[object_id] = holds.get(object_id, 0) + 1
+
+    def _drop(self, object_ids: list[bytes]) -> None:
+        holds = self.object_holds
+        for object_id in object_ids:
+            left = holds.get(object_id, 0) - 1
+            if left > 0:
+                holds[object_id] = left
+            else:
+                holds.pop(object_id, None)
+                self._deletions.append(object_id)
+
+    def _client_holds(self, peer: bytes, object_ids: list[bytes]) -> None:
+        owned = self.clients[peer].objects
+        for object_id in object_ids:
+            owned[object_id] = owned.get(object_id, 0) + 1
+        self._hold(object_ids)
+
+    def _on_pin_objects(self, peer: bytes, message: m.PinObjects) -> None:
+        self._client_holds(peer, message.object_ids)
+
     def _on_release_objects(self, peer: bytes, message: m.ReleaseObjects) -> None:
-        # No object store is attached to this daemon yet: there is nothing to free.
-        # The message is accepted so clients can send it unconditionally.
-        return
+        owned = self.clients[peer].objects
+        released = []
+        for object_id in message.object_ids:
+            count = owned.get(object_id, 0)
+            if count > 0:
+                if count == 1:
+                    del owned[object_id]
+                else:
+                    owned[object_id] = count - 1
+                released.append(object_id)
+        self._drop(released)
+
+    def _on_object_request(self, peer: bytes, message: m.ObjectRequest) -> None:
+        self._commands.append(SendObjects(peer, tuple(message.object_ids)))
 
     def _on_stats_request(self, peer: bytes, message: m.StatsRequest) -> None:
         self._stats_wanted.append(peer)  # answered in _flush, after this turn's dispatch
@@ -579,6 +642,9 @@ class Scheduler:
                 self._cancel(task, force=False)
         for fn_id in list(client.functions):
             self._release_function(fn_id)
+        for object_id, count in client.objects.items():
+            self._drop([object_id] * count)
+        client.objects.clear()
         self.last_sent.pop(client.peer, None)
         self._out.pop(client.peer, None)
         self._results.pop(client.peer, None)
@@ -592,6 +658,8 @@ class Scheduler:
         for result in message.results:
             task = self.tasks.get(result.task_id)
             if task is None or task.worker != peer or task.attempt != result.attempt:
+                if result.objects:
+                    self._deletions.extend(result.objects)  # an orphan result's objects
                 continue  # late: an earlier attempt, or a task already settled elsewhere
             self._unassign(worker, task)
             if result.status == Status.PROCESSOR_DIED:
@@ -606,14 +674,21 @@ class Scheduler:
             if ok and task.holds > 0 and task.state is TaskState.DISPATCHED:
                 task.transition("result-kept")  # dependents need it: it stays, FINISHED
                 task.result = result.payload
+                if result.objects:
+                    task.result_objects = result.objects
+                    self._hold(result.objects)
                 self._dependents_ready(task)
             else:
                 task.transition("result")
                 self._forget(task)
                 if not ok:
                     self._fail_dependents(task, result.status, result.payload)
-            if not task.flags & TaskFlags.NO_RESULT:
+            if not task.flags & TaskFlags.NO_RESULT and task.client in self.clients:
+                if result.objects:
+                    self._client_holds(task.client, result.objects)  # until it has read them
                 self._result_to(task.client, result)
+            elif result.objects and task.result_objects is None:
+                self._deletions.extend(result.objects)  # nobody will read them
 
     def _on_seceded(self, peer: bytes, message: m.Seceded) -> None:
         worker = self.workers[peer]
@@ -675,7 +750,7 @@ class Scheduler:
             payload = _pack_lost(text, task.failures)
             self._fail_dependents(task, Status.WORKER_LOST, payload)
             if not task.flags & TaskFlags.NO_RESULT:
-                self._result_to(task.client, m.TaskResult(task.task_id, task.attempt, Status.WORKER_LOST, payload, m.NO_FACTS))
+                self._result_to(task.client, m.TaskResult(task.task_id, task.attempt, Status.WORKER_LOST, payload, m.NO_FACTS, m.NO_OBJECTS))
             return
         task.attempt += 1
         task.transition("attempt-failed")
@@ -747,7 +822,7 @@ class Scheduler:
         if fn_id and fn_id not in worker.functions:
             worker.functions.add(fn_id)
             entry[0].append(m.FunctionBlob(fn_id, self.functions[fn_id]))
-        deps = [m.DepValue(d, self.tasks[d].result) for d in task.deps] if task.deps else []  # type: ignore[arg-type]
+        deps = [_dep_value(self.tasks[d]) for d in task.deps] if task.deps else []
         entry[1].append(
             m.TaskDispatch(
                 task.task_id, task.attempt, fn_id, task.flags, task.payload, task.objects, task.options.task_timeout, deps
@@ -809,7 +884,7 @@ class Scheduler:
                     reason = (self._unsatisfiable_text(key) + f" within unsatisfiable_timeout={timeout:g} s").encode()
                     self._fail_dependents(task, Status.REJECTED, reason)
                     if not task.flags & TaskFlags.NO_RESULT:
-                        self._result_to(task.client, m.TaskResult(task.task_id, 0, Status.REJECTED, reason, m.NO_FACTS))
+                        self._result_to(task.client, m.TaskResult(task.task_id, 0, Status.REJECTED, reason, m.NO_FACTS, m.NO_OBJECTS))
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -837,6 +912,11 @@ class Scheduler:
             self._forget(task)
 
     def _forget_one(self, task: TaskRecord) -> None:
+        if task.objects:
+            self._drop(task.objects)
+        if task.result_objects:
+            self._drop(task.result_objects)
+            task.result_objects = None
         if task.fn_id:
             left = self.function_refs[task.fn_id] - 1
             self.function_refs[task.fn_id] = left
@@ -890,6 +970,9 @@ class Scheduler:
             if peer in self.clients or peer in self.workers or peer in self._monitors:
                 self.last_sent[peer] = self._now  # refused peers leave no trace
         self._out = {}
+        if self._deletions:
+            commands.append(DeleteObjects(tuple(self._deletions)))
+            self._deletions = []
         if self._commands:
             commands.extend(self._commands)
             self._commands = []
@@ -955,9 +1038,24 @@ class Scheduler:
                 assert task.fn_id in self.functions, f"{task!r} refers to a missing function {task.fn_id:#x}"
         for fn_id, count in self.function_refs.items():
             assert refs.get(fn_id, 0) == count, f"function {fn_id:#x}: {count} refs recorded, {refs.get(fn_id, 0)} real"
+        expected: dict[bytes, int] = {}
+        for task in self.tasks.values():
+            for object_id in (task.objects or ()):
+                expected[object_id] = expected.get(object_id, 0) + 1
+            for object_id in (task.result_objects or ()):
+                expected[object_id] = expected.get(object_id, 0) + 1
+        for client in self.clients.values():
+            for object_id, count in client.objects.items():
+                expected[object_id] = expected.get(object_id, 0) + count
+        assert expected == self.object_holds, "object holds disagree with tasks and clients"
         for client in self.clients.values():
             for task_id in client.tasks:
                 assert self.tasks[task_id].client == client.peer, f"{client!r} owns stray task {task_id:#x}"
+
+
+def _dep_value(dep: TaskRecord) -> m.DepValue:
+    assert dep.result is not None
+    return m.DepValue(dep.task_id, dep.result, dep.result_objects or m.NO_OBJECTS)
 
 
 def _pack_lost(text: str, failures: list[str]) -> bytes:

@@ -32,11 +32,13 @@ from scaler_executor.protocol import codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.scheduler import core
 from scaler_executor.scheduler.core import (
+    DeleteObjects,
     LocalWorkers,
     PeerUnreachable,
     Received,
     Scheduler,
     Send,
+    SendObjects,
     StartWorkers,
     StopWorkers,
     Tick,
@@ -82,7 +84,10 @@ class Daemon:
     ) -> None:
         self.config = config
         self.address = address
-        self.core = Scheduler(config)
+        from scaler_executor.scheduler.objects import HostStore
+
+        self.objects = HostStore(config)
+        self.core = Scheduler(config, self.objects.name)
         self.lifeline_fd = lifeline_fd
         self.manager = manager
         self.host = socket.gethostname()
@@ -202,6 +207,11 @@ class Daemon:
                 case StopWorkers(pids):
                     if self.manager is not None:
                         self.manager.stop_some(pids)
+                case DeleteObjects(object_ids):
+                    self.objects.delete(object_ids)
+                case SendObjects(peer, object_ids):
+                    found, buffers = self.objects.read(object_ids)
+                    self._send(peer, codec.encode([m.ObjectData(list(object_ids), found)], buffers), now)
                 case _:
                     raise TypeError(f"daemon loop cannot execute unknown command {command!r}")
 
@@ -255,6 +265,7 @@ class Daemon:
             self.manager.stop()
         self.sock.close(linger=0)
         self.context.term()
+        self.objects.close()
         if self.address.startswith("ipc://"):
             try:
                 os.unlink(self.address[len("ipc://") :])

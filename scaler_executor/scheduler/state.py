@@ -111,6 +111,7 @@ class TaskRecord:
         "dependents",
         "holds",
         "result",
+        "result_objects",
     )
 
     def __init__(
@@ -145,6 +146,7 @@ class TaskRecord:
         self.dependents: list[int] | None = None  # tasks waiting for (or using) this one's result
         self.holds = 0  # dependents not done yet: the result is kept while > 0
         self.result: bytes | None = None  # the pickled result, kept while FINISHED
+        self.result_objects: list[bytes] | None = None  # store objects of that kept result
 
     def transition(self, event: str) -> TaskState:
         new = TRANSITIONS.get((self.state, event))
@@ -209,6 +211,7 @@ class ClientRecord:
     tasks: set[int] = field(default_factory=set)
     functions: set[int] = field(default_factory=set)
     options: dict[int, TaskOptions] = field(default_factory=lambda: {0: DEFAULT_OPTIONS})
+    objects: dict[bytes, int] = field(default_factory=dict)  # store objects it holds (pins, unread results)
 
     def __repr__(self) -> str:
         return f"<Client {self.name} id={self.client_id} tasks={len(self.tasks)}>"

@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import socket
+import tempfile
 import time
 from collections import deque
 from multiprocessing.connection import Connection
@@ -107,6 +108,7 @@ class WorkerAgent:
         resources: dict[str, float] | None = None,
         tags: list[str] | None = None,
         memory_limit: int | None = None,
+        fetch_objects: bool = False,
     ) -> None:
         if processors < 1:
             raise ValueError(f"a worker needs at least one processor, got {processors}")
@@ -119,6 +121,12 @@ class WorkerAgent:
         self.resources = resources or {}
         self.tags = tags or []
         self.memory_limit = memory_limit
+        self.fetch_objects = fetch_objects  # True: reach the daemon's store over the network only
+        self.store_name = ""  # the daemon host's store, when this host can map it
+        self.threshold = config.object_store_threshold
+        self.blobs: dict[bytes, bytes] = {}  # objects fetched over the network for held tasks
+        self.fetching: dict[bytes, list[int]] = {}  # object id -> tasks waiting for it
+        self.parked: dict[int, set[bytes]] = {}  # task id -> objects it still waits for
         self.oom = OomCounter()
         self.next_sample = 0.0
         # Tasks reach the cluster they run on through get_executor() (nested tasks).
@@ -143,6 +151,7 @@ class WorkerAgent:
         self.cancelled: set[int] = set()  # held tasks to answer CANCELLED instead of running/forwarding
         self.functions: dict[int, bytes] = {}
         self.results: list[m.TaskResult] = []
+        self._frames_of_last_message: list[object] = []
         self.outbox: list[object] = []
         self.mean_task: float | None = None  # EWMA of task durations; None until one finished
         self.welcomed = False
@@ -250,10 +259,11 @@ class WorkerAgent:
                 return
             self.last_recv = time.monotonic()
             try:
-                messages, _buffers = codec.decode(frames)
+                messages, buffers = codec.decode(frames)
             except codec.DecodeError as exc:
                 log.warning("worker %s: dropped a bad transmission from the daemon: %s", self.name, exc)
                 continue
+            self._frames_of_last_message = buffers
             for message in messages:
                 self._on_message(message)
 
@@ -264,7 +274,11 @@ class WorkerAgent:
                 self.functions[blob.fn_id] = blob.payload
             for task in message.tasks:  # type: ignore[attr-defined]
                 self.held[task.task_id] = task
+                if self.fetch_objects and self._needs_fetch(task):
+                    continue  # parked until its objects arrive
                 self.queue.append(task)
+        elif kind is m.ObjectData:
+            self._on_object_data(message)
         elif kind is m.CancelTasks:
             self._cancel(message.task_ids, message.force)  # type: ignore[attr-defined]
         elif kind is m.ReleaseFunctions:
@@ -278,6 +292,7 @@ class WorkerAgent:
                     self._to_processor(p, forget)
         elif kind is m.Welcome:
             self.welcomed = True
+            self._reach_store(message.object_store)  # type: ignore[attr-defined]
             # Send at least as often as the daemon expects; judge its silence by its own pace.
             self.heartbeat_interval = min(self.config.heartbeat_interval, message.heartbeat_interval)  # type: ignore[attr-defined]
             self.daemon_silence_limit = max(
@@ -304,6 +319,74 @@ class WorkerAgent:
                 self._forget_daemon_state()
         # Heartbeat and anything else only count as signs of life.
 
+    # ------------------------------------------------------------------ objects
+
+    def _reach_store(self, name: str) -> None:
+        """Map the daemon host's store if this host has it; otherwise fetch over the network."""
+        if not name or self.fetch_objects:
+            self.fetch_objects = self.fetch_objects or bool(name)
+            return
+        try:
+            from scaler_executor.objstore import ObjectStore
+
+            ObjectStore.attach(name, fallback_dir=tempfile.gettempdir()).close()
+        except Exception as exc:
+            log.info("worker %s cannot map the object store %s (%s): fetching objects over the network", self.name, name, exc)
+            self.fetch_objects = True
+            return
+        self.store_name = name
+
+    def _object_ids_of(self, task: m.TaskDispatch) -> list[bytes]:
+        ids = list(task.objects)
+        for dep in task.deps:
+            ids.extend(dep.objects)
+        return ids
+
+    def _needs_fetch(self, task: m.TaskDispatch) -> bool:
+        missing = {i for i in self._object_ids_of(task) if i not in self.blobs}
+        if not missing:
+            return False
+        self.parked[task.task_id] = missing
+        request = [i for i in missing if i not in self.fetching]
+        for object_id in missing:
+            self.fetching.setdefault(object_id, []).append(task.task_id)
+        if request:
+            self.outbox.append(m.ObjectRequest(request))
+        return True
+
+    def _on_object_data(self, message: m.ObjectData) -> None:
+        buffers = iter(self._frames_of_last_message)
+        for object_id, found in zip(message.object_ids, message.found):
+            waiting = self.fetching.pop(object_id, [])
+            if found:
+                self.blobs[object_id] = bytes(next(buffers))
+            for task_id in waiting:
+                missing = self.parked.get(task_id)
+                if missing is None:
+                    continue
+                missing.discard(object_id)
+                task = self.held.get(task_id)
+                if not found and task is not None:
+                    # Gone from the store (its owner released it): the task cannot run here.
+                    del self.parked[task_id]
+                    del self.held[task_id]
+                    text = f"object {object_id.hex()} of its arguments is no longer in the object store"
+                    self.results.append(m.TaskResult(task_id, task.attempt, Status.ERROR, _error(text), m.NO_FACTS, m.NO_OBJECTS))
+                elif not missing:
+                    del self.parked[task_id]
+                    if task is not None:
+                        self.queue.append(task)
+
+    def _drop_blobs(self, task: m.TaskDispatch) -> None:
+        if not self.blobs:
+            return
+        still = set()
+        for other in self.held.values():
+            still.update(self._object_ids_of(other))
+        for object_id in self._object_ids_of(task):
+            if object_id not in still:
+                self.blobs.pop(object_id, None)
+
     def _forget_daemon_state(self) -> None:
         """The daemon lost track of this worker: what it held is no longer expected anywhere."""
         self.welcomed = False
@@ -322,7 +405,7 @@ class WorkerAgent:
             if holder is None:  # still in our queue: drop it
                 self.cancelled.add(task_id)
                 task = self.held.pop(task_id)
-                self.results.append(m.TaskResult(task_id, task.attempt, Status.CANCELLED, b"", m.NO_FACTS))
+                self.results.append(m.TaskResult(task_id, task.attempt, Status.CANCELLED, b"", m.NO_FACTS, m.NO_OBJECTS))
             elif force and holder.outstanding[0] == task_id:
                 self._kill(holder, Status.FORCE_CANCELLED, "cancelled with force=True while running")
             else:
@@ -393,7 +476,7 @@ class WorkerAgent:
             log.error("worker %s: %s", self.name, reason)
             self.outbox.append(m.ClusterBroken(reason, message[1]))
             return
-        _, task_id, attempt, status, payload, started, finished, peak = message
+        _, task_id, attempt, status, payload, started, finished, peak, result_objects = message
         p.seceded = False
         expected = p.outstanding.popleft()
         assert expected == task_id, f"processor {p.pid} answered task {task_id:#x}, expected {expected:#x}"
@@ -405,10 +488,12 @@ class WorkerAgent:
         if task_id in self.cancelled:
             self.cancelled.discard(task_id)
             if task is not None:
-                self.results.append(m.TaskResult(task_id, attempt, Status.CANCELLED, b"", m.NO_FACTS))
+                self.results.append(m.TaskResult(task_id, attempt, Status.CANCELLED, b"", m.NO_FACTS, m.NO_OBJECTS))
         else:
             facts = m.TaskFacts(self.name, started, finished, peak)
-            self.results.append(m.TaskResult(task_id, attempt, status, payload, facts))
+            self.results.append(m.TaskResult(task_id, attempt, status, payload, facts, result_objects))
+        if task is not None and self.blobs:
+            self._drop_blobs(task)
         duration = finished - started
         self.mean_task = duration if self.mean_task is None else self.mean_task + 0.2 * (duration - self.mean_task)
         self.died_in_a_row = 0
@@ -494,7 +579,7 @@ class WorkerAgent:
                     status, text = Status.CANCELLED, ""
                 else:
                     status, text = Status.PROCESSOR_DIED, f"processor pid {p.pid} {how} while running the task"
-                self.results.append(m.TaskResult(running, task.attempt, status, text.encode(), m.NO_FACTS))
+                self.results.append(m.TaskResult(running, task.attempt, status, text.encode(), m.NO_FACTS, m.NO_OBJECTS))
             # Tasks queued behind it never started: they go back to the front of our queue.
             for task_id in reversed(p.outstanding):
                 if task_id in self.held:
@@ -571,7 +656,20 @@ class WorkerAgent:
         self._to_processor(
             p,
             msgpack.packb(
-                [proc.RUN, task.task_id, task.attempt, task.fn_id, fn_payload, task.flags, task.payload, task.deps],
+                [
+                    proc.RUN,
+                    task.task_id,
+                    task.attempt,
+                    task.fn_id,
+                    fn_payload,
+                    task.flags,
+                    task.payload,
+                    task.deps,
+                    task.objects,
+                    self.store_name,
+                    self.threshold,
+                    {i: self.blobs[i] for i in self._object_ids_of(task)} if self.fetch_objects else None,
+                ],
                 use_bin_type=True,
             ),
         )
@@ -666,3 +764,8 @@ def _size(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024  # type: ignore[assignment]
     return f"{n} B"
+
+
+def _error(text: str) -> bytes:
+    """A task error raised in the agent, in the wire form of a task's exception."""
+    return proc.dump_exception(RuntimeError(text))

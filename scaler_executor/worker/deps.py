@@ -15,17 +15,36 @@ from typing import Any
 
 TASK_MASK = (1 << 40) - 1  # a client's own task number, the low bits of a task id
 
-_payloads: dict[int, bytes] = {}
+_payloads: dict[int, tuple[bytes, list[bytes]]] = {}
 _values: dict[int, Any] = {}
+# How to read values that live in the object store: set by the processor for each task
+# (a callable (header, object_ids) -> value), None where every value is inline.
+_loader: Any = None
 
 
-def install(deps: list[list[Any]] | None) -> None:
-    """The dependency results for the next task: ``[[task_id, pickled result], ...]``."""
+def install(deps: list[list[Any]] | None, loader: Any = None) -> None:
+    """The dependency results for the next task: ``[[task_id, payload, object_ids], ...]``."""
+    global _loader
     _payloads.clear()
     _values.clear()
+    _loader = loader
     if deps:
-        for task_id, payload in deps:
-            _payloads[task_id & TASK_MASK] = payload
+        for task_id, payload, objects in deps:
+            _payloads[task_id & TASK_MASK] = (payload, objects)
+
+
+def load(payload: bytes, objects: list[bytes]) -> Any:
+    """A value sent inline (a plain pickle) or through the object store (a store header)."""
+    if not objects:
+        return pickle.loads(payload)
+    if _loader is None:
+        raise LookupError("this value lives in an object store this process cannot reach")
+    return _loader(payload, objects)
+
+
+def stored(header: bytes, object_ids: list[bytes]) -> Any:
+    """Reconstructor of an ObjectRef (``ex.put``) passed as an argument: the stored value."""
+    return load(header, object_ids)
 
 
 def dependency(n: int) -> Any:
@@ -35,10 +54,10 @@ def dependency(n: int) -> Any:
     except KeyError:
         pass
     try:
-        payload = _payloads[n]
+        payload, objects = _payloads[n]
     except KeyError:
         raise LookupError(f"the result of dependency task {n} was not delivered with this task") from None
-    value = _values[n] = pickle.loads(payload)
+    value = _values[n] = load(payload, objects)
     return value
 
 

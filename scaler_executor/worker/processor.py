@@ -3,8 +3,9 @@
 It speaks to its worker agent over one stream socket (framed by
 ``multiprocessing.connection.Connection``), never over ZeroMQ::
 
-    agent ──[RUN, task, attempt, fn_id, fn_payload|None, flags, payload, deps]──► processor
-    agent ◄──[DONE, task, attempt, status, payload, started, finished, peak]── processor
+    agent ──[RUN, task, attempt, fn_id, fn_payload|None, flags, payload, deps, objects,
+             store name, threshold, fetched objects|None]──► processor
+    agent ◄──[DONE, task, attempt, status, payload, started, finished, peak, objects]── processor
     agent ──[FORGET, [fn_id, ...]]──► processor        (drop cached callables)
     agent ◄──[INIT_FAILED, exception payload]── processor (then it exits)
     agent ◄──[SECEDE, task, [task ids handed back]]── processor (the task waits on sub-tasks)
@@ -26,6 +27,7 @@ import select
 import sys
 import threading
 import time
+import tempfile
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any, Callable
@@ -80,17 +82,24 @@ def _describe(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
 
 
-def _run(fn: Callable[..., Any], flags: int, payload: bytes) -> tuple[int, bytes]:
+def _run(
+    fn: Callable[..., Any], flags: int, payload: bytes, objects: list[bytes], state: _ProcessorState
+) -> tuple[int, bytes, list[bytes]]:
     try:
-        if flags & TaskFlags.INLINE_FN:
-            fn, args, kwargs = pickle.loads(payload)
-        elif flags & TaskFlags.CHUNK:
-            chunk = pickle.loads(payload)
+        if flags & TaskFlags.PACKED:
+            call = state.load(payload, objects, writable=bool(flags & TaskFlags.WRITABLE))
         else:
-            args, kwargs = pickle.loads(payload)
+            call = pickle.loads(payload)
+        if flags & TaskFlags.INLINE_FN:
+            fn, args, kwargs = call
+        elif flags & TaskFlags.CHUNK:
+            chunk = call
+        else:
+            args, kwargs = call
+        del call
     except BaseException as exc:
         exc.add_note("while unpickling the task's arguments in the worker")
-        return Status.ERROR, dump_exception(exc)
+        return Status.ERROR, dump_exception(exc), NO_OBJECTS
     try:
         if flags & TaskFlags.CHUNK:
             # (results, None), or (results before the failing call, its exception): map
@@ -107,15 +116,21 @@ def _run(fn: Callable[..., Any], flags: int, payload: bytes) -> tuple[int, bytes
         else:
             value = fn(*args, **kwargs)
     except BaseException as exc:  # the task's own error, whatever it is, goes back to the caller
-        return Status.ERROR, dump_exception(exc)
+        if isinstance(exc, ValueError) and "read-only" in str(exc):
+            exc.add_note(
+                "arguments from the object store are read-only views of shared memory: "
+                "take a private copy (arr.copy()) to write into one"
+            )
+        return Status.ERROR, dump_exception(exc), NO_OBJECTS
     try:
-        return Status.OK, dump_value(value)
+        payload, result_objects = state.dump_result(value)
+        return Status.OK, payload, result_objects
     except BaseException as exc:
         exc.add_note(
             f"while pickling the return value ({type(value).__module__}.{type(value).__qualname__}) "
             f"of {_describe(fn)}: return something picklable"
         )
-        return Status.ERROR, dump_exception(exc)
+        return Status.ERROR, dump_exception(exc), NO_OBJECTS
 
 
 def _watch_agent(fd: int) -> None:
@@ -140,11 +155,50 @@ class _ProcessorState:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        self.store: Any = None  # the host's object store, attached on first use
+        self.store_name = ""
+        self.blobs: dict[bytes, bytes] | None = None  # objects fetched over the network, this task
+        self.threshold = 65536
         self.task_id = 0  # the running task, 0 between tasks
         self.seceded = False
         self.lock = threading.Lock()
         self.functions: dict[int, Any] = {}
         self.fn_payloads: dict[int, bytes] = {}  # pickled callables, unpickled on first use
+
+    def use_store(self, name: str, threshold: int) -> None:
+        self.threshold = threshold
+        if name and name != self.store_name:
+            from scaler_executor.objstore import ObjectStore
+
+            self.store = ObjectStore.attach(name, fallback_dir=tempfile.gettempdir())
+            self.store_name = name
+
+    def load(self, header: bytes, objects: list[bytes], writable: bool = False) -> Any:
+        """A value from a store header: from this host's store, or from fetched bytes."""
+        from scaler_executor.objstore import payload as packing
+
+        if not objects:
+            return packing.unpack(header, objects, None)
+        if self.blobs is not None:
+            return packing.unpack(header, objects, _Fetched(self.blobs), writable=writable)
+        return packing.unpack(header, objects, self.store, writable=writable)
+
+    def dump_result(self, value: Any) -> tuple[bytes, list[bytes]]:
+        """The result's wire form: inline pickle, or a store header when it is large."""
+        if self.store is None or self.blobs is not None:
+            return dump_value(value), NO_OBJECTS
+        from scaler_executor.objstore import ObjectStoreFull
+        from scaler_executor.objstore import payload as packing
+
+        try:
+            packed = packing.pack(value, self.store, threshold=self.threshold)
+        except ObjectStoreFull:
+            return dump_value(value), NO_OBJECTS  # does not fit: it goes inline instead
+        if not packed.object_ids:
+            stream = packing.inline_stream(packed.header)  # no objects: the bare pickle stream
+            assert stream is not None
+            return stream, NO_OBJECTS
+        return packed.header, packed.object_ids
 
     def function(self, fn_id: int) -> Any:
         fn = self.functions.get(fn_id)
@@ -183,6 +237,20 @@ class _ProcessorState:
 
 
 STATE: _ProcessorState | None = None  # set in processor processes only
+NO_OBJECTS: list[bytes] = []
+
+
+class _Fetched:
+    """Objects fetched over the network, read like a store (``get``) by the payload codec."""
+
+    def __init__(self, blobs: dict[bytes, bytes]) -> None:
+        self.blobs = blobs
+
+    def get(self, object_id: bytes) -> memoryview:
+        try:
+            return memoryview(self.blobs[object_id])
+        except KeyError:
+            raise LookupError(f"object {object_id.hex()} was not fetched for this task") from None
 
 
 def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None) -> None:
@@ -213,7 +281,7 @@ def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None) ->
         message = state.take(unpackb(raw))
         if message is None:
             continue
-        _, task_id, attempt, fn_id, _fn_payload, flags, payload, deps = message
+        _, task_id, attempt, fn_id, _fn_payload, flags, payload, deps, objects, store_name, threshold, blobs = message
         fn: Any = None
         if fn_id:
             try:
@@ -221,14 +289,21 @@ def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None) ->
             except BaseException as exc:
                 exc.add_note("while unpickling the task's function in the worker")
                 started = time.time()
-                conn.send_bytes(packb([DONE, task_id, attempt, Status.ERROR, dump_exception(exc), started, started, 0]))
+                conn.send_bytes(packb([DONE, task_id, attempt, Status.ERROR, dump_exception(exc), started, started, 0, []]))
                 continue
         state.task_id = task_id
         started = time.time()
-        install_deps(deps)
-        status, result = _run(fn, flags, payload)
-        if deps:
-            install_deps(None)  # let the dependency values go
+        try:
+            state.use_store(store_name, threshold)
+        except Exception as exc:  # the agent saw it attach; this should not happen
+            exc.add_note("while attaching the object store in the worker")
+            conn.send_bytes(packb([DONE, task_id, attempt, Status.ERROR, dump_exception(exc), started, started, 0, []]))
+            continue
+        state.blobs = blobs
+        install_deps(deps, state.load)
+        status, result, result_objects = _run(fn, flags, payload, objects, state)
+        install_deps(None)  # let the dependency values go
+        state.blobs = None
         finished = time.time()
         # Private memory at the end of tasks long enough for it to matter (the agent also
         # samples every 100 ms); 20 us is too much to spend on every no-op.
@@ -237,7 +312,9 @@ def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None) ->
         with state.lock:
             state.task_id = 0
             state.seceded = False
-            conn.send_bytes(packb([DONE, task_id, attempt, status, result, started, finished, peak], use_bin_type=True))
+            conn.send_bytes(
+                packb([DONE, task_id, attempt, status, result, started, finished, peak, result_objects], use_bin_type=True)
+            )
         done += 1
         if max_tasks is not None and done >= max_tasks:
             os._exit(0)

@@ -56,7 +56,7 @@ SAMPLES: dict[type, Any] = {
         {"cpu": 8.0},
         ["gpu"],
     ),
-    m.Welcome: m.Welcome(17, 0.5, 6),
+    m.Welcome: m.Welcome(17, 0.5, 6, "scaler-1-store"),
     m.Refused: m.Refused("version mismatch: Python 3.12 (daemon: 3.11) — ünïcode"),
     m.Heartbeat: m.Heartbeat(12, 3),
     m.Goodbye: m.Goodbye("client shutting down"),
@@ -71,20 +71,23 @@ SAMPLES: dict[type, Any] = {
     m.DispatchTasks: m.DispatchTasks(
         [m.FunctionBlob(SPEC.fn_id, b"\x80\x05fn")],
         [
-            m.TaskDispatch(SPEC.task_id, 1, SPEC.fn_id, 0, b"args", [b"obj"], 30.0, [m.DepValue(7, b"dep")]),
+            m.TaskDispatch(SPEC.task_id, 1, SPEC.fn_id, 0, b"args", [b"obj"], 30.0, [m.DepValue(7, b"dep", [b"o"])]),
             m.TaskDispatch(SPEC.task_id + 1, 0, 0, m.TaskFlags.INLINE_FN, b"fnargs", [], None, []),
         ],
     ),
     m.CancelTasks: m.CancelTasks([SPEC.task_id], True),
     m.TaskResults: m.TaskResults(
         [
-            m.TaskResult(SPEC.task_id, 0, m.Status.OK, b"\x80\x05result", FACTS),
-            m.TaskResult(SPEC.task_id + 1, 2, m.Status.WORKER_LOST, b"", m.NO_FACTS),
+            m.TaskResult(SPEC.task_id, 0, m.Status.OK, b"\x80\x05result", FACTS, [b"o1", b"o2"]),
+            m.TaskResult(SPEC.task_id + 1, 2, m.Status.WORKER_LOST, b"", m.NO_FACTS, []),
         ]
     ),
     m.ReleaseObjects: m.ReleaseObjects([b"\x00" * 20, b"\xff" * 20]),
     m.ClusterBroken: m.ClusterBroken("initializer failed on worker w-1", b"\x80\x05exc"),
     m.Seceded: m.Seceded([SPEC.task_id]),
+    m.PinObjects: m.PinObjects([b"\x01" * 16]),
+    m.ObjectRequest: m.ObjectRequest([b"\x01" * 16, b"\x02" * 16]),
+    m.ObjectData: m.ObjectData([b"\x01" * 16, b"\x02" * 16], [True, False]),
     m.StatsRequest: m.StatsRequest(),
     m.Stats: m.Stats({"tasks": 3, "mean_seconds": 0.25, "state": "ok"}),
 }
@@ -422,13 +425,13 @@ def test_bool_fields_accept_bools() -> None:
 
 
 def test_float_fields_accept_ints() -> None:
-    (welcome,), _ = decode(raw(m.Welcome, [1, 2, 6]))
-    assert welcome == m.Welcome(1, 2, 6) and welcome.heartbeat_interval == 2.0
+    (welcome,), _ = decode(raw(m.Welcome, [1, 2, 6, ""]))
+    assert welcome == m.Welcome(1, 2, 6, "") and welcome.heartbeat_interval == 2.0
     (dispatch,), _ = decode(raw(m.DispatchTasks, [[], [[1, 0, 0, 0, b"", [], 30, []]]]))
     assert dispatch.tasks[0].task_timeout == 30
     (hello,), _ = decode(raw(m.Hello, _with(m.Hello, resources={"cpu": 8})))
     assert hello.resources == {"cpu": 8}
-    (results,), _ = decode(raw(m.TaskResults, [[[1, 0, 0, b"", ["w", 1, 2, 0]]]]))
+    (results,), _ = decode(raw(m.TaskResults, [[[1, 0, 0, b"", ["w", 1, 2, 0], []]]]))
     assert results.results[0].facts.finished == 2
 
 

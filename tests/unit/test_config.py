@@ -55,6 +55,8 @@ def test_defaults() -> None:
         "worker_resources": "",
         "worker_tags": "",
         "memory_limit": "auto",
+        "object_store_size": "auto",
+        "object_store_threshold": 65536,
         "unsatisfiable_timeout": None,
         "log_level": "WARNING",
         "allow_tcp_unauthenticated": True,

@@ -76,7 +76,7 @@ def spec(
 def result(
     task_id: int, attempt: int = 0, status: int = Status.OK, payload: bytes = b"value"
 ) -> m.TaskResult:
-    return m.TaskResult(task_id, attempt, status, payload, m.TaskFacts("w", 10.0, 10.5, 0))
+    return m.TaskResult(task_id, attempt, status, payload, m.TaskFacts("w", 10.0, 10.5, 0), [])
 
 
 class Out:
@@ -186,7 +186,7 @@ def client_with_function(cluster: Cluster, peer: bytes = b"c1") -> tuple[int, in
 @pytest.mark.parametrize("role", [m.Role.CLIENT, m.Role.WORKER, m.Role.MONITOR])
 def test_welcome_for_each_role(cluster: Cluster, role: str) -> None:
     out = cluster.send(b"p", hello(role))
-    assert out.to(b"p") == [m.Welcome(1, INTERVAL, LIVENESS)]
+    assert out.to(b"p") == [m.Welcome(1, INTERVAL, LIVENESS, "")]
     assert (cluster.stat("clients"), cluster.stat("workers")) == {
         m.Role.CLIENT: (1, 0),
         m.Role.WORKER: (0, 1),

@@ -1,0 +1,121 @@
+"""The daemon host's object store: created at start, served to peers, cleaned at stop.
+
+The core decides *when* an object goes (``DeleteObjects``) and who gets which bytes
+(``SendObjects``); this module does the store calls for the loop, so the core stays pure.
+
+Region names are ``scaler-<daemon pid>-<random>``: a region whose daemon is gone (killed
+before it could remove it) is found by that pid and removed at the next start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import tempfile
+from typing import Any
+
+from scaler_executor.config import ClusterConfig
+
+log = logging.getLogger("scaler_executor.daemon")
+
+SHM_DIR = "/dev/shm"
+DEFAULT_SHARE = 0.25  # of RAM, for object_store_size = auto
+
+
+def store_size(config: ClusterConfig) -> int | None:
+    from scaler_executor.worker.memory import parse_size, total_memory
+
+    setting = config.object_store_size.strip().lower()
+    if setting == "none":
+        return None
+    if setting == "auto":
+        return int(total_memory() * DEFAULT_SHARE)
+    return parse_size(setting)
+
+
+def remove_stale_regions() -> int:
+    """Remove object-store regions left by daemons that died without cleaning up."""
+    from scaler_executor.objstore import ObjectStore
+
+    removed = 0
+    for directory in (SHM_DIR, tempfile.gettempdir()):
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        for name in names:
+            parts = name.split("-")
+            if len(parts) != 3 or parts[0] != "scaler" or not parts[1].isdigit() or len(parts[2]) != 16:
+                continue
+            try:
+                os.kill(int(parts[1]), 0)
+                continue  # its daemon still runs
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+            try:
+                if ObjectStore.unlink_name(name, tempfile.gettempdir()):
+                    removed += 1
+                    log.info("removed the object store %s of a daemon that is gone", name)
+            except Exception as exc:  # another user's region, a race with its owner...
+                log.debug("could not remove stale region %s: %s", name, exc)
+    return removed
+
+
+class HostStore:
+    """The daemon's handle on its host's store."""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        from scaler_executor.objstore import ObjectStore
+
+        self.store: Any = None
+        self.name = ""
+        size = store_size(config)
+        if size is None:
+            return
+        remove_stale_regions()
+        name = f"scaler-{os.getpid()}-{secrets.token_hex(8)}"
+        try:
+            self.store = ObjectStore.create(name, size, fallback_dir=tempfile.gettempdir())
+        except Exception as exc:
+            log.warning(
+                "no object store (%s): large arguments and results will travel inline; set "
+                "object_store_size smaller, or give the machine more /dev/shm",
+                exc,
+            )
+            return
+        self.name = name
+
+    def delete(self, object_ids: tuple[bytes, ...]) -> None:
+        if self.store is None:
+            return
+        for object_id in object_ids:
+            try:
+                self.store.delete(object_id)  # deferred by the store while readers hold views
+            except Exception as exc:  # already gone (a reader's crash reaped it), ...
+                log.debug("delete of object %s: %s", object_id.hex(), exc)
+
+    def read(self, object_ids: tuple[bytes, ...]) -> tuple[list[bool], list[Any]]:
+        """Views of the objects (for sending); missing ones are reported, not raised."""
+        found: list[bool] = []
+        buffers: list[Any] = []
+        for object_id in object_ids:
+            try:
+                view = self.store.get(object_id) if self.store is not None else None
+            except Exception:
+                view = None
+            found.append(view is not None)
+            if view is not None:
+                buffers.append(view)
+        return found, buffers
+
+    def close(self) -> None:
+        if self.store is not None:
+            try:
+                self.store.unlink()
+                self.store.close()
+            except Exception as exc:
+                log.warning("closing the object store %s: %s", self.name, exc)
+            self.store = None
