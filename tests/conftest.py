@@ -4,7 +4,8 @@
 * ``fresh_executor``: a factory for tests that exercise a cluster's lifecycle; every
   executor it made is shut down after the test.
 * Leak checks: after every module, no child process of the test process may remain,
-  and no ``scaler-*`` socket directory this run created may be left in the temp dir.
+  no ``scaler-*`` socket directory this run created may be left in the temp dir, and no
+  object-store region may outlive the daemon that created it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,22 @@ def fast_config(**changes: Any) -> ClusterConfig:
 
 def _scaler_dirs() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), f"scaler-{os.getpid()}-*")))
+
+
+def _orphan_regions() -> list[str]:
+    """Object-store regions whose daemon is gone: a daemon that stopped must remove its own."""
+    out = []
+    for directory in ("/dev/shm", tempfile.gettempdir()):
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        for name in names:
+            parts = name.split("-")
+            if len(parts) == 3 and parts[0] == "scaler" and parts[1].isdigit() and len(parts[2]) == 16:
+                if not psutil.pid_exists(int(parts[1])):
+                    out.append(os.path.join(directory, name))
+    return out
 
 
 def _children() -> list[psutil.Process]:
@@ -66,6 +83,13 @@ def no_leaks() -> Iterator[None]:
     assert not leftover, f"processes leaked by this module: {[(p.pid, p.cmdline()) for p in leftover]}"
     new_dirs = _scaler_dirs() - before
     assert not new_dirs, f"socket directories leaked by this module: {sorted(new_dirs)}"
+    regions = _orphan_regions()
+    for path in regions:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    assert not regions, f"shared-memory regions outlived their daemon: {regions}"
 
 
 @pytest.fixture(scope="module")
