@@ -692,6 +692,17 @@ class ClientAgent:
         context.term()
         if self.cluster is not None:
             self.cluster.stop()
+        if self.store is not None:
+            name = self.store.name
+            try:
+                self.store.close()  # the mapping stays while result views handed out live
+                if self.cluster is not None:
+                    # Our own cluster: if its daemon died before removing the region, we do.
+                    from scaler_executor.objstore import ObjectStore
+
+                    ObjectStore.unlink_name(name, tempfile.gettempdir())
+            except Exception as exc:
+                log.debug("closing the object store %s: %s", name, exc)
         self._completer.put(FAIL_ALL, DaemonLost("the executor shut down before these tasks finished"))
         self._completer.stop()
         with self.lock:
