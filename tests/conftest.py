@@ -20,16 +20,9 @@ from typing import Any
 import psutil
 import pytest
 
-from scaler_executor import ClusterConfig, ScalerExecutor
+from scaler_testing import FAST, fast_config, wait_until  # noqa: F401  (re-exported for tests)
 
-# Heartbeats five times as often as the default, but liveness limits that a loaded 2-core CI
-# machine still meets (a starved process may be silent for a second or two).
-FAST = ClusterConfig(heartbeat_interval=0.1, heartbeat_liveness=50, daemon_loss_timeout=10.0)
-
-
-def fast_config(**changes: Any) -> ClusterConfig:
-    return FAST.replace(**changes)
-
+from scaler_executor import ScalerExecutor
 
 def _scaler_dirs() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), f"scaler-{os.getpid()}-*")))
@@ -56,16 +49,6 @@ def _children() -> list[psutil.Process]:
         return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
     except psutil.NoSuchProcess:
         return []
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01) -> bool:
-    """Poll ``predicate`` until it holds or ``timeout`` passes (for states only the real clock decides)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -53,7 +53,7 @@ import msgpack
 import psutil
 import pytest
 import zmq
-from conftest import FAST, fast_config, wait_until
+from scaler_testing import FAST, fast_config, wait_until
 
 import scaler_executor
 from scaler_executor import DaemonLost, RemoteError, ScalerExecutor, TaskError, WorkerLost

@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from functools import partial
 
 import pytest
-from conftest import fast_config, wait_until
+from scaler_testing import fast_config, wait_until
 
 from scaler_executor import ScalerExecutor
 

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import cloudpickle
 import psutil
 import pytest
-from conftest import wait_until
+from scaler_testing import wait_until
 
 joblib = pytest.importorskip("joblib")
 from joblib import Parallel, delayed, parallel_config
