@@ -55,7 +55,7 @@ log = logging.getLogger("scaler_executor.client")
 
 TASK_MASK = (1 << m.TASK_ID_BITS) - 1
 SUBMIT, CANCEL, REGISTER_FN, RELEASE_FN, REGISTER_OPTIONS, STATS, FORCE_CANCEL = range(7)
-PIN_OBJECTS, RELEASE_OBJECTS, FETCH_OBJECTS = range(7, 10)
+PIN_OBJECTS, RELEASE_OBJECTS, FETCH_OBJECTS, SUBMIT_BATCH = range(7, 11)
 RECV_BURST = 1024
 TURN_SECONDS = 0.02  # most a turn spends receiving, so heartbeats and submissions still go out under floods
 MAX_TASKS_PER_TRANSMISSION = 2000  # bounds the daemon's work per message, hence its turn time
@@ -204,25 +204,20 @@ class ClientAgent:
         future.add_done_callback(partial(self._on_future_done, n))
         self.wake()
 
-    def enqueue_internal(self, fn_id: int, options_id: int, flags: int, pickled: Pickled) -> int:
-        """Queue a task no future waits for (a graph intermediate); returns its number."""
-        with self.lock:
-            self.check_usable()
-            n = next(self._counter)
-            self.outbox.append((SUBMIT, n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects))
-        self.wake()
-        return n
-
-    def enqueue_graph_task(self, future: Future[Any], fn_id: int, options_id: int, pickled: Pickled) -> int:
-        """Queue a graph task whose result the client wants; returns its number."""
-        self._enqueue(future, fn_id, options_id, TaskFlags.CALL, pickled, None)
-        return self._ids[id(future)]
+    def graph_batch(self) -> GraphBatch:
+        """Collects a graph's tasks, to send them in one transmission (see GraphBatch)."""
+        self.check_usable()
+        return GraphBatch(self)
 
     def _resubmit(self, n: int) -> None:
         """A dependency finished before the daemon saw this task: pickle it again, value inlined."""
         entry = self._repack.pop(n, None)
         future = self.futures.get(n)
         if entry is None or future is None:
+            if future is not None and self.futures.pop(n, None) is not None:
+                self._ids.pop(id(future), None)
+                if future.set_running_or_notify_cancel():
+                    future.set_exception(RuntimeError(f"task {n} lost a dependency it could not send again"))
             return
         repack, options_id = entry
         try:
@@ -584,6 +579,16 @@ class ClientAgent:
                 batch.append(m.RegisterOptions(item[1], item[2]))
             elif kind == STATS:
                 batch.append(m.StatsRequest())
+            elif kind == SUBMIT_BATCH:
+                # A graph: all its tasks in one SubmitTasks, so that the daemon links every
+                # dependency before any result can release an intermediate.
+                graph = [
+                    m.TaskSpec(base | n, base | fn_id if fn_id else 0, options_id, flags, payload,
+                               [base | d for d in deps] if deps else [], objects, 0)
+                    for _, n, fn_id, options_id, flags, payload, deps, objects in item[1]
+                ]
+                self._unacked += len(graph)
+                batch.append(m.SubmitTasks(graph))
             elif kind == PIN_OBJECTS:
                 batch.append(m.PinObjects(item[1]))
             elif kind == RELEASE_OBJECTS:
@@ -879,6 +884,36 @@ class Pickled(NamedTuple):
     objects: list[bytes]  # store objects it refers to (its own buffers, ObjectRefs)
     flags: int  # TaskFlags.PACKED or 0
     created: list[bytes] = NO_OBJECTS  # objects written for it (freed if it is never sent)
+
+
+class GraphBatch:
+    """A graph's tasks, numbered as they are added and sent in one transmission by ``submit``.
+
+    One transmission matters: the daemon handles a transmission at once, so every
+    dependency of the graph is linked before any intermediate can finish — one that
+    finished with no dependent linked yet would be forgotten.
+    """
+
+    def __init__(self, agent: ClientAgent) -> None:
+        self.agent = agent
+        self.items: list[tuple[Any, ...]] = []
+
+    def add(self, future: Future[Any] | None, fn_id: int, options_id: int, flags: int, pickled: Pickled) -> int:
+        agent = self.agent
+        n = next(agent._counter)
+        if future is not None:
+            agent.futures[n] = future
+            agent._ids[id(future)] = n
+            agent._submitted[n] = time.time()
+            future.add_done_callback(partial(agent._on_future_done, n))
+        self.items.append((SUBMIT, n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects))
+        return n
+
+    def submit(self) -> None:
+        with self.agent.lock:
+            self.agent.check_usable()
+            self.agent.outbox.append((SUBMIT_BATCH, self.items))
+        self.agent.wake()
 
 
 class ObjectRef:

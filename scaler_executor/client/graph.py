@@ -187,6 +187,7 @@ def run_graph(agent: ClientAgent, dsk: Mapping[Hashable, Any], keys: Any, option
         return value
 
     wanted_targets = {resolve(w) for w in wanted}
+    batch = agent.graph_batch()
     for key in order:
         if graph.alias_target(key) is not None:
             continue
@@ -207,11 +208,12 @@ def run_graph(agent: ClientAgent, dsk: Mapping[Hashable, Any], keys: Any, option
         pickled = pickled._replace(deps=dep_numbers)
         if key in wanted_targets:
             future: Future[Any] = Future()
-            number[key] = agent.enqueue_graph_task(future, evaluate_id, options_id, pickled)
+            number[key] = batch.add(future, evaluate_id, options_id, TaskFlags.CALL, pickled)
             futures[key] = future
         else:
-            number[key] = agent.enqueue_internal(evaluate_id, options_id, TaskFlags.CALL | TaskFlags.NO_RESULT, pickled)
+            number[key] = batch.add(None, evaluate_id, options_id, TaskFlags.CALL | TaskFlags.NO_RESULT, pickled)
 
+    batch.submit()
     results: dict[Hashable, Any] = {}
     for key in wanted:
         target = resolve(key)
