@@ -55,7 +55,7 @@ def test_desired_workers_table(fields: tuple[int, int, int, int, int], desired: 
 def test_desired_workers_properties_over_a_grid() -> None:
     """Within bounds, monotone in demand, never more processors than needed beyond the minimum."""
     for demand, workers, per_worker, minimum, extra in itertools.product(
-        range(0, 30), (0, 1, 5), (1, 2, 3, 8), range(0, 4), range(0, 6)
+        range(30), (0, 1, 5), (1, 2, 3, 8), range(4), range(6)
     ):
         maximum = minimum + extra
         view = ScalingView(demand, workers, per_worker, minimum, maximum)
