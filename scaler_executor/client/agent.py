@@ -27,6 +27,7 @@ import itertools
 import logging
 import os
 import pickle
+import signal
 import socket
 import threading
 import time
@@ -238,9 +239,9 @@ class ClientAgent:
 
     def pickle_args(self, args: tuple[Any, ...], kwargs: dict[str, Any], shared: Any = None) -> Pickled:
         fast = ser.dumps_plain_args(args, kwargs)
-        if fast is not None:
+        if fast is not None and len(fast) < self.config.object_store_threshold:
             return Pickled(fast, NO_DEPS, NO_OBJECTS, 0)
-        return self.pickle_obj((args, kwargs), shared)
+        return self.pickle_obj((args, kwargs), shared)  # large bytes or str go through the store
 
     def pickle_obj(self, obj: Any, shared: Any = None) -> Pickled:
         """cloudpickle ``obj``; futures of this executor inside it become dependencies, and
@@ -272,7 +273,7 @@ class ClientAgent:
         if shared is not None:
             fresh = [i for i in shared.object_ids() if i not in known]  # type: ignore[operator]
             if fresh:
-                self.pin_objects(fresh)  # the map call holds them until it ends
+                self.pin_objects(fresh)  # held while their source object lives (MapCache)
         objects.extend(packed.object_ids)
         stream = packing.inline_stream(packed.header)
         if stream is not None:
@@ -365,6 +366,10 @@ class ClientAgent:
         from scaler_executor.objstore import payload as packing
 
         packed = packing.pack(value, self.store, threshold=self.config.object_store_threshold)
+        if not packed.object_ids:
+            stream = packing.inline_stream(packed.header)
+            assert stream is not None
+            return ObjectRef(stream, [], self)  # small: a plain pickle, kept in the ref
         return ObjectRef(packed.header, packed.object_ids, self)
 
     def pin_objects(self, object_ids: list[bytes]) -> None:
@@ -445,6 +450,7 @@ class ClientAgent:
     # ================================================================== agent thread
 
     def _run(self) -> None:
+        _block_signals()
         context = zmq.Context()
         sock = context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -841,6 +847,7 @@ class _Completer:
                 thread.join()
 
     def _loop(self) -> None:
+        _block_signals()
         me = threading.get_ident()
         work, agent = self.work, self.agent
         while True:
@@ -916,6 +923,55 @@ class GraphBatch:
         self.agent.wake()
 
 
+class MapCache(dict):  # type: ignore[type-arg]
+    """The shared-buffer cache of one ``map`` call: each source buffer is stored once.
+
+    Unlike a plain cache it holds the source objects weakly: an entry (and the daemon's
+    pin on its object) goes when its source array is garbage-collected, so a long map
+    over distinct arrays frees each one after its task, while ``repeat(big)`` keeps one
+    object for the whole call.  Sources that cannot be weakly referenced stay until the
+    map ends (``release_all``).
+    """
+
+    def __init__(self, agent: ClientAgent) -> None:
+        super().__init__()
+        self._agent = weakref.ref(agent)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        entry = super().get(key)
+        if entry is None:
+            return default
+        ref, oid = entry
+        owner = ref() if isinstance(ref, weakref.ref) else ref
+        return default if owner is None else (owner, oid)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        owner, oid = value
+        try:
+            ref: Any = weakref.ref(owner, lambda _r, key=key, oid=oid: self._gone(key, oid))
+        except TypeError:
+            ref = owner  # no weak references (bytes-like): kept until the map ends
+        super().__setitem__(key, (ref, oid))
+
+    def _gone(self, key: Any, oid: bytes) -> None:
+        entry = super().get(key)
+        if entry is not None and entry[1] == oid:
+            super().__delitem__(key)
+        agent = self._agent()
+        if agent is not None:
+            agent.release_objects([oid])
+
+    def object_ids(self) -> list[bytes]:
+        return [oid for _ref, oid in self.values()]
+
+    def release_all(self) -> None:
+        ids = self.object_ids()
+        self.clear()
+        agent = self._agent()
+        if agent is not None and ids:
+            agent.release_objects(ids)
+
+
 class ObjectRef:
     """A value placed in the cluster's object store once (``ScalerExecutor.put``).
 
@@ -964,6 +1020,18 @@ class _CallPickler(cloudpickle.Pickler):
         if reduced is not NotImplemented:
             return reduced
         return super().reducer_override(obj)
+
+
+def _block_signals() -> None:
+    """Keep process-directed signals (Ctrl-C's SIGINT above all) off this background thread.
+
+    The kernel delivers such a signal to any thread that does not block it; one delivered
+    here would not wake the main thread blocked in ``future.result()``, and Ctrl-C would
+    seem to do nothing.
+    """
+    signal.pthread_sigmask(
+        signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2}
+    )
 
 
 def _release_function(agent_ref: weakref.ref[ClientAgent], fn_id: int) -> None:

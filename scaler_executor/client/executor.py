@@ -23,7 +23,7 @@ import cloudpickle
 
 from scaler_executor._compat import DAEMON_ADDRESS_ENV
 from scaler_executor.client import serialization as ser
-from scaler_executor.client.agent import TASK_INFO, ClientAgent, ObjectRef, Pickled, TaskInfo
+from scaler_executor.client.agent import TASK_INFO, ClientAgent, MapCache, ObjectRef, Pickled, TaskInfo
 from scaler_executor.client.cluster import EmbeddedCluster
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS, TaskFlags, TaskOptions
@@ -371,14 +371,6 @@ def _make_options(
 # --------------------------------------------------------------------------- map
 
 
-def _release_shared(agent_ref: weakref.ref[ClientAgent], shared: Any) -> None:
-    agent = agent_ref()
-    ids = shared.object_ids()
-    shared.clear()
-    if agent is not None and ids:
-        agent.release_objects(ids)
-
-
 def _result_or_cancel(future: Future[Any], end_time: float | None) -> Any:
     try:
         try:
@@ -410,10 +402,8 @@ def _map(
     owner = _MapOwner()
     # The same large argument given to many items (map(f, repeat(big))) is stored once:
     # the cache is keyed by the buffer's owner, and its objects are held until the map ends.
-    from scaler_executor.objstore.payload import SharedBuffers
-
-    shared = SharedBuffers()
-    weakref.finalize(owner, _release_shared, weakref.ref(agent), shared).atexit = False
+    shared = MapCache(agent)
+    weakref.finalize(owner, shared.release_all).atexit = False
     try:
         fn_id = agent.register_function(fn, owner)
     except Exception as exc:

@@ -109,7 +109,7 @@ class _Graph:
             if _is_node(value):
                 found = {k for k in value.dependencies if k in self.dsk}
             else:
-                found = _legacy_deps(value, self.dsk) - {key}
+                found = _legacy_deps(value, self.dsk)  # a task naming its own key is a cycle
             self.deps[key] = found
         return found
 

@@ -677,6 +677,7 @@ class Scheduler:
                 if result.objects:
                     task.result_objects = result.objects
                     self._hold(result.objects)
+                self._release_deps(task)  # finished, it needs its own dependencies no more
                 self._dependents_ready(task)
             else:
                 task.transition("result")
@@ -896,14 +897,30 @@ class Scheduler:
             if self.tasks.pop(task.task_id, None) is None:
                 continue
             self._forget_one(task)
-            for dep_id in task.deps:
-                dep = self.tasks.get(dep_id)
-                if dep is not None:
-                    dep.holds -= 1
-                    if dep.holds <= 0 and dep.state is TaskState.FINISHED:
-                        dep.transition("released")
-                        dep.result = None
-                        stack.append(dep)
+            stack.extend(self._release_deps(task, forget=False))
+
+    def _release_deps(self, task: TaskRecord, forget: bool = True) -> list[TaskRecord]:
+        """The task needs its dependencies' results no more: drop its hold on each (once).
+
+        Kept results nothing holds any more are released; with ``forget`` they are
+        forgotten here, else returned for the caller's worklist.
+        """
+        released: list[TaskRecord] = []
+        if task.deps_released:
+            return released
+        task.deps_released = True
+        for dep_id in task.deps:
+            dep = self.tasks.get(dep_id)
+            if dep is not None:
+                dep.holds -= 1
+                if dep.holds <= 0 and dep.state is TaskState.FINISHED:
+                    dep.transition("released")
+                    dep.result = None
+                    released.append(dep)
+        if forget:
+            for dep in released:
+                self._forget(dep)
+        return released
 
     def _maybe_release(self, task: TaskRecord) -> None:
         if task.holds <= 0 and task.state is TaskState.FINISHED:
@@ -1018,7 +1035,7 @@ class Scheduler:
             if task.state is TaskState.WAITING:
                 unfinished = sum(1 for d in task.deps if self.tasks[d].state is not TaskState.FINISHED)
                 assert task.waiting == unfinished > 0, f"{task!r} waits for {task.waiting}, {unfinished} unfinished"
-            holders = sum(1 for d in (task.dependents or ()) if d in self.tasks)
+            holders = sum(1 for d in (task.dependents or ()) if d in self.tasks and not self.tasks[d].deps_released)
             assert task.holds == holders, f"{task!r} holds={task.holds} but {holders} live dependents"
         for worker in self.workers.values():
             used: dict[str, float] = {}

@@ -112,6 +112,7 @@ class TaskRecord:
         "holds",
         "result",
         "result_objects",
+        "deps_released",
     )
 
     def __init__(
@@ -147,6 +148,7 @@ class TaskRecord:
         self.holds = 0  # dependents not done yet: the result is kept while > 0
         self.result: bytes | None = None  # the pickled result, kept while FINISHED
         self.result_objects: list[bytes] | None = None  # store objects of that kept result
+        self.deps_released = False  # its holds on its dependencies' results were dropped
 
     def transition(self, event: str) -> TaskState:
         new = TRANSITIONS.get((self.state, event))

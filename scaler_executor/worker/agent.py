@@ -156,6 +156,7 @@ class WorkerAgent:
         self.mean_task: float | None = None  # EWMA of task durations; None until one finished
         self.welcomed = False
         self.stopping = False
+        self.orphaned = False  # the daemon that started us is stopping or gone
         self.broken: str | None = None
         self.exit_code = 0
         self.last_recv = time.monotonic()
@@ -214,6 +215,7 @@ class WorkerAgent:
         elif target == self.lifeline_fd:
             log.info("worker %s: lifeline closed, stopping", self.name)
             self.stopping = True
+            self.orphaned = True
         else:
             p = self.processors.get(target)  # type: ignore[call-overload]
             if p is not None:
@@ -388,13 +390,24 @@ class WorkerAgent:
                 self.blobs.pop(object_id, None)
 
     def _forget_daemon_state(self) -> None:
-        """The daemon lost track of this worker: what it held is no longer expected anywhere."""
+        """The daemon lost track of this worker: what it held is no longer expected anywhere.
+
+        Tasks still running are killed with their processors: the daemon has already
+        retried or failed them, and a processor busy with a result nobody wants would keep
+        the rejoined worker from running anything else.
+        """
         self.welcomed = False
         self.queue.clear()
         for task_id in list(self.held):
             if not any(task_id in p.outstanding for p in self.processors.values()):
                 del self.held[task_id]
         self.cancelled.update(self.held)  # results of tasks still running are not wanted
+        for p in list(self.processors.values()):
+            if p.outstanding and p.eof_at is None:
+                self._kill(p, Status.CANCELLED, "the daemon no longer expects this task")
+        self.parked.clear()
+        self.fetching.clear()
+        self.blobs.clear()
         self.results.clear()
 
     def _cancel(self, task_ids: list[int], force: bool) -> None:
@@ -738,6 +751,15 @@ class WorkerAgent:
             pass
         self.sock.close(linger=200)
         self.context.term()
+        if self.orphaned and self.store_name:
+            # Our daemon is stopping or was killed: if it could not remove its host's region
+            # (SIGKILL), the last of its local processes does. Harmless when already gone.
+            try:
+                from scaler_executor.objstore import ObjectStore
+
+                ObjectStore.unlink_name(self.store_name, tempfile.gettempdir())
+            except Exception as exc:
+                log.debug("worker %s: removing the object store %s: %s", self.name, self.store_name, exc)
         os.close(self._signal_r)
         os.close(self._signal_w)
 

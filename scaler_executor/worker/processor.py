@@ -118,8 +118,8 @@ def _run(
     except BaseException as exc:  # the task's own error, whatever it is, goes back to the caller
         if isinstance(exc, ValueError) and "read-only" in str(exc):
             exc.add_note(
-                "arguments from the object store are read-only views of shared memory: "
-                "take a private copy (arr.copy()) to write into one"
+                "arguments from the object store are read-only views of shared memory: take a "
+                "private copy (arr.copy()), or submit through ex.options(writable=True)"
             )
         return Status.ERROR, dump_exception(exc), NO_OBJECTS
     try:
@@ -300,7 +300,8 @@ def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None) ->
             conn.send_bytes(packb([DONE, task_id, attempt, Status.ERROR, dump_exception(exc), started, started, 0, []]))
             continue
         state.blobs = blobs
-        install_deps(deps, state.load)
+        writable = bool(flags & TaskFlags.WRITABLE)
+        install_deps(deps, (lambda h, o: state.load(h, o, writable=True)) if writable else state.load)
         status, result, result_objects = _run(fn, flags, payload, objects, state)
         install_deps(None)  # let the dependency values go
         state.blobs = None
