@@ -189,6 +189,9 @@ def main() -> None:
         "--repeat", type=int, default=5, help="timed runs per cell (after one warm-up)"
     )
     parser.add_argument(
+        "--rounds", type=int, default=2, help="fresh subprocesses per contestant, alternating"
+    )
+    parser.add_argument(
         "--cell-timeout", type=float, default=600.0, help="seconds before a cell is given up"
     )
     parser.add_argument("--cell", choices=sorted(CELLS), help=argparse.SUPPRESS)
@@ -196,8 +199,10 @@ def main() -> None:
     if args.cell:
         print(json.dumps(CELLS[args.cell](args.repeat)), flush=True)
         return
+    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     print(
-        f"python {sys.version.split()[0]}, {len(os.sched_getaffinity(0))} CPUs, repeat={args.repeat}"
+        f"python {sys.version.split()[0]}, {len(os.sched_getaffinity(0))} CPUs, "
+        f"load average {load}, rounds={args.rounds}, repeat={args.repeat}"
     )
     for name in [args.only] if args.only else list(PAIRS):
         ours, theirs, title = PAIRS[name]
