@@ -145,6 +145,8 @@ class _Graph:
 
 def run_graph(agent: ClientAgent, dsk: Mapping[Hashable, Any], keys: Any, options_id: int) -> Any:
     """Compute ``keys`` of ``dsk`` on the cluster; results in the nested shape of ``keys``."""
+    if not isinstance(dsk, Mapping) and hasattr(dsk, "__dask_graph__"):
+        dsk = dsk.__dask_graph__()  # what Dask's own schedulers do with its expression objects
     if not isinstance(dsk, Mapping):
         raise TypeError(f"a graph must be a mapping from keys to tasks, got {type(dsk).__name__}")
     graph = _Graph(dsk if isinstance(dsk, dict) else dict(dsk))

@@ -62,6 +62,7 @@ class Processor:
         "err_fd",
         "err_tail",
         "outstanding",
+        "attempts",
         "functions",
         "sent",
         "eof_at",
@@ -86,6 +87,7 @@ class Processor:
         self.memory = 0  # last sampled private memory
         self.peak = 0  # highest sample during the running task
         self.outstanding: deque[int] = deque()  # task ids sent, in order; [0] is running
+        self.attempts: dict[int, int] = {}  # task id -> the attempt this processor was given
         self.functions: set[int] = set()
         self.sent = 0
         self.eof_at: float | None = None  # when its socket closed
@@ -148,7 +150,7 @@ class WorkerAgent:
         self.starting = 0
         self.queue: deque[m.TaskDispatch] = deque()
         self.held: dict[int, m.TaskDispatch] = {}  # every task this worker holds
-        self.cancelled: set[int] = set()  # held tasks to answer CANCELLED instead of running/forwarding
+        self.cancelled: set[tuple[int, int]] = set()  # (task, attempt) to answer CANCELLED
         self.functions: dict[int, bytes] = {}
         self.results: list[m.TaskResult] = []
         self._frames_of_last_message: list[object] = []
@@ -401,7 +403,9 @@ class WorkerAgent:
         for task_id in list(self.held):
             if not any(task_id in p.outstanding for p in self.processors.values()):
                 del self.held[task_id]
-        self.cancelled.update(self.held)  # results of tasks still running are not wanted
+        # Results of tasks still running are not wanted (by attempt: the daemon may hand this
+        # worker the same task again, as a new attempt, while the old one is being killed).
+        self.cancelled.update((task_id, task.attempt) for task_id, task in self.held.items())
         for p in list(self.processors.values()):
             if p.outstanding and p.eof_at is None:
                 self._kill(p, Status.CANCELLED, "the daemon no longer expects this task")
@@ -412,17 +416,21 @@ class WorkerAgent:
 
     def _cancel(self, task_ids: list[int], force: bool) -> None:
         for task_id in task_ids:
-            if task_id not in self.held:
+            task = self.held.get(task_id)
+            if task is None:
                 continue
-            holder = next((p for p in self.processors.values() if task_id in p.outstanding), None)
+            holder = next(
+                (p for p in self.processors.values() if p.attempts.get(task_id) == task.attempt and task_id in p.outstanding),
+                None,
+            )
             if holder is None:  # still in our queue: drop it
-                self.cancelled.add(task_id)
-                task = self.held.pop(task_id)
+                del self.held[task_id]
+                self.parked.pop(task_id, None)
                 self.results.append(m.TaskResult(task_id, task.attempt, Status.CANCELLED, b"", m.NO_FACTS, m.NO_OBJECTS))
             elif force and holder.outstanding[0] == task_id:
                 self._kill(holder, Status.FORCE_CANCELLED, "cancelled with force=True while running")
             else:
-                self.cancelled.add(task_id)  # it will run (not force, or not started); say cancelled
+                self.cancelled.add((task_id, task.attempt))  # it will run; say cancelled
 
     # ------------------------------------------------------------------ processors
 
@@ -474,11 +482,13 @@ class WorkerAgent:
     def _on_processor_message(self, p: Processor, message: list) -> None:  # type: ignore[type-arg]
         if message[0] == proc.SECEDE:
             _, task_id, returned = message
+            given = {back: p.attempts.pop(back, None) for back in returned}
             for back in returned:  # queued behind the seceding task: back to our queue, in order
                 p.outstanding.remove(back)
             for back in reversed(returned):
-                if back in self.held:
-                    self.queue.appendleft(self.held[back])
+                task = self.held.get(back)
+                if task is not None and task.attempt == given[back]:
+                    self.queue.appendleft(task)
             p.seceded = True
             p.deadline = None  # a task waiting on sub-tasks is timed by its sub-tasks
             self.outbox.append(m.Seceded([task_id]))
@@ -493,16 +503,22 @@ class WorkerAgent:
         p.seceded = False
         expected = p.outstanding.popleft()
         assert expected == task_id, f"processor {p.pid} answered task {task_id:#x}, expected {expected:#x}"
+        p.attempts.pop(task_id, None)
         p.deadline = None
         if p.peak > peak:
             peak = p.peak
         p.peak = 0
-        task = self.held.pop(task_id, None)
-        if task_id in self.cancelled:
-            self.cancelled.discard(task_id)
-            if task is not None:
-                self.results.append(m.TaskResult(task_id, attempt, Status.CANCELLED, b"", m.NO_FACTS, m.NO_OBJECTS))
+        task = self.held.get(task_id)
+        if task is None or task.attempt != attempt:
+            task = None  # an attempt the daemon no longer expects (a newer one may be held)
         else:
+            del self.held[task_id]
+        if (task_id, attempt) in self.cancelled:
+            self.cancelled.discard((task_id, attempt))
+            status, payload = Status.CANCELLED, b""
+        if task is not None or result_objects:
+            # A stale result goes too when it has store objects: the daemon drops the result
+            # and deletes the objects, which nobody else would.
             facts = m.TaskFacts(self.name, started, finished, peak)
             self.results.append(m.TaskResult(task_id, attempt, status, payload, facts, result_objects))
         if task is not None and self.blobs:
@@ -581,11 +597,12 @@ class WorkerAgent:
             how += "; its last stderr lines:\n    " + "\n    ".join(tail)
         if p.outstanding:
             running = p.outstanding.popleft()
+            attempt = p.attempts.pop(running, None)
             task = self.held.get(running)
-            if task is not None:
+            cancelled = (running, attempt) in self.cancelled
+            self.cancelled.discard((running, attempt))
+            if task is not None and task.attempt == attempt:
                 del self.held[running]
-                cancelled = running in self.cancelled
-                self.cancelled.discard(running)
                 if p.kill is not None:
                     status, text = p.kill[0], f"{p.kill[1]} (processor pid {p.pid} {how})"
                 elif cancelled:
@@ -595,8 +612,9 @@ class WorkerAgent:
                 self.results.append(m.TaskResult(running, task.attempt, status, text.encode(), m.NO_FACTS, m.NO_OBJECTS))
             # Tasks queued behind it never started: they go back to the front of our queue.
             for task_id in reversed(p.outstanding):
-                if task_id in self.held:
-                    self.queue.appendleft(self.held[task_id])
+                task = self.held.get(task_id)
+                if task is not None and task.attempt == p.attempts.get(task_id):
+                    self.queue.appendleft(task)
             self.died_in_a_row += 1
         elif p.retired or (self.max_tasks and p.sent >= self.max_tasks):
             pass  # it was asked to go, or served its max_tasks_per_child
@@ -651,8 +669,8 @@ class WorkerAgent:
                     if self.max_tasks is not None and p.sent >= self.max_tasks:
                         break
                     task = self.queue.popleft()
-                    if task.task_id not in self.held:
-                        continue  # cancelled while queued
+                    if self.held.get(task.task_id) is not task:
+                        continue  # cancelled while queued, or superseded by a newer attempt
                     self._run_on(p, task, now)
                 if not self.queue:
                     return
@@ -663,6 +681,7 @@ class WorkerAgent:
             fn_payload = self.functions.get(task.fn_id)
             p.functions.add(task.fn_id)
         p.outstanding.append(task.task_id)
+        p.attempts[task.task_id] = task.attempt
         p.sent += 1
         if len(p.outstanding) == 1 and task.task_timeout is not None:
             p.deadline = now + task.task_timeout
