@@ -544,9 +544,14 @@ def test_daemon_killed_pending_futures_fail_with_daemon_lost(
 
 CLIENT_SCRIPT = textwrap.dedent(
     """
-    import json, os, sys, time
+    import json, os, signal, sys, time
     import psutil
     from scaler_executor import ClusterConfig, ScalerExecutor
+
+    # As in a terminal: Ctrl-C raises KeyboardInterrupt. (A test run started in the
+    # background by a shell hands its children SIGINT ignored, and Python then installs no
+    # handler at start-up.)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def hold(workdir, name):
         tmp = os.path.join(workdir, f"tmp-{name}")
@@ -745,8 +750,15 @@ class Standalone:
                 self.seen.update(descendants(psutil.Process(proc.pid)))
             except psutil.NoSuchProcess:
                 pass
+        # Stop them as an operator would (SIGTERM: the daemon removes its socket and its
+        # object-store region); SIGKILL only what does not stop in time.
         for proc in self.procs:
             if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
                 proc.kill()
         kill_leftovers(sorted(self.seen))
         for proc in self.procs:

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import psutil
 import pytest
-from conftest import fast_config, wait_until
+from scaler_testing import fast_config, wait_until
 
 import scaler_executor
 from scaler_executor import ScalerExecutor
