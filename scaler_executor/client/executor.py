@@ -23,7 +23,7 @@ import cloudpickle
 
 from scaler_executor._compat import DAEMON_ADDRESS_ENV
 from scaler_executor.client import serialization as ser
-from scaler_executor.client.agent import TASK_INFO, ClientAgent, MapCache, ObjectRef, Pickled, TaskInfo
+from scaler_executor.client.agent import ClientAgent, MapCache, ObjectRef, Pickled, TaskInfo, task_info_of
 from scaler_executor.client.cluster import EmbeddedCluster
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS, TaskFlags, TaskOptions
@@ -282,7 +282,7 @@ def task_info(future: Future[Any]) -> TaskInfo | None:
     None while the task has not finished, or for a future that did not run on a worker
     (cancelled, failed before it left the client, or rejected by the daemon).
     """
-    return TASK_INFO.get(future)
+    return task_info_of(future)
 
 
 class _OptionsView:

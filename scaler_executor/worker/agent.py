@@ -467,12 +467,11 @@ class WorkerAgent:
                     self._bury(p)
 
     def _on_processor(self, p: Processor) -> None:
+        # One message per readiness: the poller reports the socket again if more is
+        # waiting, and Connection.poll(0) would build a selector per call (10-20 us).
         try:
-            while True:
-                raw = p.conn.recv_bytes()
-                self._on_processor_message(p, msgpack.unpackb(raw))
-                if not p.conn.poll(0):
-                    return
+            raw = p.conn.recv_bytes()
+            self._on_processor_message(p, msgpack.unpackb(raw))
         except (EOFError, OSError):
             p.eof_at = time.monotonic()
             self.poller.unregister(p.fd)
