@@ -27,7 +27,6 @@ import itertools
 import logging
 import os
 import pickle
-import queue
 import signal
 import socket
 import threading
@@ -813,9 +812,7 @@ class _Completer:
     def __init__(self, agent: ClientAgent) -> None:
         self.agent = agent
         self.work: deque[tuple[str, Any]] = deque()
-        # Wake-up tokens: SimpleQueue.get blocks in C and wakes a thread in a few
-        # microseconds, a Condition in Python code costs a round trip's worth more.
-        self.tokens: queue.SimpleQueue[bool | None] = queue.SimpleQueue()
+        self.cond = threading.Condition()
         self.busy: dict[int, float] = {}  # thread ident -> when it took its current item
         self.threads: list[threading.Thread] = []
         self.stopping = False
@@ -828,11 +825,13 @@ class _Completer:
 
     def put(self, kind: str, data: Any) -> None:
         self.work.append((kind, data))
-        self.tokens.put(True)
+        with self.cond:
+            self.cond.notify()
 
     def put_results(self, results: list[m.TaskResult]) -> None:
         self.work.extend((RESULTS, r) for r in results)
-        self.tokens.put(True)
+        with self.cond:
+            self.cond.notify()
 
     def check(self, now: float) -> None:
         """Start another thread if work waits while every thread is stuck in one item."""
@@ -841,12 +840,11 @@ class _Completer:
         busy = list(self.busy.values())
         if len(busy) >= len(self.threads) and all(now - since > STUCK_SECONDS for since in busy):
             self._start_thread()
-            self.tokens.put(True)
 
     def stop(self) -> None:
-        self.stopping = True
-        for _ in self.threads:
-            self.tokens.put(None)
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
 
     def join(self) -> None:
         for thread in list(self.threads):
@@ -856,29 +854,30 @@ class _Completer:
     def _loop(self) -> None:
         _block_signals()
         me = threading.get_ident()
-        work, agent, tokens = self.work, self.agent, self.tokens
+        work, agent = self.work, self.agent
         while True:
-            token = tokens.get()
-            while True:
-                try:
-                    kind, data = work.popleft()
-                except IndexError:
-                    break
-                self.busy[me] = time.monotonic()
-                try:
-                    if kind == RESULTS:
-                        agent._complete_result(data)
-                    elif kind == RUNNING:
-                        agent._mark_running(data)
-                    elif kind == FAIL_ALL:
-                        agent._fail_all(data)
-                except Exception:  # a bug here must not kill the thread that completes futures
-                    log.exception("client: failed to complete a future")
-                finally:
-                    del self.busy[me]
-                    kind = data = None  # hold no result while waiting for the next item
-            if token is None:
-                return
+            try:
+                kind, data = work.popleft()
+            except IndexError:
+                with self.cond:
+                    while not work and not self.stopping:
+                        self.cond.wait()
+                    if self.stopping and not work:
+                        return
+                continue
+            self.busy[me] = time.monotonic()
+            try:
+                if kind == RESULTS:
+                    agent._complete_result(data)
+                elif kind == RUNNING:
+                    agent._mark_running(data)
+                elif kind == FAIL_ALL:
+                    agent._fail_all(data)
+            except Exception:  # a bug here must not kill the thread that completes futures
+                log.exception("client: failed to complete a future")
+            finally:
+                del self.busy[me]
+                kind = data = None  # hold no result while waiting for the next item
 
 
 class DependencyFailed(Exception):
