@@ -578,8 +578,10 @@ class WorkerAgent:
 
     def _bury(self, p: Processor) -> None:
         """A processor is gone (socket closed and exit status known, or the grace passed)."""
-        del self.processors[p.fd]
-        self.by_pid.pop(p.pid, None)
+        if self.processors.get(p.fd) is p:
+            del self.processors[p.fd]
+        if self.by_pid.get(p.pid) is p:
+            del self.by_pid[p.pid]
         p.conn.close()
         if p.err_fd >= 0:
             os.set_blocking(p.err_fd, True)  # it is dead: read what it wrote up to EOF
@@ -643,11 +645,17 @@ class WorkerAgent:
                     missing += 1
 
     def _retire(self, p: Processor) -> None:
-        """Ask an idle processor to exit: it sees its socket close and leaves."""
+        """Ask an idle processor to exit (SIGTERM); its end is then handled like any other.
+
+        Its socket stays open until it is buried: closing it here freed the descriptor
+        number for the next processor while this record was still filed under it, and the
+        burial then removed the new processor's entry (its results were never read).
+        """
         p.retired = True
-        p.eof_at = time.monotonic()
-        self.poller.unregister(p.fd)
-        p.conn.close()
+        try:
+            os.kill(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
 
     def _to_processor(self, p: Processor, data: bytes) -> None:
         try:
@@ -661,7 +669,9 @@ class WorkerAgent:
         # A second task queued behind a running one only pays off for short tasks, and
         # only once we know they are short: before that, two long tasks would run in series.
         depth = 2 if self.mean_task is not None and self.mean_task < SHORT_TASK_SECONDS else 1
-        live = [p for p in self.processors.values() if p.eof_at is None and p.kill is None and not p.seceded]
+        live = [
+            p for p in self.processors.values() if p.eof_at is None and p.kill is None and not p.seceded and not p.retired
+        ]
         for level in range(1, depth + 1):
             for p in live:
                 while len(p.outstanding) < level and self.queue:
@@ -758,8 +768,7 @@ class WorkerAgent:
                 os.kill(p.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            if not p.retired:
-                p.conn.close()
+            p.conn.close()
             if p.err_fd >= 0:
                 os.close(p.err_fd)
         self.zygote.close()  # the zygote reaps its processors, then exits
