@@ -81,6 +81,7 @@ def result_batch(task_ids: list[int]) -> m.TaskResults:
                 m.Status.OK,
                 payload,
                 m.TaskFacts("bench-worker", 1000.0, 1000.0 + TASK_SECONDS, 0),
+                [],
             )
             for t in task_ids
         ]
