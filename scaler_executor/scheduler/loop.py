@@ -4,7 +4,8 @@
 
     poll(ROUTER socket, signal pipe, lifeline)  ── timeout: next tick, or 5 ms while a backlog waits
       → recv every transmission ready (up to RECV_BURST), decode; bad ones: log (rate-limited), drop
-      → Tick every heartbeat_interval / 4; local worker exits from the manager
+      → Tick every heartbeat_interval / 4; Wake when the core asked (deferred notices);
+        local worker exits from the manager
       → core.handle(*events) → [Send(peer, messages)]
       → encode one transmission per peer; ROUTER_MANDATORY makes an unroutable peer an error
         (→ PeerUnreachable next turn) and a full one EAGAIN (→ that peer's backlog, kept in order)
@@ -16,6 +17,7 @@ reads clocks and starts or stops processes.
 from __future__ import annotations
 
 import errno
+import math
 import logging
 import os
 import signal
@@ -28,7 +30,7 @@ import zmq
 
 from scaler_executor.config import ClusterConfig
 from scaler_executor.manager.local import LocalWorkerManager
-from scaler_executor.protocol import codec
+from scaler_executor.protocol import codec, wire
 from scaler_executor.protocol import messages as m
 from scaler_executor.scheduler import core
 from scaler_executor.scheduler.core import (
@@ -42,6 +44,7 @@ from scaler_executor.scheduler.core import (
     StartWorkers,
     StopWorkers,
     Tick,
+    Wake,
     WorkerExited,
 )
 
@@ -129,7 +132,10 @@ class Daemon:
         try:
             while not self.stopping:
                 now = time.monotonic()
-                timeout = max(0.0, next_tick - now) * 1000
+                wakeup = self.core.wakeup_at()
+                deadline = next_tick if wakeup is None else min(next_tick, wakeup)
+                # Rounded up: pyzmq truncates to whole milliseconds, and a 0 would spin.
+                timeout = math.ceil(max(0.0, deadline - now) * 1000)
                 if self.backlog:
                     timeout = min(timeout, BACKLOG_RETRY_MS)
                 ready = dict(poller.poll(timeout))
@@ -153,6 +159,8 @@ class Daemon:
                 if self.unreachable:
                     events.extend(self.unreachable)
                     self.unreachable = []
+                if not events and wakeup is not None and now >= wakeup:
+                    events.append(Wake(now))
                 if events:
                     try:
                         commands = self.core.handle(*events)
@@ -178,8 +186,10 @@ class Daemon:
         for _ in range(RECV_BURST):
             if time.monotonic() > deadline:
                 return
+            if not wire.readable(sock):
+                return
             try:
-                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=True)
+                frames = wire.recv(sock)
             except zmq.Again:
                 return
             peer = frames[0]
@@ -225,7 +235,7 @@ class Daemon:
                 self.unreachable.append(PeerUnreachable(peer, now))
             return
         try:
-            self.sock.send_multipart([peer, *frames], flags=zmq.NOBLOCK)
+            wire.send(self.sock, [peer, *frames])
         except zmq.Again:
             self.backlog[peer] = deque([frames])
         except zmq.ZMQError as exc:
@@ -239,7 +249,7 @@ class Daemon:
             queue = self.backlog[peer]
             while queue:
                 try:
-                    self.sock.send_multipart([peer, *queue[0]], flags=zmq.NOBLOCK)
+                    wire.send(self.sock, [peer, *queue[0]])
                 except zmq.Again:
                     break
                 except zmq.ZMQError as exc:

@@ -37,7 +37,7 @@ import zmq
 from scaler_executor._compat import DAEMON_ADDRESS_ENV, python_version
 from scaler_executor._version import __version__
 from scaler_executor.config import ClusterConfig
-from scaler_executor.protocol import codec
+from scaler_executor.protocol import codec, wire
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status
 from scaler_executor.worker import processor as proc
@@ -53,6 +53,7 @@ RESPAWN_BACKOFF = (0.0, 0.0, 0.1, 0.5, 2.0)  # after consecutive processors died
 
 STDERR_TAIL_BYTES = 4096  # kept per processor to explain a crash
 MEMORY_SAMPLE_SECONDS = 0.1
+HOUSEKEEPING_SECONDS = 0.005  # timers' resolution under load (deadlines, respawns, silence)
 
 
 class Processor:
@@ -131,6 +132,7 @@ class WorkerAgent:
         self.parked: dict[int, set[bytes]] = {}  # task id -> objects it still waits for
         self.oom = OomCounter()
         self.next_sample = 0.0
+        self.next_housekeeping = 0.0
         # Tasks reach the cluster they run on through get_executor() (nested tasks).
         os.environ[DAEMON_ADDRESS_ENV] = address
         # Fork the zygote first: no thread and no ZeroMQ context may exist yet.
@@ -197,9 +199,15 @@ class WorkerAgent:
                 for target, _ev in self.poller.poll(timeout):
                     self._on_ready(target)
                 now = time.monotonic()
-                self._housekeeping(now)
+                # Tasks and results first: timers and processor bookkeeping are not on a
+                # task's path, and run every HOUSEKEEPING_SECONDS or after a structural event.
                 self._assign(now)
                 self._flush(now)
+                if now >= self.next_housekeeping:
+                    self.next_housekeeping = now + HOUSEKEEPING_SECONDS
+                    self._housekeeping(now)
+                    self._assign(now)  # tasks it handed back (a processor buried), if any
+                    self._flush(now)
         finally:
             self._shutdown()
         return self.exit_code
@@ -207,7 +215,13 @@ class WorkerAgent:
     def _on_ready(self, target: object) -> None:
         if target is self.sock:
             self._on_daemon()
-        elif target == self.zygote.control.fileno():
+            return
+        p = self.processors.get(target)  # type: ignore[call-overload]
+        if p is not None:
+            self._on_processor(p)
+            return
+        self.next_housekeeping = 0.0  # anything but tasks and results: housekeeping at once
+        if target == self.zygote.control.fileno():
             self._on_zygote()
         elif target == self._signal_r:
             try:
@@ -219,13 +233,9 @@ class WorkerAgent:
             self.stopping = True
             self.orphaned = True
         else:
-            p = self.processors.get(target)  # type: ignore[call-overload]
+            p = self.stderr_of.get(target)  # type: ignore[call-overload]
             if p is not None:
-                self._on_processor(p)
-            else:
-                p = self.stderr_of.get(target)  # type: ignore[call-overload]
-                if p is not None:
-                    self._on_stderr(p)
+                self._on_stderr(p)
 
     # ------------------------------------------------------------------ daemon side
 
@@ -248,7 +258,7 @@ class WorkerAgent:
 
     def _send_now(self, batch: list[object]) -> None:
         try:
-            self.sock.send_multipart(codec.encode(batch), flags=zmq.NOBLOCK)
+            wire.send(self.sock, codec.encode(batch))
         except zmq.Again:
             # The daemon is not keeping up (or not there): keep the batch for the next turn.
             self.outbox[:0] = batch
@@ -256,9 +266,10 @@ class WorkerAgent:
         self.last_send = time.monotonic()
 
     def _on_daemon(self) -> None:
-        while True:
+        sock = self.sock
+        while wire.readable(sock):
             try:
-                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=True)
+                frames = wire.recv(sock)
             except zmq.Again:
                 return
             self.last_recv = time.monotonic()
@@ -270,7 +281,8 @@ class WorkerAgent:
             self._frames_of_last_message = buffers
             for message in messages:
                 self._on_message(message)
-
+            if type(message) is not m.DispatchTasks:
+                self.next_housekeeping = 0.0
     def _on_message(self, message: object) -> None:
         kind = type(message)
         if kind is m.DispatchTasks:
@@ -473,6 +485,7 @@ class WorkerAgent:
             raw = p.conn.recv_bytes()
             self._on_processor_message(p, msgpack.unpackb(raw))
         except (EOFError, OSError):
+            self.next_housekeeping = 0.0
             p.eof_at = time.monotonic()
             self.poller.unregister(p.fd)
             if p.wait_status is not None:
@@ -491,6 +504,7 @@ class WorkerAgent:
             p.seceded = True
             p.deadline = None  # a task waiting on sub-tasks is timed by its sub-tasks
             self.outbox.append(m.Seceded([task_id]))
+            self.next_housekeeping = 0.0  # it needs a processor to stand in for it
             return
         if message[0] == proc.INIT_FAILED:
             reason = "the executor's initializer failed in a worker process"

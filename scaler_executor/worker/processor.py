@@ -185,6 +185,8 @@ class _ProcessorState:
 
     def dump_result(self, value: Any) -> tuple[bytes, list[bytes]]:
         """The result's wire form: inline pickle, or a store header when it is large."""
+        if type(value) in _SCALARS and (type(value) not in _SIZED or len(value) < self.threshold):
+            return pickle.dumps(value, protocol=5), NO_OBJECTS  # 1 us instead of the store's 30
         if self.store is None or self.blobs is not None:
             return dump_value(value), NO_OBJECTS
         from scaler_executor.objstore import ObjectStoreFull
@@ -237,6 +239,8 @@ class _ProcessorState:
 
 
 STATE: _ProcessorState | None = None  # set in processor processes only
+_SCALARS = frozenset({type(None), bool, int, float, complex, str, bytes})
+_SIZED = frozenset({str, bytes})
 NO_OBJECTS: list[bytes] = []
 
 

@@ -26,8 +26,10 @@ from scaler_executor.scheduler.core import (
     PeerUnreachable,
     Received,
     Scheduler,
+    NOTICE_DELAY,
     Send,
     Tick,
+    Wake,
     WorkerExited,
 )
 from scaler_executor.scheduler.state import TaskState
@@ -143,6 +145,15 @@ class Cluster:
     def tick(self, dt: float = 0.0) -> Out:
         self.now += dt
         return self.step(Tick(self.now))
+
+    def notices(self) -> Out:
+        """Let NOTICE_DELAY pass: deferred submit acks and running notices go out."""
+        self.now += NOTICE_DELAY
+        assert self.scheduler.wakeup_at() is not None, "no notice was waiting"
+        assert self.scheduler.wakeup_at() <= self.now  # type: ignore[operator]
+        out = self.step(Wake(self.now))
+        assert self.scheduler.wakeup_at() is None
+        return out
 
     def keepalive(self, *peers: bytes) -> Out:
         return self.step(*[Received(p, [m.Heartbeat(0, 0)], self.now) for p in peers])
@@ -312,6 +323,31 @@ def test_rejoining_worker_is_not_handed_the_same_attempt_again(cluster: Cluster)
 # ====================================================================== submit → result
 
 
+def test_notices_travel_with_results_and_skip_finished_tasks(cluster: Cluster) -> None:
+    """A short task's result carries its ack, and no running notice is ever sent for it."""
+    cid, fn = client_with_function(cluster)
+    cluster.worker(b"w1")
+    short, long_ = tid(cid, 1), tid(cid, 2)
+    out = cluster.send(b"c1", m.SubmitTasks([spec(short, fn), spec(long_, fn)]))
+    assert len(out.dispatched(b"w1")) == 2 and not out.to(b"c1")
+    assert cluster.scheduler.wakeup_at() == cluster.now + NOTICE_DELAY
+    assert not cluster.step(Wake(cluster.now)).peers, "a Wake before the delay sends nothing"
+    answer = result(short)
+    out = cluster.send(b"w1", m.TaskResults([answer]), dt=NOTICE_DELAY / 2)
+    assert out.to(b"c1") == [m.SubmitAck(2), m.TasksRunning([long_]), m.TaskResults([answer])]
+    assert cluster.scheduler.wakeup_at() is None
+
+
+def test_running_notice_of_a_long_task_comes_after_the_delay(cluster: Cluster) -> None:
+    cid, fn = client_with_function(cluster)
+    cluster.worker(b"w1")
+    t = tid(cid, 1)
+    cluster.send(b"c1", m.SubmitTasks([spec(t, fn)]))
+    assert cluster.notices().to(b"c1") == [m.SubmitAck(1), m.TasksRunning([t])]
+    answer = result(t)
+    assert cluster.send(b"w1", m.TaskResults([answer]), dt=1.0).to(b"c1") == [m.TaskResults([answer])]
+
+
 def test_submit_dispatch_result_forget(cluster: Cluster) -> None:
     cid, fn = client_with_function(cluster)
     cluster.worker(b"w1")
@@ -323,7 +359,8 @@ def test_submit_dispatch_result_forget(cluster: Cluster) -> None:
             [m.TaskDispatch(t, 0, fn, TaskFlags.CALL, b"args-%d" % t, [], None, [])],
         )
     ]
-    assert out.to(b"c1") == [m.SubmitAck(1), m.TasksRunning([t])]
+    assert out.to(b"c1") == [], "acks and running notices wait for results or NOTICE_DELAY"
+    assert cluster.notices().to(b"c1") == [m.SubmitAck(1), m.TasksRunning([t])]
     assert cluster.scheduler.tasks[t].state is TaskState.DISPATCHED
 
     answer = result(t)
@@ -372,7 +409,7 @@ def test_tasks_wait_for_a_worker(cluster: Cluster) -> None:
     out = cluster.worker(b"w1", capacity=2)
     assert [type(x) for x in out.to(b"w1")] == [m.Welcome, m.DispatchTasks]
     assert [t.task_id for t in out.dispatched(b"w1")] == [tid(cid, 1), tid(cid, 2), tid(cid, 3)]
-    assert out.running(b"c1") == [tid(cid, 1), tid(cid, 2), tid(cid, 3)]
+    assert cluster.notices().running(b"c1") == [tid(cid, 1), tid(cid, 2), tid(cid, 3)]
 
 
 def test_prefetch_window_limits_dispatch(cluster: Cluster) -> None:
@@ -626,8 +663,8 @@ def test_worker_lost_by_missed_heartbeats(cluster: Cluster) -> None:
     assert cluster.stat("workers") == 1 and cluster.stat("workers_lost") == 1
     (retry,) = out.dispatched(b"w2")
     assert (retry.task_id, retry.attempt) == (t, 1)
-    assert out.running(b"c1") == [t]
     assert b"w1" not in out.peers, "nothing is sent to a lost worker"
+    assert cluster.notices().running(b"c1") == [t]
     assert cluster.stat("retried") == 1
 
 
@@ -846,6 +883,7 @@ def test_heartbeats_to_silent_peers(cluster: Cluster) -> None:
     cluster.send(
         b"c1", m.SubmitTasks([spec(tid(cid, n)) for n in range(1, 5)])
     )  # 2 dispatched, 2 queued
+    assert cluster.notices().peers == {b"c1"}  # its acks, NOTICE_DELAY later
     out = cluster.tick(INTERVAL / 2)
     assert not out.peers, "nobody has been silent for an interval yet"
     out = cluster.tick(INTERVAL / 2)
@@ -911,6 +949,7 @@ def test_rejected_tasks(cluster: Cluster, case: str) -> None:
     cluster.worker(b"w1", capacity=4)
     live = tid(cid, 1)
     cluster.send(b"c1", m.SubmitTasks([spec(live, fn)]))
+    cluster.notices()
     bad, reason = {
         "unknown-fn": (spec(tid(cid, 2), tid(cid, 77)), b"never registered"),
         "foreign-id": (spec(tid(other, 2), fn), b"not this client's"),
@@ -981,7 +1020,7 @@ def test_an_exception_in_a_handler_costs_one_message(
     # A message that passed the codec cannot be malformed; one built by a buggy peer
     # library in-process can.  The handler fails on it; the next message still counts.
     out = cluster.send(b"c1", m.CancelTasks(None, False), m.SubmitTasks([spec(tid(cid, 1))]))  # type: ignore[arg-type]
-    assert out.dispatched(b"w1") and out.acked(b"c1") == 1
+    assert out.dispatched(b"w1") and cluster.notices().acked(b"c1") == 1
     assert cluster.stat("dropped_messages") == 1
     assert "failed to handle CancelTasks" in caplog.text
     answer = result(tid(cid, 1))
