@@ -37,6 +37,7 @@ import msgpack
 
 from scaler_executor.protocol.messages import Status, TaskFlags
 from scaler_executor.worker.deps import install as install_deps
+from scaler_executor.worker.framing import FrameReader
 from scaler_executor.worker.memory import private_memory
 
 RUN, DONE, FORGET, INIT_FAILED, SECEDE = 1, 2, 3, 4, 5
@@ -155,6 +156,7 @@ class _ProcessorState:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        self.reader = FrameReader(conn.fileno())  # the agent's messages, read in bulk
         self.store: Any = None  # the host's object store, attached on first use
         self.store_name = ""
         self.blobs: dict[bytes, bytes] | None = None  # objects fetched over the network, this task
@@ -230,8 +232,8 @@ class _ProcessorState:
             if self.seceded or not self.task_id:
                 return
             returned = []
-            while self.conn.poll(0):
-                message = self.take(msgpack.unpackb(self.conn.recv_bytes()))
+            for raw in self.reader.available():
+                message = self.take(msgpack.unpackb(raw))
                 if message is not None:
                     returned.append(message[1])
             self.seceded = True
@@ -276,10 +278,11 @@ def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None) ->
 
     gc.freeze()  # what was imported so far is long-lived: keep the collector off it
     packb, unpackb = msgpack.packb, msgpack.unpackb
+    reader = state.reader
     done = 0
     while True:
         try:
-            raw = conn.recv_bytes()
+            raw = reader.next()
         except (EOFError, OSError):
             os._exit(0)
         message = state.take(unpackb(raw))
