@@ -13,7 +13,8 @@ enter (0700): file permissions are the authentication.
   killer — the pipe closes, the daemon stops its workers, and the worker's
   processors follow their agent.  The socket directory goes with them.
 * Workers inherit this process's environment, working directory and
-  ``sys.path`` (as PYTHONPATH), so what imports here imports there.
+  ``sys.path`` (as PYTHONPATH, run with ``-P`` so that nothing is put in front
+  of it), so what imports here imports there, and only that.
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ class EmbeddedCluster:
             f.write(self.config.to_toml())
         command = [
             sys.executable,
+            # -P: no working directory in front of sys.path. PYTHONPATH already carries this
+            # process's sys.path; with the directory first, a scaler_executor folder there
+            # (a source checkout of another version) would be imported instead of ours.
+            "-P",
             "-m",
             "scaler_executor.cli.daemon",
             "--config",

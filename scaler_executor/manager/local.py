@@ -57,6 +57,9 @@ class LocalWorkerManager:
         c = self.config
         cmd = [
             sys.executable,
+            # A daemon started with -P (the embedded cluster's, whose PYTHONPATH is the
+            # client's whole sys.path) starts its workers the same way: see client/cluster.py.
+            *(["-P"] if sys.flags.safe_path else []),
             "-m",
             "scaler_executor.cli.worker",
             self.address,

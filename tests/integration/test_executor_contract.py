@@ -71,6 +71,8 @@ RESULT_TIMEOUT = 60.0  # generous: the machine is slow and shared
 MAX_DISPATCHED = 2 + 256
 MANY = 400
 
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
 
 def wait_until(
     predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01
@@ -1240,7 +1242,7 @@ def test_interpreter_exit_completes_futures_and_leaves_nothing(tmp_path: Path) -
     script.write_text(textwrap.dedent(EXIT_SCRIPT))
     token = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCALER_")}
-    env.update(PYTHONPATH="/work/main", CONTRACT_EXIT_TOKEN=token)
+    env.update(PYTHONPATH=REPO_ROOT, CONTRACT_EXIT_TOKEN=token)
     out_path, err_path = tmp_path / "stdout", tmp_path / "stderr"
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         proc = subprocess.run(
@@ -1286,3 +1288,42 @@ def test_interpreter_exit_completes_futures_and_leaves_nothing(tmp_path: Path) -
     ]
     assert any(line.startswith("refused: cannot schedule new futures") for line in lines), stdout
     assert left == [], f"processes left after the script exited: {left}"
+
+
+DECOY_SCRIPT = """
+import sys
+from scaler_executor import ScalerExecutor
+
+def where(_):
+    import scaler_executor
+    return scaler_executor.__file__
+
+if __name__ == "__main__":
+    with ScalerExecutor(max_workers=1) as ex:
+        print(ex.submit(where, 0).result())
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_scaler_executor_folder_in_the_working_directory_is_not_imported(tmp_path: Path) -> None:
+    """The cluster's processes import what the client imported, not what sits in its cwd.
+
+    ``python -m`` puts the working directory first on sys.path; a source checkout of another
+    version there was imported by the daemon and workers (then they spoke past each other).
+    """
+    decoy = tmp_path / "scaler_executor"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("raise ImportError('the decoy package was imported')\n")
+    script = tmp_path / "elsewhere" / "decoy_script.py"
+    script.parent.mkdir()
+    script.write_text(textwrap.dedent(DECOY_SCRIPT))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCALER_")}
+    env["PYTHONPATH"] = REPO_ROOT
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90
+    )
+    assert proc.returncode == 0, proc.stderr
+    import scaler_executor
+
+    assert proc.stdout.strip() == scaler_executor.__file__, proc.stdout
+    assert "decoy" not in proc.stderr, proc.stderr
