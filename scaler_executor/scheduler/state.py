@@ -113,6 +113,7 @@ class TaskRecord:
         "result",
         "result_objects",
         "deps_released",
+        "counts",
     )
 
     def __init__(
@@ -126,6 +127,7 @@ class TaskRecord:
         objects: list[bytes],
         deps: list[int],
         parent: int,
+        counts: dict[TaskState, int] | None = None,
     ) -> None:
         self.task_id = task_id
         self.client = client
@@ -149,6 +151,11 @@ class TaskRecord:
         self.result: bytes | None = None  # the pickled result, kept while FINISHED
         self.result_objects: list[bytes] | None = None  # store objects of that kept result
         self.deps_released = False  # its holds on its dependencies' results were dropped
+        # The scheduler's tasks-per-state table, kept current by every state change while
+        # the task is recorded (None once forgotten): statistics() without a walk.
+        self.counts = counts
+        if counts is not None:
+            counts[S.PENDING] = counts.get(S.PENDING, 0) + 1
 
     def transition(self, event: str) -> TaskState:
         new = TRANSITIONS.get((self.state, event))
@@ -161,8 +168,22 @@ class TaskRecord:
             self.story = [self.state.value]
         self.story.append(f"{event}:{new.value}")
         del self.story[:-8]
-        self.state = new
+        self.set_state(new)
         return new
+
+    def set_state(self, new: TaskState) -> None:
+        """Change state (``transition`` checks the table first), keeping the counts."""
+        counts = self.counts
+        if counts is not None:
+            counts[self.state] -= 1
+            counts[new] = counts.get(new, 0) + 1
+        self.state = new
+
+    def unrecord(self) -> None:
+        """The scheduler forgot this task: it counts no more."""
+        if self.counts is not None:
+            self.counts[self.state] -= 1
+            self.counts = None
 
     def __repr__(self) -> str:
         return f"<Task {self.task_id:#x} {self.state.value} attempt={self.attempt} worker={self.worker!r}>"
