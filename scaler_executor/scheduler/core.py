@@ -981,6 +981,8 @@ class Scheduler:
             self._stats_wanted.clear()
         if self._acks or self._running:
             self._flush_notices()
+        else:
+            self._notices_since = None  # their client left: nothing is due (no wake-up spin)
         for peer, results in self._results.items():
             self._send(peer, m.TaskResults(results))
         self._results.clear()

@@ -50,6 +50,11 @@ class TaskState(enum.Enum):
     FINISHED = "finished"  # done, its result kept for dependents that have not finished
     DONE = "done"  # terminal: the record is dropped
 
+    # Members are singletons compared by identity, so identity hashing is consistent;
+    # Enum's own __hash__ is a Python-level call, paid in every transition-table lookup,
+    # queue-membership test and count update (several per task on the daemon's path).
+    __hash__ = object.__hash__
+
 
 S = TaskState
 

@@ -338,6 +338,16 @@ def test_notices_travel_with_results_and_skip_finished_tasks(cluster: Cluster) -
     assert cluster.scheduler.wakeup_at() is None
 
 
+def test_a_client_leaving_with_notices_pending_leaves_no_wakeup(cluster: Cluster) -> None:
+    """Otherwise the loop would be asked to wake at a past time, forever: a busy spin."""
+    cid, fn = client_with_function(cluster)
+    cluster.worker(b"w1")
+    cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, 1), fn)]))
+    assert cluster.scheduler.wakeup_at() is not None
+    cluster.send(b"c1", m.Goodbye("done"))
+    assert cluster.scheduler.wakeup_at() is None
+
+
 def test_running_notice_of_a_long_task_comes_after_the_delay(cluster: Cluster) -> None:
     cid, fn = client_with_function(cluster)
     cluster.worker(b"w1")
