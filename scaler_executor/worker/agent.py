@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
@@ -54,6 +55,8 @@ RESPAWN_BACKOFF = (0.0, 0.0, 0.1, 0.5, 2.0)  # after consecutive processors died
 
 STDERR_TAIL_BYTES = 4096  # kept per processor to explain a crash
 MEMORY_SAMPLE_SECONDS = 0.1
+RESULT_LINGER = 0.001  # most a result waits for others when the worker is saturated
+RESULT_BATCH = 64  # results that go at once, saturated or not
 HOUSEKEEPING_SECONDS = 0.005  # timers' resolution under load (deadlines, respawns, silence)
 
 
@@ -158,6 +161,7 @@ class WorkerAgent:
         self.cancelled: set[tuple[int, int]] = set()  # (task, attempt) to answer CANCELLED
         self.functions: dict[int, bytes] = {}
         self.results: list[m.TaskResult] = []
+        self.results_since = 0.0  # when the oldest result in self.results was ready
         self._frames_of_last_message: list[object] = []
         self.outbox: list[object] = []
         self.mean_task: float | None = None  # EWMA of task durations; None until one finished
@@ -199,6 +203,9 @@ class WorkerAgent:
                 timeout = tick * 1000
                 if self.queue and self.starting:
                     timeout = min(timeout, 50)
+                if self.results:  # held back to travel together: at most RESULT_LINGER
+                    left = self.results_since + RESULT_LINGER - time.monotonic()
+                    timeout = min(timeout, math.ceil(max(0.0, left) * 1000))  # pyzmq truncates to ms
                 for target, _ev in self.poller.poll(timeout):
                     self._on_ready(target)
                 now = time.monotonic()
@@ -764,8 +771,22 @@ class WorkerAgent:
     def _flush(self, now: float) -> None:
         batch = self.outbox
         if self.results:
-            batch.append(m.TaskResults(self.results))
-            self.results = []
+            if not self.results_since:
+                self.results_since = now
+            # Saturated (more tasks waiting here than processors): results may wait up to
+            # RESULT_LINGER to travel together, since no processor idles meanwhile and the
+            # daemon answers a batch with a batch.  One result per transmission had cost
+            # the daemon and this agent most of their time per no-op task.  Otherwise (a
+            # lone task, a draining queue) they go at once: latency first.
+            if (
+                batch
+                or len(self.queue) < self.capacity
+                or len(self.results) >= RESULT_BATCH
+                or now - self.results_since >= RESULT_LINGER
+            ):
+                batch.append(m.TaskResults(self.results))
+                self.results = []
+                self.results_since = 0.0
         if not batch and now - self.last_send >= self.heartbeat_interval:
             running = sum(1 for p in self.processors.values() if p.outstanding)
             batch.append(m.Heartbeat(len(self.queue), running))
