@@ -27,9 +27,11 @@ import math
 import os
 import platform
 import resource
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from datetime import UTC, datetime
@@ -43,7 +45,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from bench.contestants import CONTESTANTS, REFERENCE  # imports no contestant package
-from bench.workloads import WORKLOADS
+from bench.workloads import SCRATCH_ENV, WORKLOADS
 
 DEFAULT_TIMEOUT = 600.0  # seconds per (contestant, workload) subprocess
 STDERR_TAIL = 60  # lines of a failed cell's stderr kept in its result (daemon logs land there too)
@@ -198,6 +200,19 @@ def spawn(
         [ROOT, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     )
     env.pop("PYTHONSTARTUP", None)
+    # Files a workload needs (pending_memory's release and started flags) go here, and
+    # go away with it even when the cell is killed before its own clean-up runs.
+    scratch = tempfile.mkdtemp(prefix="bench-cell-")
+    env[SCRATCH_ENV] = scratch
+    try:
+        return _spawn(command, env, contestant, workload, timeout)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _spawn(
+    command: list[str], env: dict[str, str], contestant: str, workload: str, timeout: float
+) -> dict[str, Any]:
     started = time.monotonic()
     busy0, _ = machine_cpu_seconds()
     own0 = children_cpu_seconds()
@@ -362,8 +377,12 @@ def build_rows(
                 elif "error" in r:
                     row.append("error")
                 elif name in r.get("metrics", {}):
-                    values[c] = r["metrics"][name]["value"]
-                    row.append(fmt_value(values[c], unit))  # type: ignore[arg-type]
+                    value = r["metrics"][name]["value"]
+                    if value is None:  # the contestant has no way to do this (see the notes)
+                        row.append("n/a")
+                    else:
+                        values[c] = value
+                        row.append(fmt_value(value, unit))
                 else:
                     row.append("—")
             if ref_present:
@@ -434,6 +453,20 @@ def notes(
         )
     for name, reason in skipped.items():
         lines.append(f"{name} skipped: {reason}")
+    # Notes the workloads attached to metrics ("n/a" and why, how a figure was measured):
+    # one line per workload and note, naming the metrics and contestants it applies to.
+    by_note: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for (c, w), r in results.items():
+        for name, m in r.get("metrics", {}).items():
+            if m.get("note") or m.get("value") is None:
+                text = ("n/a, " if m.get("value") is None else "") + (m.get("note") or "")
+                who = by_note.setdefault((w, text), {})
+                who.setdefault(name, [])
+                if c not in who[name]:
+                    who[name].append(c)
+    for (w, text), who in by_note.items():
+        contestants_ = sorted({c for cs in who.values() for c in cs}, key=contestants.index)
+        lines.append(f"{w} ({', '.join(who)}): {', '.join(contestants_)}: {text}")
     for (c, w), r in results.items():
         if "error" in r:
             detail = f" — {r['stderr'].splitlines()[-1]}" if r.get("stderr") else ""
@@ -672,10 +705,10 @@ def main(argv: list[str] | None = None) -> int:
         for c in CONTESTANTS.values():
             reason = c.missing()
             print(
-                f"contestant {c.name:14} {c.label}" + (f"  [skipped: {reason}]" if reason else "")
+                f"contestant {c.name:15} {c.label}" + (f"  [skipped: {reason}]" if reason else "")
             )
         for w in WORKLOADS.values():
-            print(f"workload   {w.name:14} {w.summary}")
+            print(f"workload   {w.name:15} {w.summary}")
         return 0
     if args.run:
         return child_main(args)
