@@ -583,11 +583,13 @@ CLIENT_SCRIPT = textwrap.dedent(
             "address": ex.address,
             "worker_cmdline": worker.cmdline(),
         }
-        print("READY " + json.dumps(info), flush=True)
-        if mode == "killed":
-            time.sleep(120)
-            sys.exit(1)
+        # READY is printed inside the try: the test sends Ctrl-C as soon as it reads the
+        # line, and on a loaded machine that could land before a try entered after it.
         try:
+            print("READY " + json.dumps(info), flush=True)
+            if mode == "killed":
+                time.sleep(120)
+                sys.exit(1)
             futures[0].result()  # blocks until Ctrl-C
             print("NOT INTERRUPTED", flush=True)
         except KeyboardInterrupt:
