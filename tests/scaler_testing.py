@@ -7,11 +7,18 @@ and the name ``conftest`` may resolve to another directory's conftest.py there.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from scaler_executor import ClusterConfig
+import psutil
+
+from scaler_executor import ClusterConfig, ScalerExecutor
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
 
 # Heartbeats five times as often as the default, but liveness limits that a loaded 2-core CI
 # machine still meets (a starved process may be silent for a second or two).
@@ -32,3 +39,51 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: f
     return predicate()
 
 
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def child_env() -> dict[str, str]:
+    """The environment for a script or standalone process a test starts.
+
+    As the embedded cluster does: what imports here imports there (the repository, the
+    integration tests' own modules, this process's sys.path); no SCALER_* setting leaks in.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCALER_")}
+    paths = [REPO, os.path.join(TESTS, "integration")] + [os.getcwd() if p == "" else p for p in sys.path]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
+    return env
+
+
+def socket_dir(ex: ScalerExecutor) -> str:
+    """The private directory of an embedded cluster (its ipc socket's)."""
+    address = ex.address
+    assert address.startswith("ipc://"), address
+    return os.path.dirname(address[len("ipc://") :])
+
+
+def daemon_of(ex: ScalerExecutor) -> psutil.Process:
+    """The embedded daemon of ``ex``: the child whose command line names ``ex``'s socket directory."""
+    directory = socket_dir(ex)
+    for p in psutil.Process().children():
+        try:
+            cmd = p.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        if "scaler_executor.cli.daemon" in cmd and any(directory in part for part in cmd):
+            return p
+    raise AssertionError(f"no daemon process found for {ex!r}")
+
+
+def workers_of(daemon: psutil.Process) -> list[psutil.Process]:
+    """Worker agents: the daemon's live children running ``scaler_executor.cli.worker``
+    (zygotes and processors share that command line, but they are the agents' descendants)."""
+    out = []
+    for p in daemon.children():
+        try:
+            if "scaler_executor.cli.worker" in p.cmdline() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import psutil
 import pytest
-from scaler_testing import fast_config, wait_until
+from scaler_testing import daemon_of, fast_config, wait_until
 
 import scaler_executor
 from scaler_executor import ScalerExecutor
@@ -32,16 +32,6 @@ def nap(seconds: float, x: int) -> tuple[int, int]:
     return x * 2, os.getpid()
 
 
-def daemon_of(ex: ScalerExecutor) -> psutil.Process:
-    directory = os.path.dirname(ex.address[len("ipc://") :])
-    for p in psutil.Process().children():
-        try:
-            cmd = p.cmdline()
-        except psutil.NoSuchProcess:
-            continue
-        if "scaler_executor.cli.daemon" in cmd and any(directory in part for part in cmd):
-            return p
-    raise AssertionError(f"no daemon process found for {ex!r}")
 
 
 def worker_processes(daemon: psutil.Process) -> int:

@@ -33,7 +33,7 @@ from typing import Any
 
 import psutil
 import pytest
-from scaler_testing import fast_config, wait_until
+from scaler_testing import child_env, fast_config, wait_until
 
 import scaler_executor
 from scaler_executor import ScalerExecutor, WorkerLost
@@ -50,11 +50,6 @@ def chaos_task(x: int) -> int:
     return 3 * x + 1
 
 
-def child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SCALER_")}
-    paths = [REPO, os.path.dirname(__file__)] + [os.getcwd() if p == "" else p for p in sys.path]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
-    return env
 
 
 def alive(p: psutil.Process) -> bool:

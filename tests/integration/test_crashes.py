@@ -53,7 +53,7 @@ import msgpack
 import psutil
 import pytest
 import zmq
-from scaler_testing import FAST, fast_config, wait_until
+from scaler_testing import FAST, child_env, daemon_of, fast_config, socket_dir, wait_until, workers_of
 
 import scaler_executor
 from scaler_executor import DaemonLost, RemoteError, ScalerExecutor, TaskError, WorkerLost
@@ -189,35 +189,10 @@ def kill_leftovers(pids: list[int]) -> None:
             pass
 
 
-def socket_dir(ex: ScalerExecutor) -> str:
-    address = ex.address
-    assert address.startswith("ipc://"), address
-    return os.path.dirname(address[len("ipc://") :])
 
 
-def daemon_of(ex: ScalerExecutor) -> psutil.Process:
-    """The embedded daemon of ``ex``: the child whose command line names ``ex``'s socket directory."""
-    directory = socket_dir(ex)
-    for p in psutil.Process().children():
-        try:
-            cmd = p.cmdline()
-        except psutil.NoSuchProcess:
-            continue
-        if "scaler_executor.cli.daemon" in cmd and any(directory in part for part in cmd):
-            return p
-    raise AssertionError(f"no daemon process found for {ex!r}")
 
 
-def workers_of(daemon: psutil.Process) -> list[psutil.Process]:
-    """Worker agents: the daemon's children running ``scaler_executor.cli.worker``."""
-    out = []
-    for p in daemon.children():
-        try:
-            if "scaler_executor.cli.worker" in p.cmdline() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def assert_no_files_for(worker: psutil.Process) -> None:
@@ -233,12 +208,6 @@ def descendants(p: psutil.Process) -> list[int]:
         return []
 
 
-def child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SCALER_")}
-    # As the embedded cluster does: what imports here (this module included) imports there.
-    paths = [REPO] + [os.getcwd() if p == "" else p for p in sys.path]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
-    return env
 
 
 @pytest.fixture

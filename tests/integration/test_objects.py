@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import psutil
 import pytest
-from scaler_testing import fast_config, wait_until
+from scaler_testing import child_env, fast_config, wait_until
 
 import scaler_executor
 from scaler_executor import ScalerExecutor
@@ -229,11 +229,6 @@ def back_to(store: ObjectStore, baseline: tuple[int, int], timeout: float = 30.0
     )
 
 
-def child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SCALER_")}
-    paths = [REPO] + [os.getcwd() if p == "" else p for p in sys.path]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
-    return env
 
 
 class Standalone:

@@ -48,7 +48,7 @@ from typing import Any
 
 import psutil
 import pytest
-from scaler_testing import fast_config, wait_until
+from scaler_testing import child_env, daemon_of, fast_config, wait_until, workers_of
 
 import scaler_executor
 from scaler_executor import ScalerExecutor, TaskCancelled, TaskError, TaskTimeout, WorkerLost
@@ -135,36 +135,10 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
     return most
 
 
-def daemon_of(ex: ScalerExecutor) -> psutil.Process:
-    directory = os.path.dirname(ex.address[len("ipc://") :])
-    for p in psutil.Process().children():
-        try:
-            cmd = p.cmdline()
-        except psutil.NoSuchProcess:
-            continue
-        if "scaler_executor.cli.daemon" in cmd and any(directory in part for part in cmd):
-            return p
-    raise AssertionError(f"no daemon process found for {ex!r}")
 
 
-def worker_agents(daemon: psutil.Process) -> list[psutil.Process]:
-    """The daemon's direct children running scaler_executor.cli.worker (zygotes and
-    processors share that command line, but they are the agents' descendants)."""
-    out = []
-    for p in daemon.children():
-        try:
-            if "scaler_executor.cli.worker" in p.cmdline() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
-def child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SCALER_")}
-    paths = [REPO, os.path.dirname(__file__)] + [os.getcwd() if p == "" else p for p in sys.path]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
-    return env
 
 
 class External:
@@ -518,7 +492,7 @@ def test_missed_heartbeats_are_told(
     started = os.path.join(workdir, "started")
     future = ex.options(max_retries=0).submit(hold, os.path.join(workdir, "never"), started)
     assert wait_until(lambda: os.path.exists(started), timeout=30)
-    (agent,) = worker_agents(daemon_of(ex))
+    (agent,) = workers_of(daemon_of(ex))
     agent.suspend()  # SIGSTOP: alive but silent
     try:
         exc = error_of(future, timeout=30)
@@ -535,7 +509,7 @@ def test_missed_heartbeats_are_told(
     following = ex.submit(square, 12)
     served = not concurrent.futures.wait([following], timeout=20).not_done
     if not served:
-        for agent in worker_agents(daemon_of(ex)):  # unblock the teardown's shutdown(wait=True)
+        for agent in workers_of(daemon_of(ex)):  # unblock the teardown's shutdown(wait=True)
             agent.kill()
     assert served, (
         "the worker that was declared lost joined again but never ran the next task: its only "
@@ -566,7 +540,7 @@ def test_a_task_retried_after_its_worker_was_declared_lost_completes(
     runs = os.path.join(workdir, "runs")
     future = ex.submit(record_run, runs, 3.0, 42)
     assert wait_until(lambda: os.path.exists(runs), timeout=30)
-    (agent,) = worker_agents(daemon_of(ex))
+    (agent,) = workers_of(daemon_of(ex))
     agent.suspend()
     try:
         assert wait_until(lambda: ex.statistics()["workers_lost"] >= 1, timeout=30)
@@ -575,7 +549,7 @@ def test_a_task_retried_after_its_worker_was_declared_lost_completes(
     finished = not concurrent.futures.wait([future], timeout=20).not_done
     if not finished:
         stats = ex.statistics()
-        for stuck in worker_agents(daemon_of(ex)):  # unblock the teardown's shutdown(wait=True)
+        for stuck in workers_of(daemon_of(ex)):  # unblock the teardown's shutdown(wait=True)
             stuck.kill()
         pytest.fail(
             f"the retried task never completed (ran {len(Path(runs).read_text().split())} time(s); "
@@ -593,7 +567,7 @@ def test_memory_limit_kill_names_limit_and_size_and_the_worker_survives(
 ) -> None:
     ex = fresh_executor(max_workers=1, config=TOLERANT.replace(memory_limit="300M"))
     assert ex.submit(square, 2).result(60) == 4
-    (agent,) = worker_agents(daemon_of(ex))
+    (agent,) = workers_of(daemon_of(ex))
     exc = error_of(ex.options(max_retries=0).submit(allocate, 600, 5.0), timeout=60)
     assert type(exc) is WorkerLost, repr(exc)
     (line,) = exc.attempts
@@ -603,7 +577,7 @@ def test_memory_limit_kill_names_limit_and_size_and_the_worker_survives(
     assert "SIGKILL" in line, line
     # The worker itself survives and serves the next task (a replacement processor).
     assert ex.submit(square, 3).result(60) == 9
-    assert [p.pid for p in worker_agents(daemon_of(ex))] == [agent.pid]
+    assert [p.pid for p in workers_of(daemon_of(ex))] == [agent.pid]
     assert ex.statistics()["workers_lost"] == 0
 
 
