@@ -253,10 +253,17 @@ def creator(name: str, group: int, count: int, conn: Any) -> None:
 
 
 def reader(name: str, groups: list[int], count: int, seed: int, conn: Any) -> None:
+    """Read random ids and hold the last few views; release the oldest either through the
+    view or through ``store.release(oid)``, which must release the newest live view of
+    that id (a later one still held here, when the id was read twice). The reader models
+    which view that is and checks it: released views must be unusable, live ones intact.
+    ``bad`` counts every departure, ``kinds`` says which check saw it."""
+
     def body() -> dict[str, Any]:
         rng = random.Random(seed)
-        read = missing = bad = 0
-        held: collections.deque[tuple[bytes, memoryview]] = collections.deque()
+        read = missing = 0
+        kinds: collections.Counter[str] = collections.Counter()
+        held: collections.deque[_Read] = collections.deque()
         with ObjectStore.attach(name) as store:
             deadline = _ready(conn)
             while time.monotonic() < deadline:
@@ -268,31 +275,57 @@ def reader(name: str, groups: list[int], count: int, seed: int, conn: Any) -> No
                     continue
                 read += 1
                 if view != content(oid):
-                    bad += 1
-                held.append((oid, view))
+                    kinds["fresh"] += 1
+                held.append(_Read(oid, view))
                 if len(held) > 4:
-                    old_oid, old = held.popleft()
+                    old = held.popleft()
+                    if not old.released and old.view != content(old.oid):
+                        kinds["popped"] += 1
                     if rng.random() < 0.5:
-                        old.release()
+                        old.view.release()
                     else:
-                        # releases the newest live view of old_oid: maybe a later one in
-                        # `held` when the id was read twice; then `old` is the one left
-                        try:
-                            store.release(old_oid)
-                        except ObjectNotHeld:
-                            bad += _still_usable(old)
+                        _release_newest(store, old, held, kinds)
                     del old
-            for _oid, view in held:
-                if view != content(_oid):
-                    bad += 1
-                view.release()
-        return {"read": read, "missing": missing, "bad": bad}
+            for entry in held:
+                if not entry.released and entry.view != content(entry.oid):
+                    kinds["held"] += 1
+                entry.view.release()
+        return {"read": read, "missing": missing, "bad": sum(kinds.values()), "kinds": kinds}
 
     _report(conn, body)
 
 
+class _Read:
+    __slots__ = ("oid", "released", "view")
+
+    def __init__(self, oid: bytes, view: memoryview) -> None:
+        self.oid, self.view, self.released = oid, view, False
+
+
+def _release_newest(
+    store: ObjectStore, old: _Read, held: collections.deque[_Read], kinds: collections.Counter[str]
+) -> None:
+    """``store.release(old.oid)``: check it released exactly the newest live view."""
+    target = next((e for e in reversed(held) if e.oid == old.oid and not e.released), None)
+    if target is None and not old.released:
+        target = old
+    try:
+        store.release(old.oid)
+    except ObjectNotHeld:
+        if target is not None:
+            kinds["release_found_none"] += 1
+        return
+    if target is None:
+        kinds["release_found_extra"] += 1
+        return
+    target.released = True
+    kinds["release_left_usable"] += _still_usable(target.view)
+    if not old.released and old.view != content(old.oid):  # a later view went instead
+        kinds["release_wrong_view"] += 1
+
+
 def _still_usable(view: memoryview) -> int:
-    """1 if `view` was not released (so a release that found no view was wrong)."""
+    """1 if `view` was not released (it should have been), else 0."""
     try:
         _ = view.nbytes
     except ValueError:

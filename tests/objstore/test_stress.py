@@ -86,7 +86,9 @@ def _run(spawn: multiprocessing.context.SpawnContext, name: str, workers: list[A
         assert sum(results[f"creator{g}"]["made"] for g in GROUPS) > 100, results
         assert sum(results[f"reader{s}"]["read"] for s in (1, 2)) > 100, results
         assert results["deleter"]["deleted"] + results["deleter"]["deferred"] > 10, results
-        assert sum(results[f"reader{s}"]["bad"] for s in (1, 2)) == 0, results
+        assert sum(results[f"reader{s}"]["bad"] for s in (1, 2)) == 0, [
+            results[f"reader{s}"] for s in (1, 2)
+        ]
         for point, _, _ in VICTIMS:
             assert results[f"victim-{point}.exit"] == CRASH_EXIT, results
         assert results["doomed.exit"] == -signal.SIGKILL
