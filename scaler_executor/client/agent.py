@@ -51,7 +51,7 @@ from scaler_executor.client import serialization as ser
 from scaler_executor.client.cluster import EmbeddedCluster
 from scaler_executor.config import ClusterConfig
 from scaler_executor.exceptions import BrokenScalerExecutor, DaemonLost, InitializerFailed
-from scaler_executor.protocol import codec, wire
+from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status, TaskFlags, TaskOptions
 from scaler_executor.worker.deps import dependency, identity, stored
@@ -459,15 +459,10 @@ class ClientAgent:
 
     def _start(self) -> None:
         """Connect and say Hello (on the pool thread that first takes the agent role)."""
-        self._context = context = zmq.Context()
-        sock = context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RECONNECT_IVL, 10)  # the embedded daemon binds moments after we connect
-        sock.setsockopt(zmq.SNDHWM, self.config.send_hwm)
-        sock.setsockopt(zmq.RCVHWM, self.config.send_hwm)
-        sock.connect(self.address)
+        # The embedded daemon binds moments after we connect: the channel retries.
+        sock = channel.connect(self.address, hwm=self.config.send_hwm, linger=0.1)
         self._poller = poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
+        poller.register(sock.pollable, zmq.POLLIN)
         poller.register(self._wake_fd, zmq.POLLIN)
         self._sock = sock
         self._welcomed = False
@@ -491,8 +486,11 @@ class ClientAgent:
                 timeout = tick * 1000 if self._pending_frames is None else 5
                 if completer.unkicked:
                     completer.kick()
-                for target, _ in poller.poll(timeout):
-                    if target is sock:
+                ready = poller.poll(sock.poll_timeout(timeout))
+                if sock.buffered and not any(target == sock.pollable for target, _ in ready):
+                    self._receive()  # transmissions read earlier and not yet handled
+                for target, _ in ready:
+                    if target == sock.pollable:
                         self._receive()
                     else:
                         # Read, then clear: clearing first lets a wake() in between write, have
@@ -530,7 +528,7 @@ class ClientAgent:
         if self._handoff is not None:
             completer.put_results(self._handoff)
             self._handoff = None
-        self._teardown(self._context, sock)
+        self._teardown(sock)
         return None
 
     def _hello(self) -> m.Hello:
@@ -551,7 +549,7 @@ class ClientAgent:
     def _send(self, batch: list[Any]) -> None:
         frames = codec.encode(batch)
         try:
-            wire.send(self._sock, frames)
+            self._sock.send(frames)
             self._last_send = time.monotonic()
         except zmq.Again:
             self._pending_frames = frames  # the daemon's queue is full: hold it, keep order
@@ -559,7 +557,7 @@ class ClientAgent:
     def _retry_pending(self) -> None:
         assert self._pending_frames is not None
         try:
-            wire.send(self._sock, self._pending_frames)
+            self._sock.send(self._pending_frames)
         except zmq.Again:
             return
         self._pending_frames = None
@@ -643,10 +641,10 @@ class ClientAgent:
         for _ in range(RECV_BURST):
             if time.monotonic() > deadline:
                 return  # the rest waits for the next turn
-            if not wire.readable(sock):
+            if not sock.readable():
                 return
             try:
-                frames = wire.recv(sock)
+                frames = sock.recv()
             except zmq.Again:
                 return
             self._last_recv = time.monotonic()
@@ -727,14 +725,13 @@ class ClientAgent:
         log.debug("client broken: %s", exc)
         self._completer.put(FAIL_ALL, exc)
 
-    def _teardown(self, context: zmq.Context[Any], sock: zmq.Socket[Any]) -> None:
+    def _teardown(self, sock: Any) -> None:
         if self.broken is None or not isinstance(self.broken, DaemonLost):
             try:
-                sock.send_multipart(codec.encode([m.Goodbye("client shutting down")]), flags=zmq.NOBLOCK)
+                sock.send(codec.encode([m.Goodbye("client shutting down")]))
             except zmq.ZMQError:
                 pass
-        sock.close(linger=100)
-        context.term()
+        sock.close()
         if self.cluster is not None:
             self.cluster.stop()
         if self.store is not None:

@@ -2,12 +2,12 @@
 
 ::
 
-    poll(ROUTER socket, signal pipe, lifeline)  ── timeout: next tick, or 5 ms while a backlog waits
+    poll(daemon channel, signal pipe, lifeline)  ── timeout: next tick, or 5 ms while a backlog waits
       → recv every transmission ready (up to RECV_BURST), decode; bad ones: log (rate-limited), drop
       → Tick every heartbeat_interval / 4; Wake when the core asked (deferred notices);
         local worker exits from the manager
       → core.handle(*events) → [Send(peer, messages)]
-      → encode one transmission per peer; ROUTER_MANDATORY makes an unroutable peer an error
+      → encode one transmission per peer; an unroutable peer is an error (ROUTER_MANDATORY)
         (→ PeerUnreachable next turn) and a full one EAGAIN (→ that peer's backlog, kept in order)
 
 Everything the daemon decides is in ``core.py``; this file only moves bytes,
@@ -30,7 +30,7 @@ import zmq
 
 from scaler_executor.config import ClusterConfig
 from scaler_executor.manager.local import LocalWorkerManager
-from scaler_executor.protocol import codec, wire
+from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.scheduler import core
 from scaler_executor.scheduler.core import (
@@ -95,13 +95,7 @@ class Daemon:
         self.manager = manager
         self.host = socket.gethostname()
         self.stopping = False
-        self.context = zmq.Context()
-        self.sock = self.context.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.sock.setsockopt(zmq.SNDHWM, config.send_hwm)
-        self.sock.setsockopt(zmq.RCVHWM, config.send_hwm)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(address)
+        self.sock = channel.bind(address, hwm=config.send_hwm)
         self.backlog: dict[bytes, deque[list[Any]]] = {}
         self.unreachable: list[PeerUnreachable] = []
         self.bad_input = RateLimitedLog(log)
@@ -121,7 +115,7 @@ class Daemon:
 
     def run(self) -> int:
         poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.sock.pollable, zmq.POLLIN)
         poller.register(self._signal_r, zmq.POLLIN)
         if self.lifeline_fd is not None:
             poller.register(self.lifeline_fd, zmq.POLLIN)
@@ -138,10 +132,10 @@ class Daemon:
                 timeout = math.ceil(max(0.0, deadline - now) * 1000)
                 if self.backlog:
                     timeout = min(timeout, BACKLOG_RETRY_MS)
-                ready = dict(poller.poll(timeout))
+                ready = dict(poller.poll(self.sock.poll_timeout(timeout)))
                 now = time.monotonic()
                 events: list[core.Event] = []
-                if self.sock in ready:
+                if self.sock.pollable in ready or self.sock.buffered:
                     self._receive(events, now)
                 if self._signal_r in ready:
                     self._drain_signal_pipe()
@@ -186,10 +180,10 @@ class Daemon:
         for _ in range(RECV_BURST):
             if time.monotonic() > deadline:
                 return
-            if not wire.readable(sock):
+            if not sock.readable():
                 return
             try:
-                frames = wire.recv(sock)
+                frames = sock.recv()
             except zmq.Again:
                 return
             peer = frames[0]
@@ -235,7 +229,7 @@ class Daemon:
                 self.unreachable.append(PeerUnreachable(peer, now))
             return
         try:
-            wire.send(self.sock, [peer, *frames])
+            self.sock.send([peer, *frames])
         except zmq.Again:
             self.backlog[peer] = deque([frames])
         except zmq.ZMQError as exc:
@@ -249,7 +243,7 @@ class Daemon:
             queue = self.backlog[peer]
             while queue:
                 try:
-                    wire.send(self.sock, [peer, *queue[0]])
+                    self.sock.send([peer, *queue[0]])
                 except zmq.Again:
                     break
                 except zmq.ZMQError as exc:
@@ -268,13 +262,12 @@ class Daemon:
         goodbye = codec.encode([m.Goodbye("daemon stopping")])
         for peer in [*self.core.clients, *self.core.workers]:
             try:
-                self.sock.send_multipart([peer, *goodbye], flags=zmq.NOBLOCK)
+                self.sock.send([peer, *goodbye])
             except zmq.ZMQError:
                 pass
         if self.manager is not None:
             self.manager.stop()
         self.sock.close(linger=0)
-        self.context.term()
         self.objects.close()
         if self.address.startswith("ipc://"):
             try:

@@ -38,7 +38,7 @@ import zmq
 from scaler_executor._compat import DAEMON_ADDRESS_ENV, python_version
 from scaler_executor._version import __version__
 from scaler_executor.config import ClusterConfig
-from scaler_executor.protocol import codec, wire
+from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status
 from scaler_executor.worker import processor as proc
@@ -143,14 +143,9 @@ class WorkerAgent:
         os.environ[DAEMON_ADDRESS_ENV] = address
         # Fork the zygote first: no thread and no ZeroMQ context may exist yet.
         self.zygote: ZygoteHandle = start_zygote(initializer, max_tasks_per_child)
-        self.context = zmq.Context()
-        self.sock = self.context.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 1000)
-        self.sock.setsockopt(zmq.SNDHWM, config.send_hwm)
-        self.sock.setsockopt(zmq.RCVHWM, config.send_hwm)
-        self.sock.connect(address)
+        self.sock = channel.connect(address, hwm=config.send_hwm, linger=0.2)
         self.poller = zmq.Poller()
-        self.poller.register(self.sock, zmq.POLLIN)
+        self.poller.register(self.sock.pollable, zmq.POLLIN)
         self.poller.register(self.zygote.control.fileno(), zmq.POLLIN)
         self.processors: dict[int, Processor] = {}  # by fd
         self.stderr_of: dict[int, Processor] = {}  # by the fd of its stderr pipe
@@ -206,7 +201,10 @@ class WorkerAgent:
                 if self.results:  # held back to travel together: at most RESULT_LINGER
                     left = self.results_since + RESULT_LINGER - time.monotonic()
                     timeout = min(timeout, math.ceil(max(0.0, left) * 1000))  # pyzmq truncates to ms
-                for target, _ev in self.poller.poll(timeout):
+                ready = self.poller.poll(self.sock.poll_timeout(timeout))
+                if self.sock.buffered:
+                    self._on_daemon()  # transmissions read earlier and not yet handled
+                for target, _ev in ready:
                     self._on_ready(target)
                 now = time.monotonic()
                 # Tasks and results first: timers and processor bookkeeping are not on a
@@ -223,7 +221,7 @@ class WorkerAgent:
         return self.exit_code
 
     def _on_ready(self, target: object) -> None:
-        if target is self.sock:
+        if target == self.sock.pollable:
             self._on_daemon()
             return
         p = self.processors.get(target)  # type: ignore[call-overload]
@@ -268,7 +266,7 @@ class WorkerAgent:
 
     def _send_now(self, batch: list[object]) -> None:
         try:
-            wire.send(self.sock, codec.encode(batch))
+            self.sock.send(codec.encode(batch))
         except zmq.Again:
             # The daemon is not keeping up (or not there): keep the batch for the next turn.
             self.outbox[:0] = batch
@@ -277,9 +275,9 @@ class WorkerAgent:
 
     def _on_daemon(self) -> None:
         sock = self.sock
-        while wire.readable(sock):
+        while sock.readable():
             try:
-                frames = wire.recv(sock)
+                frames = sock.recv()
             except zmq.Again:
                 return
             self.last_recv = time.monotonic()
@@ -815,8 +813,7 @@ class WorkerAgent:
             os.waitpid(self.zygote.pid, 0)
         except ChildProcessError:
             pass
-        self.sock.close(linger=200)
-        self.context.term()
+        self.sock.close()
         if self.orphaned and self.store_name:
             # Our daemon is stopping or was killed: if it could not remove its host's region
             # (SIGKILL), the last of its local processes does. Harmless when already gone.

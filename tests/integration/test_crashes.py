@@ -58,7 +58,7 @@ from scaler_testing import FAST, child_env, daemon_of, fast_config, socket_dir, 
 import scaler_executor
 from scaler_executor import DaemonLost, RemoteError, ScalerExecutor, TaskError, WorkerLost
 from scaler_executor.exceptions import RemoteTraceback
-from scaler_executor.protocol import codec
+from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 
 REPO = str(Path(scaler_executor.__file__).resolve().parent.parent)
@@ -836,40 +836,40 @@ PROBES = [
 @pytest.mark.timeout(120)
 def test_daemon_survives_garbage_and_refuses_with_reasons(standalone: Standalone) -> None:
     daemon = standalone.daemon("--workers", "1")
-    context = zmq.Context()
-    try:
-        for name, frames, reason in PROBES:
-            sock = context.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(standalone.address)
-            try:
-                sock.send_multipart(frames)
-                # A Hello with the wrong Python always gets an answer: it marks the end of the
-                # answers (if any) to the probe, since one peer's messages stay in order.
-                sock.send_multipart(codec.encode([WRONG_PYTHON]))
-                replies = []
-                deadline = time.monotonic() + 15
-                while True:
-                    assert sock.poll(max(0.0, deadline - time.monotonic()) * 1000), (
-                        f"{name}: the daemon did not answer"
-                    )
-                    for message in codec.decode(sock.recv_multipart())[
-                        0
-                    ]:  # one batch may hold both
+    path = standalone.address[len("ipc://") :]
+    # Below the messages: bytes that are not the ipc transport at all (a ZeroMQ peer's
+    # greeting; our greeting then an impossible frame count). Each connection is dropped.
+    for raw in (b"\xff\x00\x00\x00\x00\x00\x00\x00\x01\x7f", channel.GREETING + b"\xff" * 4):
+        with socket.socket(socket.AF_UNIX) as probe:
+            probe.settimeout(15)
+            probe.connect(path)
+            probe.sendall(raw)
+            assert probe.recv(len(channel.GREETING)) == channel.GREETING
+            assert probe.recv(100) == b"", "the daemon kept a connection that spoke garbage"
+    for name, frames, reason in PROBES:
+        sock = channel.connect(standalone.address, hwm=1000, linger=0)
+        poller = zmq.Poller()
+        poller.register(sock.pollable, zmq.POLLIN)
+        try:
+            sock.send(frames)
+            # A Hello with the wrong Python always gets an answer: it marks the end of the
+            # answers (if any) to the probe, since one peer's messages stay in order.
+            sock.send(codec.encode([WRONG_PYTHON]))
+            replies = []
+            deadline = time.monotonic() + 15
+            while sum("Python 2.7" in r for r in replies) < (2 if reason == "Python 2.7" else 1):
+                assert time.monotonic() < deadline, f"{name}: the daemon did not answer"
+                poller.poll(sock.poll_timeout(100))
+                while sock.readable():
+                    for message in codec.decode(sock.recv())[0]:  # one batch may hold both
                         assert type(message) is m.Refused, f"{name}: {message!r}"
                         replies.append(message.reason)
-                    if sum("Python 2.7" in r for r in replies) == (
-                        2 if reason == "Python 2.7" else 1
-                    ):
-                        break
-                answers = replies[:-1]
-                if reason is not None:
-                    assert len(answers) == 1 and reason in answers[0], f"{name}: {answers}"
-            finally:
-                sock.close()
-        assert daemon.poll() is None, "the daemon died of bad input"
-        with standalone.client() as ex:
-            assert ex.submit(square, 4).result(timeout=30) == 16
-            assert ex.statistics()["dropped_messages"] >= 6
-    finally:
-        context.term()
+            answers = replies[:-1]
+            if reason is not None:
+                assert len(answers) == 1 and reason in answers[0], f"{name}: {answers}"
+        finally:
+            sock.close()
+    assert daemon.poll() is None, "the daemon died of bad input"
+    with standalone.client() as ex:
+        assert ex.submit(square, 4).result(timeout=30) == 16
+        assert ex.statistics()["dropped_messages"] >= 6
