@@ -223,7 +223,9 @@ class ClusterConfig:
     object_store_threshold: int = _opt(
         65536,
         "bytes from which a pickled buffer or value goes through the object store instead of inline",
-        "lower moves more through shared memory (zero-copy reads); higher keeps small values in messages",
+        "lower moves more through shared memory (zero-copy reads); higher keeps small values in messages; "
+        "the daemon sizes its store's object index by its own value (one entry per this many bytes, "
+        "at least 8 KiB)",
         ge=0,
         metavar="BYTES",
     )

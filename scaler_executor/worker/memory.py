@@ -12,7 +12,12 @@ import os
 import re
 
 _RSS_ANON = re.compile(rb"RssAnon:\s+(\d+) kB")
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "T": 1 << 40, "TB": 1 << 40}
+# Binary multiples whatever the spelling: 4G, 4GB and 4GiB are all 4 * 2**30 bytes.
+_UNITS = {"": 1, "B": 1}
+for _power, _letter in enumerate("KMGT", start=1):
+    for _suffix in ("", "B", "IB"):
+        _UNITS[_letter + _suffix] = 1 << (10 * _power)
+_SIZE_HELP = "write bytes or a number with K, M, G or T (KB/KiB... alike), e.g. 4G or 512MiB"
 
 
 def private_memory(pid: int | str = "self") -> int:
@@ -31,13 +36,13 @@ def total_memory() -> int:
 
 def parse_size(text: str) -> int:
     """'4G', '512MB', '1.5e9' -> bytes; ValueError naming the format otherwise."""
-    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([KMGT]?B?)\s*", text.upper())
-    if not match:
-        raise ValueError(f"cannot read {text!r} as a size: write bytes or a number with K, M, G or T, e.g. 4G")
+    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Z]*)\s*", text.upper())
+    if not match or match.group(2) not in _UNITS:
+        raise ValueError(f"cannot read {text!r} as a size: {_SIZE_HELP}")
     try:
         value = float(match.group(1)) * _UNITS[match.group(2)]
     except ValueError:
-        raise ValueError(f"cannot read {text!r} as a size: write bytes or a number with K, M, G or T, e.g. 4G") from None
+        raise ValueError(f"cannot read {text!r} as a size: {_SIZE_HELP}") from None
     if value <= 0:
         raise ValueError(f"a memory limit must be positive, got {text!r}")
     return int(value)

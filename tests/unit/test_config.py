@@ -363,3 +363,16 @@ def test_worker_resources_are_parsed_and_checked() -> None:
     for bad in ("gpu", "gpu=x", "=1", "gpu=-1", "gpu=1,gpu=2"):
         with pytest.raises(ConfigError, match="worker_resources|resource"):
             ClusterConfig(worker_resources=bad)
+
+
+def test_sizes_read_every_common_spelling_as_binary_multiples() -> None:
+    from scaler_executor.worker.memory import parse_size
+
+    assert parse_size("4G") == parse_size("4GB") == parse_size("4GiB") == 4 << 30
+    assert parse_size("512mib") == parse_size(" 512 MB ") == 512 << 20
+    assert parse_size("1.5e9") == 1_500_000_000
+    for bad in ("4X", "IB", "4GIBB", "-1", ""):
+        with pytest.raises(ValueError, match="cannot read .* as a size: .*e.g. 4G or 512MiB"):
+            parse_size(bad)
+    config = ClusterConfig().replace(object_store_size="256MiB")
+    assert config.object_store_size == "256MiB"
