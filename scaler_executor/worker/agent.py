@@ -178,6 +178,9 @@ class WorkerAgent:
         self.poller.register(self._signal_r, zmq.POLLIN)
         if lifeline_fd is not None:
             self.poller.register(lifeline_fd, zmq.POLLIN)
+        # Ask the zygote for the processors now: they fork and start while the rest of the
+        # start-up and the handshake run (their first task carries the store's name).
+        self._reconcile(time.monotonic())
 
     # ------------------------------------------------------------------ run
 
