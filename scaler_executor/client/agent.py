@@ -60,7 +60,8 @@ log = logging.getLogger("scaler_executor.client")
 
 TASK_MASK = (1 << m.TASK_ID_BITS) - 1
 SUBMIT, CANCEL, REGISTER_FN, RELEASE_FN, REGISTER_OPTIONS, STATS, FORCE_CANCEL = range(7)
-PIN_OBJECTS, RELEASE_OBJECTS, FETCH_OBJECTS, SUBMIT_BATCH = range(7, 11)
+PIN_OBJECTS, RELEASE_OBJECTS, FETCH_OBJECTS, SUBMIT_BATCH, FLUSHED = range(7, 12)
+FLUSH_WAIT = 1.0  # seconds shutdown(cancel_futures=True) waits for its cancels to be written
 RECV_BURST = 1024
 TURN_SECONDS = 0.02  # most a turn spends receiving, so heartbeats and submissions still go out under floods
 MAX_TASKS_PER_TRANSMISSION = 2000  # bounds the daemon's work per message, hence its turn time
@@ -443,10 +444,22 @@ class ClientAgent:
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self.lock:
             self.shutdown_requested = True
+        flushed = None
         if cancel_futures:
             for future in list(self.futures.values()):
                 future.cancel()
+            # Return once the cancels are written to the daemon's socket: the daemon then
+            # reads them before any result produced after we return, so a task cancelled
+            # here is never dispatched because a result freed a processor first.
+            flushed = threading.Event()
+            self.outbox.append((FLUSHED, flushed))
         self.wake()
+        # Not welcomed yet: nothing was sent, and the submits and their cancels will travel
+        # in one batch, which the daemon applies before it dispatches.
+        if flushed is not None and getattr(self, "_welcomed", False) and threading.current_thread() not in self._completer.threads:
+            deadline = time.monotonic() + FLUSH_WAIT
+            while not flushed.wait(0.02) and not self._finished.is_set() and time.monotonic() < deadline:
+                pass
         if wait and threading.current_thread() not in self._completer.threads:
             self._finished.wait()
             self._completer.join()
@@ -572,6 +585,7 @@ class ClientAgent:
         specs: list[m.TaskSpec] = []
         cancels: list[int] = []
         forced: list[int] = []
+        flushed: list[threading.Event] = []
         while outbox:
             item = outbox[0]
             kind = item[0]
@@ -626,6 +640,8 @@ class ClientAgent:
                 batch.append(m.ReleaseObjects(item[1]))
             elif kind == FETCH_OBJECTS:
                 batch.append(m.ObjectRequest(item[1]))
+            elif kind == FLUSHED:
+                flushed.append(item[1])
         if specs:
             batch.append(m.SubmitTasks(specs))
         if cancels:
@@ -634,6 +650,8 @@ class ClientAgent:
             batch.append(m.CancelTasks(forced, True))
         if batch:
             self._send(batch)
+        for event in flushed:
+            event.set()  # written, or held in order behind a full queue (_pending_frames)
 
     def _receive(self) -> None:
         sock = self._sock
