@@ -3,6 +3,7 @@
 * ``executor``: one embedded cluster per test module (2 processors, fast heartbeats).
 * ``fresh_executor``: a factory for tests that exercise a cluster's lifecycle; every
   executor it made is shut down after the test.
+* The package is byte-compiled at session start (see ``pytest_sessionstart``).
 * Leak checks: after every module, no child process of the test process may remain,
   no ``scaler-*`` socket directory this run created may be left in the temp dir, and no
   object-store region may outlive the daemon that created it.
@@ -23,6 +24,17 @@ import pytest
 from scaler_testing import FAST, fast_config, wait_until  # noqa: F401  (re-exported for tests)
 
 from scaler_executor import ScalerExecutor
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Byte-compile the package once, as ``pip install`` would. An editable install under
+    PYTHONDONTWRITEBYTECODE (some CI images set it) otherwise compiles every module again in
+    every daemon, worker and client process the suite starts."""
+    import compileall
+
+    import scaler_executor
+
+    compileall.compile_dir(os.path.dirname(scaler_executor.__file__), quiet=1)
 
 def _scaler_dirs() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), f"scaler-{os.getpid()}-*")))
