@@ -25,11 +25,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
-import json
 import math
 import os
-import tomllib
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -495,6 +492,8 @@ def _build(cls: type[_C], values: Mapping[str, Any], sources: Mapping[str, str])
 
 
 def _closest(key: str, valid: Iterable[str]) -> str | None:
+    import difflib  # only on the way to an error message
+
     matches = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
     return matches[0] if matches else None
 
@@ -533,6 +532,8 @@ def _parse_text(f: _Field, text: str, source: str) -> object:
 
 
 def _file_layer(path: str | os.PathLike[str], source: str) -> tuple[dict[str, Any], dict[str, str]]:
+    import tomllib  # here, not at import: workers take their settings as flags, not files
+
     try:
         with open(path, "rb") as handle:
             data = tomllib.load(handle)
@@ -614,6 +615,8 @@ def _toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
+        import json
+
         return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
     return repr(value)  # int, or a finite float whose repr is valid TOML
 

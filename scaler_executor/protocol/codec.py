@@ -192,9 +192,20 @@ def _validator_for(tp: Any) -> _Validator:
     raise TypeError(f"codec cannot validate field type {tp!r}")  # a bug in messages.py
 
 
-_DECODERS: dict[int, tuple[type, _Validator]] = {
-    tag: (cls, _record(cls)) for cls, tag in MESSAGE_TAGS.items()
-}
+# tag -> (class, validator). Each validator is generated the first time its tag arrives:
+# generating all of them at import took ~15 ms of every process's start-up (a worker uses
+# a handful of the message types).
+_CLASSES: dict[int, type] = {tag: cls for cls, tag in MESSAGE_TAGS.items()}
+_DECODERS: dict[int, tuple[type, _Validator]] = {}
+
+
+def _decoder(tag: Any) -> tuple[type, _Validator] | None:
+    """The decoder for ``tag``, made on first use; None for an unknown tag."""
+    cls = _CLASSES.get(tag) if type(tag) is int else None
+    if cls is None:
+        return None
+    entry = _DECODERS[tag] = (cls, _record(cls))  # two threads at once: the same entry twice
+    return entry
 _TAGS = MESSAGE_TAGS
 
 # --------------------------------------------------------------------------- encode / decode
@@ -246,7 +257,9 @@ def decode(frames: Sequence[Any]) -> tuple[list[Message], list[Any]]:
             raise DecodeError(f"message is not [tag, fields]: {item!r:.80}")
         entry = decoders.get(item[0]) if type(item[0]) is int else None
         if entry is None:
-            raise DecodeError(f"unknown message tag {item[0]!r:.20}")
+            entry = _decoder(item[0])
+            if entry is None:
+                raise DecodeError(f"unknown message tag {item[0]!r:.20}")
         out.append(entry[1](item[1]))
     return out, list(frames[2:])
 
