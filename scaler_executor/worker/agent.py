@@ -28,6 +28,7 @@ import signal
 import socket
 import tempfile
 import time
+import struct
 from collections import deque
 from multiprocessing.connection import Connection
 
@@ -48,7 +49,13 @@ from scaler_executor.worker.zygote import EXITED, SPAWNED, ZygoteHandle, describ
 
 log = logging.getLogger("scaler_executor.worker")
 
-SHORT_TASK_SECONDS = 0.005  # below this mean duration a processor gets a second task queued
+_FRAME_LEN = struct.Struct("!i")  # multiprocessing.connection's framing (worker/framing.py)
+_FRAME_LONG = struct.Struct("!Q")
+SHORT_TASK_SECONDS = 0.005  # below this mean duration a processor gets tasks queued ahead
+# Short tasks: a processor holds up to SHORT_DEPTH and is topped up once it is down to
+# REFILL_AT, so each top-up is one write (and one wake-up) carrying two tasks, not one each.
+SHORT_DEPTH = 3
+REFILL_AT = 1
 EXIT_STATUS_GRACE = 1.0  # seconds to wait for the zygote's report of how a processor died
 RESPAWN_BACKOFF = (0.0, 0.0, 0.1, 0.5, 2.0)  # after consecutive processors died without a task done
 
@@ -158,6 +165,7 @@ class WorkerAgent:
         self.results: list[m.TaskResult] = []
         self.results_since = 0.0  # when the oldest result in self.results was ready
         self._frames_of_last_message: list[object] = []
+        self._pending_writes: dict[Processor, list[bytes]] | None = None  # see _to_processor
         self.outbox: list[object] = []
         self.mean_task: float | None = None  # EWMA of task durations; None until one finished
         self.welcomed = False
@@ -684,31 +692,66 @@ class WorkerAgent:
             pass
 
     def _to_processor(self, p: Processor, data: bytes) -> None:
+        pending = self._pending_writes
+        if pending is not None:  # inside _assign: one write per processor at its end
+            pending.setdefault(p, []).append(data)
+            return
         try:
             p.conn.send_bytes(data)
+        except OSError:
+            pass  # it died; its socket's EOF will be noticed by the poller
+
+    def _write_frames(self, p: Processor, frames: list[bytes]) -> None:
+        """``frames`` in ``Connection.send_bytes``'s framing, in one system call if they fit."""
+        if len(frames) == 1:
+            self._to_processor(p, frames[0])
+            return
+        parts: list[bytes] = []
+        for data in frames:
+            size = len(data)
+            parts.append(_FRAME_LEN.pack(size) if size <= 0x7FFFFFFF else _FRAME_LEN.pack(-1) + _FRAME_LONG.pack(size))
+            parts.append(data)
+        view = memoryview(b"".join(parts))
+        try:
+            fd = p.conn.fileno()
+            while view:
+                view = view[os.write(fd, view) :]
         except OSError:
             pass  # it died; its socket's EOF will be noticed by the poller
 
     def _assign(self, now: float) -> None:
         if not self.queue or self.broken is not None:
             return
-        # A second task queued behind a running one only pays off for short tasks, and
-        # only once we know they are short: before that, two long tasks would run in series.
-        depth = 2 if self.mean_task is not None and self.mean_task < SHORT_TASK_SECONDS else 1
+        # Tasks queued behind a running one only pay off for short tasks, and only once we
+        # know they are short: before that, two long tasks would run in series.
+        short = self.mean_task is not None and self.mean_task < SHORT_TASK_SECONDS
+        depth = SHORT_DEPTH if short else 1
         live = [
-            p for p in self.processors.values() if p.eof_at is None and p.kill is None and not p.seceded and not p.retired
+            p
+            for p in self.processors.values()
+            if p.eof_at is None
+            and p.kill is None
+            and not p.seceded
+            and not p.retired
+            and (not short or len(p.outstanding) <= REFILL_AT)
         ]
-        for level in range(1, depth + 1):
-            for p in live:
-                while len(p.outstanding) < level and self.queue:
-                    if self.max_tasks is not None and p.sent >= self.max_tasks:
-                        break
-                    task = self.queue.popleft()
-                    if self.held.get(task.task_id) is not task:
-                        continue  # cancelled while queued, or superseded by a newer attempt
-                    self._run_on(p, task, now)
-                if not self.queue:
-                    return
+        self._pending_writes = {}
+        try:
+            for level in range(1, depth + 1):
+                for p in live:
+                    while len(p.outstanding) < level and self.queue:
+                        if self.max_tasks is not None and p.sent >= self.max_tasks:
+                            break
+                        task = self.queue.popleft()
+                        if self.held.get(task.task_id) is not task:
+                            continue  # cancelled while queued, or superseded by a newer attempt
+                        self._run_on(p, task, now)
+                    if not self.queue:
+                        return
+        finally:
+            pending, self._pending_writes = self._pending_writes, None
+            for p, frames in pending.items():
+                self._write_frames(p, frames)
 
     def _run_on(self, p: Processor, task: m.TaskDispatch, now: float) -> None:
         fn_payload = None
