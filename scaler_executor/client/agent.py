@@ -136,6 +136,11 @@ class ClientAgent:
         self._closed = False
         self._finished = threading.Event()  # set once the agent role has torn the connection down
         self._handoff: list[m.TaskResult] | None = None  # results this turn completes itself
+        # PENDING -> RUNNING happens on completion threads, from a RUNNING notice or from the
+        # result itself, possibly on two threads at once for one future: check-and-set under
+        # one lock, or the loser's set_running_or_notify_cancel() raises and that future,
+        # already taken out of self.futures, never completes.
+        self._transition = threading.Lock()
         self._completer = _Completer(self)
         self._completer.start()  # its first thread takes the agent role
         _live_agents.add(self)
@@ -784,11 +789,13 @@ class ClientAgent:
             return  # cancelled, or a late duplicate
         self._repack.pop(n, None)
         submitted = self._submitted.pop(n, 0.0)
-        if result.status == Status.CANCELLED and not future.running():
-            future.cancel()  # a dependency was cancelled: so is this, unrun
-            self._ids.pop(id(future), None)
-            return
-        if not future.running() and not future.set_running_or_notify_cancel():
+        with self._transition:
+            if result.status == Status.CANCELLED and not future.running():
+                future.cancel()  # a dependency was cancelled: so is this, unrun
+                unrun = True
+            else:
+                unrun = not future.running() and not future.set_running_or_notify_cancel()
+        if unrun:
             self._ids.pop(id(future), None)
             return
         facts = result.facts
@@ -818,10 +825,11 @@ class ClientAgent:
 
     def _mark_running(self, task_ids: list[int]) -> None:
         futures = self.futures
-        for task_id in task_ids:
-            future = futures.get(task_id & TASK_MASK)
-            if future is not None and not future.running() and not future.done():
-                future.set_running_or_notify_cancel()
+        with self._transition:
+            for task_id in task_ids:
+                future = futures.get(task_id & TASK_MASK)
+                if future is not None and not future.running() and not future.done():
+                    future.set_running_or_notify_cancel()
 
     def _fail_all(self, exc: BaseException) -> None:
         self._ids.clear()

@@ -75,3 +75,72 @@ def test_hwm_100_with_1e6_noop_tasks_every_future_completes_once(
     ex = fresh_executor(max_workers=2, config=fast_config(send_hwm=100))
     elapsed = flood(ex, 10**6, timeout=1500)
     print(f"\n10**6 tasks with send_hwm=100: {elapsed:.1f} s ({10**6 / elapsed:,.0f} tasks/s)")
+
+
+@pytest.mark.timeout(120)
+def test_a_running_notice_racing_its_result_never_strands_the_future(executor: ScalerExecutor) -> None:
+    """Two completion threads: one applies RUNNING notices, the other the results, for the
+    same futures at once (deferred notices make them arrive together under a flood). The
+    loser of PENDING -> RUNNING used to raise inside the result's completion after the
+    future had left the agent's table: that future stayed RUNNING forever (a CI hang)."""
+    import pickle
+    import sys
+
+    from scaler_executor.client.agent import TASK_MASK
+    from scaler_executor.protocol import messages as m
+
+    class YieldingFuture(Future):  # type: ignore[type-arg]
+        """Yields the interpreter right after answering running(): between a thread's
+        check and its set_running_or_notify_cancel(), the window of the race."""
+
+        def running(self) -> bool:
+            answer = super().running()
+            time.sleep(0)
+            return answer
+
+    agent = executor._agent
+    base = TASK_MASK - 200_000  # ids far above anything this module's executor submits
+    n = 2_000
+    futures = {}
+    for i in range(n):
+        future: Future[int] = YieldingFuture()
+        futures[base + i] = future
+    agent.futures.update(futures)
+    payload = pickle.dumps(7)
+    results = [m.TaskResult(base + i, 0, m.Status.OK, payload, m.NO_FACTS, []) for i in range(n)]
+    start = threading.Barrier(2)
+    raised: list[BaseException] = []
+
+    def notices() -> None:
+        try:
+            for i in range(n):
+                start.wait(10)  # both threads on the same future at once
+                agent._mark_running([base + i])
+        except BaseException as exc:  # the race, seen from the notice's side
+            raised.append(exc)
+            start.abort()
+
+    def completions() -> None:
+        try:
+            for result in results:
+                start.wait(10)
+                agent._complete_result(result)
+        except BaseException as exc:  # the race, seen from the result's side
+            raised.append(exc)
+            start.abort()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter allows
+    try:
+        threads = [threading.Thread(target=notices), threading.Thread(target=completions)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not raised, f"a completion thread raised: {raised[0]!r}"
+    stranded = [k for k, f in futures.items() if not f.done()]
+    assert not stranded, f"{len(stranded)} of {n} futures never completed, e.g. {futures[stranded[0]]!r}"
+    assert all(f.result() == 7 for f in futures.values())
+    assert not any(k in agent.futures for k in futures)
