@@ -261,22 +261,18 @@ def _deliver_from(ready: deque[list[Any]], identity: bytes, frames: list[Any]) -
     ready.append([identity, *frames])
 
 
-class StreamRouter:
-    """The daemon's side of the ipc transport: a listening socket and its connections."""
+class _StreamEndpoint:
+    """What both ends of the ipc transport share: an epoll set and the queue of parsed messages.
 
-    def __init__(self, path: str, *, hwm: int) -> None:
+    ``pollable`` is the epoll descriptor, which the caller's ``zmq.Poller`` watches; ``_pump``
+    (per side) moves whatever the sockets hold into ``ready``.
+    """
+
+    def __init__(self, path: str, hwm: int) -> None:
         self.path = path
         self.hwm = hwm
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.setblocking(False)
-        self.listener.bind(path)
-        self.listener.listen(128)
         self.epoll = select.epoll()
-        self.epoll.register(self.listener.fileno(), _EPOLLIN)
-        self.by_fd: dict[int, _Connection] = {}
-        self.by_identity: dict[bytes, _Connection] = {}
         self.ready: deque[list[Any]] = deque()
-        self._next_identity = 1
         self.pollable: Any = self.epoll.fileno()  # what the caller's zmq.Poller reports
 
     @property
@@ -285,9 +281,6 @@ class StreamRouter:
 
     def fileno(self) -> int:
         return self.epoll.fileno()
-
-    def poll_timeout(self, timeout_ms: float) -> float:
-        return 0 if self.ready else timeout_ms
 
     def readable(self) -> bool:
         if not self.ready:
@@ -300,6 +293,27 @@ class StreamRouter:
             if not self.ready:
                 raise zmq.Again()
         return self.ready.popleft()
+
+    def _pump(self) -> None:
+        raise NotImplementedError
+
+
+class StreamRouter(_StreamEndpoint):
+    """The daemon's side of the ipc transport: a listening socket and its connections."""
+
+    def __init__(self, path: str, *, hwm: int) -> None:
+        super().__init__(path, hwm)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.setblocking(False)
+        self.listener.bind(path)
+        self.listener.listen(128)
+        self.epoll.register(self.listener.fileno(), _EPOLLIN)
+        self.by_fd: dict[int, _Connection] = {}
+        self.by_identity: dict[bytes, _Connection] = {}
+        self._next_identity = 1
+
+    def poll_timeout(self, timeout_ms: float) -> float:
+        return 0 if self.ready else timeout_ms
 
     def send(self, frames: list[Any]) -> None:
         conn = self.by_identity.get(frames[0])
@@ -387,27 +401,16 @@ class StreamRouter:
         conn.sock.close()
 
 
-class StreamDealer:
+class StreamDealer(_StreamEndpoint):
     """A client's or worker's side of the ipc transport: one connection, re-made if lost."""
 
     def __init__(self, path: str, *, hwm: int, linger: float) -> None:
-        self.path = path
-        self.hwm = hwm
+        super().__init__(path, hwm)
         self.linger = linger
-        self.epoll = select.epoll()
         self.conn: _Connection | None = None
         self.pending: deque[list[Any]] = deque()  # sent while not connected
-        self.ready: deque[list[Any]] = deque()
         self.next_attempt = 0.0
-        self.pollable: Any = self.epoll.fileno()  # what the caller's zmq.Poller reports
         self._connect()
-
-    @property
-    def buffered(self) -> bool:
-        return bool(self.ready)
-
-    def fileno(self) -> int:
-        return self.epoll.fileno()
 
     def poll_timeout(self, timeout_ms: float) -> float:
         if self.ready:
@@ -419,18 +422,6 @@ class StreamDealer:
             if self.conn is None:
                 return min(timeout_ms, math.ceil(max(0.0, self.next_attempt - now) * 1000))
         return timeout_ms
-
-    def readable(self) -> bool:
-        if not self.ready:
-            self._pump()
-        return bool(self.ready)
-
-    def recv(self) -> list[Any]:
-        if not self.ready:
-            self._pump()
-            if not self.ready:
-                raise zmq.Again()
-        return self.ready.popleft()
 
     def send(self, frames: list[Any]) -> None:
         conn = self.conn
