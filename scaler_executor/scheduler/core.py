@@ -49,6 +49,9 @@ log = logging.getLogger("scaler_executor.daemon")
 
 EWMA_WEIGHT = 0.2  # weight of the newest task duration in a worker's mean
 NOTICE_DELAY = 0.002  # longest a submit ack or running notice waits to travel with results
+# What a task without store objects or dependencies records: one shared empty tuple, not
+# the two empty lists the codec decoded (112 bytes of each pending task).
+NONE: tuple[Any, ...] = ()
 
 # --------------------------------------------------------------------------- events / commands
 
@@ -468,8 +471,8 @@ class Scheduler:
                 self._reject_spec(peer, spec, self._unsatisfiable_text(key))
                 continue
             task = TaskRecord(
-                spec.task_id, peer, spec.fn_id, options, spec.flags, spec.payload, spec.objects, spec.deps,
-                spec.parent, self.state_counts,
+                spec.task_id, peer, spec.fn_id, options, spec.flags, spec.payload, spec.objects or NONE,
+                spec.deps or NONE, spec.parent, self.state_counts,
             )
             tasks[spec.task_id] = task
             owned.add(spec.task_id)
@@ -838,7 +841,8 @@ class Scheduler:
         deps = [_dep_value(self.tasks[d]) for d in task.deps] if task.deps else []
         entry[1].append(
             m.TaskDispatch(
-                task.task_id, task.attempt, fn_id, task.flags, task.payload, task.objects, task.options.task_timeout, deps
+                task.task_id, task.attempt, fn_id, task.flags, task.payload, task.objects or [],
+                task.options.task_timeout, deps,
             )
         )
         running = self._running.get(task.client)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS, TaskOptions
@@ -129,8 +130,8 @@ class TaskRecord:
         options: TaskOptions,
         flags: int,
         payload: bytes,
-        objects: list[bytes],
-        deps: list[int],
+        objects: Sequence[bytes],
+        deps: Sequence[int],
         parent: int,
         counts: dict[TaskState, int] | None = None,
     ) -> None:
