@@ -77,69 +77,123 @@ def test_hwm_100_with_1e6_noop_tasks_every_future_completes_once(
     print(f"\n10**6 tasks with send_hwm=100: {elapsed:.1f} s ({10**6 / elapsed:,.0f} tasks/s)")
 
 
+class _Step:
+    """Where the notice thread and the result thread are on one future (a rendezvous)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.at: dict[str, str] = {}
+
+    def mark(self, who: str, where: str) -> None:
+        with self.cond:
+            self.at[who] = where
+            self.cond.notify_all()
+
+    def wait_for(self, who: str, places: tuple[str, ...]) -> None:
+        with self.cond:
+            ok = self.cond.wait_for(lambda: self.at.get(who) in places, timeout=30)
+        assert ok, f"the {who} thread never reached {places} (it is at {self.at.get(who)!r})"
+
+
 @pytest.mark.timeout(120)
 def test_a_running_notice_racing_its_result_never_strands_the_future(executor: ScalerExecutor) -> None:
-    """Two completion threads: one applies RUNNING notices, the other the results, for the
-    same futures at once (deferred notices make them arrive together under a flood). The
-    loser of PENDING -> RUNNING used to raise inside the result's completion after the
-    future had left the agent's table: that future stayed RUNNING forever (a CI hang)."""
+    """A RUNNING notice and the result of one future, applied on two completion threads at
+    once (deferred notices make them arrive together under a flood). Without one lock
+    around check-and-set, both saw PENDING, both called set_running_or_notify_cancel(), and
+    the loser raised inside the result's completion after the future had left the agent's
+    table: that future stayed RUNNING forever (a CI hang).
+
+    The interleaving is forced, not hoped for: the notice thread checks running() first and
+    then waits, inside its check, until the result thread has checked too or waits for the
+    agent's transition lock. Without the lock this reproduces the race every time."""
     import pickle
-    import sys
 
     from scaler_executor.client.agent import TASK_MASK
     from scaler_executor.protocol import messages as m
 
-    class YieldingFuture(Future):  # type: ignore[type-arg]
-        """Yields the interpreter right after answering running(): between a thread's
-        check and its set_running_or_notify_cancel(), the window of the race."""
+    role = threading.local()
+    steps: dict[int, _Step] = {}
 
+    class RendezvousFuture(Future):  # type: ignore[type-arg]
         def running(self) -> bool:
             answer = super().running()
-            time.sleep(0)
+            who = getattr(role, "name", None)
+            step = steps.get(id(self))
+            if step is not None and not answer:
+                if who == "notice":  # wait, inside the check, for the result thread
+                    step.mark("notice", "checked")
+                    step.wait_for("result", ("checked", "locking"))
+                elif who == "result":  # both saw PENDING: let the notice thread set it first
+                    step.mark("result", "checked")
+                    step.wait_for("notice", ("set",))
             return answer
+
+        def set_running_or_notify_cancel(self) -> bool:
+            step = steps.get(id(self))
+            if step is not None and getattr(role, "name", None) == "notice":
+                step.mark("notice", "set")
+            return super().set_running_or_notify_cancel()
+
+    class AnnouncingLock:
+        """The agent's transition lock, telling the rendezvous when a thread waits for it."""
+
+        def __init__(self, lock: threading.Lock) -> None:
+            self.lock = lock
+            self.step: _Step | None = None
+
+        def __enter__(self) -> None:
+            if self.step is not None and getattr(role, "name", None) == "result":
+                self.step.mark("result", "locking")
+            self.lock.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.release()
 
     agent = executor._agent
     base = TASK_MASK - 200_000  # ids far above anything this module's executor submits
-    n = 2_000
-    futures = {}
+    n = 300
+    futures: dict[int, Future[int]] = {}
     for i in range(n):
-        future: Future[int] = YieldingFuture()
+        future: Future[int] = RendezvousFuture()
         futures[base + i] = future
-    agent.futures.update(futures)
+        steps[id(future)] = _Step()
     payload = pickle.dumps(7)
-    results = [m.TaskResult(base + i, 0, m.Status.OK, payload, m.NO_FACTS, []) for i in range(n)]
-    start = threading.Barrier(2)
     raised: list[BaseException] = []
+    announcing = AnnouncingLock(agent._transition)
 
     def notices() -> None:
+        role.name = "notice"
         try:
             for i in range(n):
-                start.wait(10)  # both threads on the same future at once
+                step = steps[id(futures[base + i])]
                 agent._mark_running([base + i])
+                step.wait_for("result", ("finished",))  # one future at a time
         except BaseException as exc:  # the race, seen from the notice's side
             raised.append(exc)
-            start.abort()
 
     def completions() -> None:
+        role.name = "result"
         try:
-            for result in results:
-                start.wait(10)
-                agent._complete_result(result)
+            for i in range(n):
+                step = steps[id(futures[base + i])]
+                step.wait_for("notice", ("checked",))  # the notice thread is inside its check
+                announcing.step = step
+                agent._complete_result(m.TaskResult(base + i, 0, m.Status.OK, payload, m.NO_FACTS, []))
+                step.mark("result", "finished")
         except BaseException as exc:  # the race, seen from the result's side
             raised.append(exc)
-            start.abort()
 
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter allows
+    agent.futures.update(futures)
+    agent._transition = announcing  # type: ignore[assignment]
     try:
         threads = [threading.Thread(target=notices), threading.Thread(target=completions)]
         for t in threads:
             t.start()
         for t in threads:
-            t.join(60)
+            t.join(90)
     finally:
-        sys.setswitchinterval(interval)
-    assert not raised, f"a completion thread raised: {raised[0]!r}"
+        agent._transition = announcing.lock
+    assert not raised, f"a completion thread raised: {raised!r}"
     stranded = [k for k, f in futures.items() if not f.done()]
     assert not stranded, f"{len(stranded)} of {n} futures never completed, e.g. {futures[stranded[0]]!r}"
     assert all(f.result() == 7 for f in futures.values())
