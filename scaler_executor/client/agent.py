@@ -42,7 +42,6 @@ from concurrent.futures import CancelledError, Future, InvalidStateError
 from typing import Any, Callable, NamedTuple
 
 import cloudpickle
-import zmq
 
 from scaler_executor._compat import python_version
 from scaler_executor._version import __version__
@@ -483,9 +482,9 @@ class ClientAgent:
         """Connect and say Hello (on the pool thread that first takes the agent role)."""
         # The embedded daemon binds moments after we connect: the channel retries.
         sock = channel.connect(self.address, hwm=self.config.send_hwm, linger=0.1)
-        self._poller = poller = zmq.Poller()
-        poller.register(sock.pollable, zmq.POLLIN)
-        poller.register(self._wake_fd, zmq.POLLIN)
+        self._poller = poller = channel.Poller()
+        poller.register(sock.pollable)
+        poller.register(self._wake_fd)
         self._sock = sock
         self._welcomed = False
         self._base = 0
@@ -509,9 +508,9 @@ class ClientAgent:
                 if completer.unkicked:
                     completer.kick()
                 ready = poller.poll(sock.poll_timeout(timeout))
-                if sock.buffered and not any(target == sock.pollable for target, _ in ready):
+                if sock.buffered and sock.pollable not in ready:
                     self._receive()  # transmissions read earlier and not yet handled
-                for target, _ in ready:
+                for target in ready:
                     if target == sock.pollable:
                         self._receive()
                     else:
@@ -573,14 +572,14 @@ class ClientAgent:
         try:
             self._sock.send(frames)
             self._last_send = time.monotonic()
-        except zmq.Again:
+        except channel.Again:
             self._pending_frames = frames  # the daemon's queue is full: hold it, keep order
 
     def _retry_pending(self) -> None:
         assert self._pending_frames is not None
         try:
             self._sock.send(self._pending_frames)
-        except zmq.Again:
+        except channel.Again:
             return
         self._pending_frames = None
         self._last_send = time.monotonic()
@@ -672,7 +671,7 @@ class ClientAgent:
                 return
             try:
                 frames = sock.recv()
-            except zmq.Again:
+            except channel.Again:
                 return
             self._last_recv = time.monotonic()
             try:
@@ -756,7 +755,7 @@ class ClientAgent:
         if self.broken is None or not isinstance(self.broken, DaemonLost):
             try:
                 sock.send(codec.encode([m.Goodbye("client shutting down")]))
-            except zmq.ZMQError:
+            except channel.SendError:
                 pass
         sock.close()
         if self.cluster is not None:

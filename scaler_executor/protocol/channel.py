@@ -15,10 +15,11 @@ and in order. Two transports carry them, behind one small interface:
 Semantics kept from the ZeroMQ sockets the rest of the code was written against:
 
 * ``send`` never blocks. A peer whose queue holds ``hwm`` transmissions not yet taken
-  by its socket raises ``zmq.Again`` (the caller keeps a backlog, as with SNDHWM).
+  by its socket raises ``Again`` (the caller keeps a backlog, as with SNDHWM); ``recv``
+  with nothing to read raises ``Again`` too.
 * The daemon's side (``bind``) prefixes every received transmission with the peer's
   identity and routes ``send([identity, *frames])``; an unknown or departed identity
-  raises ``zmq.ZMQError(EHOSTUNREACH)`` (ROUTER_MANDATORY).
+  raises ``Unreachable`` (ZeroMQ's EHOSTUNREACH under ROUTER_MANDATORY).
 * A peer's side (``connect``) may start before the daemon binds: it retries every
   ``RECONNECT_SECONDS`` (ZeroMQ's RECONNECT_IVL) and queues what is sent meanwhile, and
   reconnects the same way if the daemon goes away. What was in flight to a dead peer is
@@ -27,8 +28,11 @@ Semantics kept from the ZeroMQ sockets the rest of the code was written against:
 Differences the callers handle: a stream channel may hold complete transmissions in
 user space, which no poller can see, so callers poll with ``poll_timeout`` (0 while
 ``buffered``) and read while ``buffered`` even if the poller did not report the channel.
-Register ``pollable`` with a ``zmq.Poller`` and compare what it reports with ``==``: a
-ZeroMQ socket is reported as itself, a stream channel by its file descriptor.
+Register ``pollable`` with a ``Poller`` (this module's), which reports each target as it
+was registered: a ZeroMQ socket as itself, a stream channel by its epoll descriptor.
+
+ZeroMQ is imported only when a ``tcp://`` channel is made: the embedded cluster, all
+``ipc://``, never loads it (~20 ms of each process's start on a 2-core VM).
 
 Stream framing, after an 8-byte greeting each way (``GREETING``): per transmission a
 little-endian u32 frame count, one u64 length per frame, then the frames back to back.
@@ -48,10 +52,6 @@ import time
 from collections import deque
 from typing import Any
 
-import zmq
-
-from scaler_executor.protocol import wire
-
 log = logging.getLogger("scaler_executor.transport")
 
 GREETING = b"SCLRIPC1"  # the stream protocol's name and version: a ZeroMQ peer fails it
@@ -70,6 +70,85 @@ _GONE = select.EPOLLHUP | select.EPOLLERR
 
 class ChannelError(Exception):
     """The bytes on a stream connection are not this protocol (the connection is closed)."""
+
+
+class SendError(Exception):
+    """A transmission could not be handed to the channel (a ZeroMQ error other than these)."""
+
+
+class Again(SendError):
+    """Not now: the peer's queue is full (``send``), or nothing waits (``recv``)."""
+
+
+class Unreachable(SendError):
+    """The daemon's side does not know that peer identity, or the peer has left."""
+
+
+class Poller:
+    """Waits on channels' ``pollable``s and plain file descriptors, for reading.
+
+    ``poll`` returns the ready targets as they were registered. An epoll set serves plain
+    descriptors (every ``ipc://`` channel is one); a ZeroMQ socket among the targets (a
+    ``tcp://`` channel) switches to ``zmq.Poller``, which can wait on both.
+    """
+
+    def __init__(self) -> None:
+        self._targets: dict[int, Any] = {}  # fd -> target, while on the epoll set
+        self._epoll: select.epoll | None = select.epoll()
+        self._zpoller: Any = None
+
+    def register(self, target: Any) -> None:
+        if self._zpoller is None and type(target) is not int:
+            self._switch_to_zmq()
+        if self._zpoller is not None:
+            self._zpoller.register(target, _zmq().POLLIN)
+            return
+        assert self._epoll is not None
+        try:
+            self._epoll.register(target, _EPOLLIN)
+        except FileExistsError:  # the number of a descriptor closed while registered
+            self._epoll.modify(target, _EPOLLIN)
+        self._targets[target] = target
+
+    def unregister(self, target: Any) -> None:
+        if self._zpoller is not None:
+            self._zpoller.unregister(target)
+            return
+        assert self._epoll is not None
+        if self._targets.pop(target, None) is not None:
+            try:
+                self._epoll.unregister(target)
+            except (OSError, ValueError):
+                pass  # closed already: the kernel dropped it from the set
+
+    def poll(self, timeout_ms: float | None) -> list[Any]:
+        """Targets ready to read, waiting at most ``timeout_ms`` (None: no limit)."""
+        if self._zpoller is not None:
+            return [target for target, _ in self._zpoller.poll(timeout_ms)]
+        assert self._epoll is not None
+        timeout = -1 if timeout_ms is None else timeout_ms / 1000  # epoll rounds up
+        targets = self._targets
+        return [targets.get(fd, fd) for fd, _ in self._epoll.poll(timeout)]
+
+    def close(self) -> None:
+        if self._epoll is not None:
+            self._epoll.close()
+
+    def _switch_to_zmq(self) -> None:
+        zmq = _zmq()
+        self._zpoller = zmq.Poller()
+        for target in self._targets.values():
+            self._zpoller.register(target, zmq.POLLIN)
+        self._targets.clear()
+        if self._epoll is not None:
+            self._epoll.close()
+            self._epoll = None
+
+
+def _zmq() -> Any:
+    import zmq  # only for tcp:// channels
+
+    return zmq
 
 
 def bind(address: str, *, hwm: int) -> Any:
@@ -92,22 +171,38 @@ def connect(address: str, *, hwm: int, linger: float) -> Any:
 class _ZmqChannel:
     buffered = False  # ZeroMQ keeps what it received; its poller sees it
 
-    def __init__(self, kind: int, hwm: int, linger: float) -> None:
+    def __init__(self, kind: str, hwm: int, linger: float) -> None:
+        zmq = _zmq()
+        from scaler_executor.protocol import wire
+
+        self._wire = wire
+        self._zmq_again = zmq.Again
+        self._zmq_error = zmq.ZMQError
         self.context = zmq.Context()
-        self.sock = self.context.socket(kind)
+        self.sock = self.context.socket(getattr(zmq, kind))
         self.sock.setsockopt(zmq.SNDHWM, hwm)
         self.sock.setsockopt(zmq.RCVHWM, hwm)
         self.linger = linger
         self.pollable: Any = self.sock
 
     def send(self, frames: list[Any]) -> None:
-        wire.send(self.sock, frames)
+        try:
+            self._wire.send(self.sock, frames)
+        except self._zmq_again:
+            raise Again() from None
+        except self._zmq_error as exc:
+            if exc.errno == errno.EHOSTUNREACH:
+                raise Unreachable() from None
+            raise SendError(str(exc)) from exc
 
     def readable(self) -> bool:
-        return wire.readable(self.sock)
+        return self._wire.readable(self.sock)
 
     def recv(self) -> list[bytes]:
-        return wire.recv(self.sock)
+        try:
+            return self._wire.recv(self.sock)
+        except self._zmq_again:
+            raise Again() from None
 
     def poll_timeout(self, timeout_ms: float) -> float:
         return timeout_ms
@@ -119,15 +214,15 @@ class _ZmqChannel:
 
 class RouterChannel(_ZmqChannel):
     def __init__(self, address: str, *, hwm: int) -> None:
-        super().__init__(zmq.ROUTER, hwm, 0.0)
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        super().__init__("ROUTER", hwm, 0.0)
+        self.sock.setsockopt(_zmq().ROUTER_MANDATORY, 1)
         self.sock.bind(address)
 
 
 class DealerChannel(_ZmqChannel):
     def __init__(self, address: str, *, hwm: int, linger: float) -> None:
-        super().__init__(zmq.DEALER, hwm, linger)
-        self.sock.setsockopt(zmq.RECONNECT_IVL, round(RECONNECT_SECONDS * 1000))
+        super().__init__("DEALER", hwm, linger)
+        self.sock.setsockopt(_zmq().RECONNECT_IVL, round(RECONNECT_SECONDS * 1000))
         self.sock.connect(address)
 
 
@@ -264,7 +359,7 @@ def _deliver_from(ready: deque[list[Any]], identity: bytes, frames: list[Any]) -
 class _StreamEndpoint:
     """What both ends of the ipc transport share: an epoll set and the queue of parsed messages.
 
-    ``pollable`` is the epoll descriptor, which the caller's ``zmq.Poller`` watches; ``_pump``
+    ``pollable`` is the epoll descriptor, which the caller's ``Poller`` watches; ``_pump``
     (per side) moves whatever the sockets hold into ``ready``.
     """
 
@@ -273,7 +368,7 @@ class _StreamEndpoint:
         self.hwm = hwm
         self.epoll = select.epoll()
         self.ready: deque[list[Any]] = deque()
-        self.pollable: Any = self.epoll.fileno()  # what the caller's zmq.Poller reports
+        self.pollable: Any = self.epoll.fileno()  # what the caller's Poller reports
 
     @property
     def buffered(self) -> bool:
@@ -291,7 +386,7 @@ class _StreamEndpoint:
         if not self.ready:
             self._pump()
             if not self.ready:
-                raise zmq.Again()
+                raise Again()
         return self.ready.popleft()
 
     def _pump(self) -> None:
@@ -318,15 +413,15 @@ class StreamRouter(_StreamEndpoint):
     def send(self, frames: list[Any]) -> None:
         conn = self.by_identity.get(frames[0])
         if conn is None:
-            raise zmq.ZMQError(errno.EHOSTUNREACH)
+            raise Unreachable()
         if conn.out_messages >= self.hwm:
-            raise zmq.Again()
+            raise Again()
         body = frames[1:]
         try:
             conn.write([_header(body), *body], 1)
         except OSError:  # the peer left: like a departed ROUTER peer
             self._drop(conn, None)
-            raise zmq.ZMQError(errno.EHOSTUNREACH) from None
+            raise Unreachable() from None
         self._want_write(conn)
 
     def close(self, linger: float | None = None) -> None:
@@ -431,11 +526,11 @@ class StreamDealer(_StreamEndpoint):
             conn = self.conn
             if conn is None:
                 if len(self.pending) >= self.hwm:
-                    raise zmq.Again()
+                    raise Again()
                 self.pending.append(frames)
                 return
         if conn.out_messages >= self.hwm:
-            raise zmq.Again()
+            raise Again()
         try:
             conn.write([_header(frames), *frames], 1)
         except OSError:

@@ -16,7 +16,6 @@ reads clocks and starts or stops processes.
 
 from __future__ import annotations
 
-import errno
 import math
 import logging
 import os
@@ -26,7 +25,6 @@ import time
 from collections import deque
 from typing import Any
 
-import zmq
 
 from scaler_executor.config import ClusterConfig
 from scaler_executor.manager.local import LocalWorkerManager
@@ -114,11 +112,11 @@ class Daemon:
     # ------------------------------------------------------------------ run
 
     def run(self) -> int:
-        poller = zmq.Poller()
-        poller.register(self.sock.pollable, zmq.POLLIN)
-        poller.register(self._signal_r, zmq.POLLIN)
+        poller = channel.Poller()
+        poller.register(self.sock.pollable)
+        poller.register(self._signal_r)
         if self.lifeline_fd is not None:
-            poller.register(self.lifeline_fd, zmq.POLLIN)
+            poller.register(self.lifeline_fd)
         if self.manager is not None:
             self.manager.start()
         tick_every = max(0.01, min(self.config.heartbeat_interval / 4, 0.25))
@@ -128,11 +126,11 @@ class Daemon:
                 now = time.monotonic()
                 wakeup = self.core.wakeup_at()
                 deadline = next_tick if wakeup is None else min(next_tick, wakeup)
-                # Rounded up: pyzmq truncates to whole milliseconds, and a 0 would spin.
+                # Rounded up to whole milliseconds: a 0 would spin.
                 timeout = math.ceil(max(0.0, deadline - now) * 1000)
                 if self.backlog:
                     timeout = min(timeout, BACKLOG_RETRY_MS)
-                ready = dict(poller.poll(self.sock.poll_timeout(timeout)))
+                ready = poller.poll(self.sock.poll_timeout(timeout))
                 now = time.monotonic()
                 events: list[core.Event] = []
                 if self.sock.pollable in ready or self.sock.buffered:
@@ -184,7 +182,7 @@ class Daemon:
                 return
             try:
                 frames = sock.recv()
-            except zmq.Again:
+            except channel.Again:
                 return
             peer = frames[0]
             try:
@@ -230,13 +228,10 @@ class Daemon:
             return
         try:
             self.sock.send([peer, *frames])
-        except zmq.Again:
+        except channel.Again:
             self.backlog[peer] = deque([frames])
-        except zmq.ZMQError as exc:
-            if exc.errno == errno.EHOSTUNREACH:
-                self.unreachable.append(PeerUnreachable(peer, now))
-            else:
-                raise
+        except channel.Unreachable:
+            self.unreachable.append(PeerUnreachable(peer, now))
 
     def _retry_backlog(self, now: float) -> None:
         for peer in list(self.backlog):
@@ -244,11 +239,9 @@ class Daemon:
             while queue:
                 try:
                     self.sock.send([peer, *queue[0]])
-                except zmq.Again:
+                except channel.Again:
                     break
-                except zmq.ZMQError as exc:
-                    if exc.errno != errno.EHOSTUNREACH:
-                        raise
+                except channel.Unreachable:
                     self.unreachable.append(PeerUnreachable(peer, now))
                     queue.clear()
                     break
@@ -263,7 +256,7 @@ class Daemon:
         for peer in [*self.core.clients, *self.core.workers]:
             try:
                 self.sock.send([peer, *goodbye])
-            except zmq.ZMQError:
+            except channel.SendError:
                 pass
         if self.manager is not None:
             self.manager.stop()

@@ -6,7 +6,7 @@
            ◄──TaskResults───        ◄─DONE──
                                       zygote ──SPAWNED/EXITED──► agent
 
-* The agent is single-threaded: one ``zmq.Poller`` over the daemon socket, the
+* The agent is single-threaded: one ``channel.Poller`` over the daemon socket, the
   processors' sockets, the zygote's control socket, the lifeline and the
   signal wake-up pipe.
 * A processor gets one task, or two when tasks are short (the second hides
@@ -34,7 +34,6 @@ from multiprocessing.connection import Connection
 
 import cloudpickle
 import msgpack
-import zmq
 
 from scaler_executor._compat import DAEMON_ADDRESS_ENV, python_version
 from scaler_executor._version import __version__
@@ -151,9 +150,9 @@ class WorkerAgent:
         # Fork the zygote first: no thread and no ZeroMQ context may exist yet.
         self.zygote: ZygoteHandle = start_zygote(initializer, max_tasks_per_child)
         self.sock = channel.connect(address, hwm=config.send_hwm, linger=0.2)
-        self.poller = zmq.Poller()
-        self.poller.register(self.sock.pollable, zmq.POLLIN)
-        self.poller.register(self.zygote.control.fileno(), zmq.POLLIN)
+        self.poller = channel.Poller()
+        self.poller.register(self.sock.pollable)
+        self.poller.register(self.zygote.control.fileno())
         self.processors: dict[int, Processor] = {}  # by fd
         self.stderr_of: dict[int, Processor] = {}  # by the fd of its stderr pipe
         self.by_pid: dict[int, Processor] = {}
@@ -183,9 +182,9 @@ class WorkerAgent:
         self._signal_r, self._signal_w = os.pipe()
         os.set_blocking(self._signal_r, False)
         os.set_blocking(self._signal_w, False)
-        self.poller.register(self._signal_r, zmq.POLLIN)
+        self.poller.register(self._signal_r)
         if lifeline_fd is not None:
-            self.poller.register(lifeline_fd, zmq.POLLIN)
+            self.poller.register(lifeline_fd)
         # Ask the zygote for the processors now: they fork and start while the rest of the
         # start-up and the handshake run (their first task carries the store's name).
         self._reconcile(time.monotonic())
@@ -211,11 +210,11 @@ class WorkerAgent:
                     timeout = min(timeout, 50)
                 if self.results:  # held back to travel together: at most RESULT_LINGER
                     left = self.results_since + RESULT_LINGER - time.monotonic()
-                    timeout = min(timeout, math.ceil(max(0.0, left) * 1000))  # pyzmq truncates to ms
+                    timeout = min(timeout, math.ceil(max(0.0, left) * 1000))  # rounded up to whole ms
                 ready = self.poller.poll(self.sock.poll_timeout(timeout))
                 if self.sock.buffered:
                     self._on_daemon()  # transmissions read earlier and not yet handled
-                for target, _ev in ready:
+                for target in ready:
                     self._on_ready(target)
                 now = time.monotonic()
                 # Tasks and results first: timers and processor bookkeeping are not on a
@@ -278,7 +277,7 @@ class WorkerAgent:
     def _send_now(self, batch: list[object]) -> None:
         try:
             self.sock.send(codec.encode(batch))
-        except zmq.Again:
+        except channel.Again:
             # The daemon is not keeping up (or not there): keep the batch for the next turn.
             self.outbox[:0] = batch
             return
@@ -289,7 +288,7 @@ class WorkerAgent:
         while sock.readable():
             try:
                 frames = sock.recv()
-            except zmq.Again:
+            except channel.Again:
                 return
             self.last_recv = time.monotonic()
             try:
@@ -488,8 +487,8 @@ class WorkerAgent:
             self.processors[conn.fileno()] = p
             self.stderr_of[fds[1]] = p
             self.by_pid[p.pid] = p
-            self.poller.register(conn.fileno(), zmq.POLLIN)
-            self.poller.register(fds[1], zmq.POLLIN)
+            self.poller.register(conn.fileno())
+            self.poller.register(fds[1])
         elif message[0] == EXITED:
             p = self.by_pid.get(message[1])
             if p is not None:
@@ -844,7 +843,7 @@ class WorkerAgent:
         try:
             if self.welcomed:
                 self._send_now([m.Goodbye("worker stopping")])
-        except zmq.ZMQError:
+        except channel.SendError:
             pass
         for p in list(self.processors.values()):
             try:

@@ -52,7 +52,6 @@ import cloudpickle
 import msgpack
 import psutil
 import pytest
-import zmq
 from scaler_testing import FAST, child_env, daemon_of, fast_config, socket_dir, wait_until, workers_of
 
 import scaler_executor
@@ -848,8 +847,8 @@ def test_daemon_survives_garbage_and_refuses_with_reasons(standalone: Standalone
             assert probe.recv(100) == b"", "the daemon kept a connection that spoke garbage"
     for name, frames, reason in PROBES:
         sock = channel.connect(standalone.address, hwm=1000, linger=0)
-        poller = zmq.Poller()
-        poller.register(sock.pollable, zmq.POLLIN)
+        poller = channel.Poller()
+        poller.register(sock.pollable)
         try:
             sock.send(frames)
             # A Hello with the wrong Python always gets an answer: it marks the end of the
@@ -868,6 +867,7 @@ def test_daemon_survives_garbage_and_refuses_with_reasons(standalone: Standalone
             if reason is not None:
                 assert len(answers) == 1 and reason in answers[0], f"{name}: {answers}"
         finally:
+            poller.close()
             sock.close()
     assert daemon.poll() is None, "the daemon died of bad input"
     with standalone.client() as ex:
