@@ -27,7 +27,7 @@ from typing import Any
 
 
 from scaler_executor.config import ClusterConfig
-from scaler_executor.manager.local import LocalWorkerManager
+from scaler_executor.manager import CapacityAdapter
 from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.scheduler import core
@@ -81,7 +81,7 @@ class Daemon:
         address: str,
         *,
         lifeline_fd: int | None = None,
-        manager: LocalWorkerManager | None = None,
+        manager: CapacityAdapter | None = None,
     ) -> None:
         self.config = config
         self.address = address

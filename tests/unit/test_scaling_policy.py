@@ -80,3 +80,18 @@ def test_scaling_view_is_a_frozen_snapshot() -> None:
         view.demand = 6  # type: ignore[misc]
     assert desired_workers(view) == 4
     assert view == ScalingView(5, 1, 1, 0, 4)
+
+
+def test_the_local_manager_is_a_capacity_adapter() -> None:
+    """The daemon loop types its manager as ``CapacityAdapter``; the shipped adapter has every
+    method of that contract (a renamed or missing one fails here, not in a cluster)."""
+    from scaler_executor.config import ClusterConfig
+    from scaler_executor.manager import CapacityAdapter
+    from scaler_executor.manager.local import LocalWorkerManager
+
+    # minimum=0 (autoscaling): nothing starts until the core asks for workers.
+    manager = LocalWorkerManager(ClusterConfig(), "ipc:///nonexistent", count=2, processors=1, minimum=0)
+    assert isinstance(manager, CapacityAdapter)
+    contract = {name for name in vars(CapacityAdapter) if not name.startswith("_")}
+    assert contract == {"start", "pids", "poll", "start_more", "stop_some", "stop"}
+    assert manager.pids() == frozenset() and manager.poll() == []  # nothing started yet
