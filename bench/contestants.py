@@ -269,3 +269,170 @@ class Dask(Contestant):
         # the scheduler transition them one by one, in time that grows faster than
         # their number (minutes for 50,000 on 2 cores).
         pass
+
+
+class _RayFuture:
+    """An ``ObjectRef`` with the ``result()``, ``done()`` and ``cancel()`` the workloads call."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+
+    def result(self) -> Any:
+        import ray
+
+        return ray.get(self.ref)
+
+    def done(self) -> bool:
+        import ray
+
+        ready, _ = ray.wait([self.ref], timeout=0)
+        return bool(ready)
+
+    def cancel(self) -> bool:
+        import ray
+
+        ray.cancel(self.ref)
+        return True
+
+
+@contestant
+class Ray(Contestant):
+    """Ray's own API on a local Ray started by ``ray.init(num_cpus=N)``: N worker processes.
+
+    ``ray.remote(fn)`` once per function, ``f.remote(*args)`` per call, ``ray.get`` for
+    results (one call for a list). Ray's map has no chunksize: chunks are
+    ``apply_chunk`` tasks, as for Dask. Dask graphs run through Ray's own Dask scheduler,
+    ``ray.util.dask.ray_dask_get``.
+    """
+
+    name = "ray"
+    label = "Ray (ray.init(num_cpus=N), remote functions, ray.get)"
+    modules = ("ray",)
+    entry_points = (("ray", "init"),)
+    pip = "ray"
+
+    def versions(self) -> dict[str, str]:
+        self._ensure_loaded()
+        return {"ray": self.mods["ray"].__version__}
+
+    def create(self, workers: int) -> Any:
+        import os
+
+        self._ensure_loaded()
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        ray = self.mods["ray"]
+        ray.init(num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        self.remotes: dict[Any, Any] = {}
+        return ray
+
+    def _remote(self, fn: Callable[..., Any]) -> Any:
+        remote = self.remotes.get(fn)
+        if remote is None:
+            remote = self.remotes[fn] = self.mods["ray"].remote(fn)
+        return remote
+
+    def submit(self, ex: Any, fn: Callable[..., Any], *args: Any) -> Any:
+        return _RayFuture(self._remote(fn).remote(*args))
+
+    def map(
+        self, ex: Any, fn: Callable[..., Any], iterable: Iterable[Any], chunksize: int
+    ) -> Iterator[Any]:
+        from bench.workloads import apply_chunk
+
+        items = list(iterable)
+        if chunksize == 1:
+            remote = self._remote(fn)
+            return iter(ex.get([remote.remote(x) for x in items]))
+        chunks = [items[i : i + chunksize] for i in range(0, len(items), chunksize)]
+        remote = self._remote(apply_chunk)  # ray.remote takes functions, not partials
+        return (x for chunk in ex.get([remote.remote(fn, c) for c in chunks]) for x in chunk)
+
+    def shutdown(self, ex: Any) -> None:
+        ex.shutdown()
+
+    put_via = "ray.put(value)"
+    graph_via = "ray.util.dask.ray_dask_get(dsk, key)"
+
+    def put(self, ex: Any, value: Any) -> Any:
+        return ex.put(value)  # an ObjectRef passed as an argument arrives as the value
+
+    def graph_get(self, ex: Any, dsk: dict[Any, Any], key: Any) -> Any:
+        from ray.util.dask import ray_dask_get
+
+        return ray_dask_get(dsk, key)
+
+    def gather(self, ex: Any, futures: list[Any]) -> list[Any]:
+        return ex.get([f.ref for f in futures])  # type: ignore[no-any-return]
+
+    def abandon(self, ex: Any, futures: list[Any]) -> None:
+        pass  # ray.shutdown() (in shutdown) drops pending tasks; cancelling 50,000 one by one is slow
+
+
+@contestant
+class OpengrisScaler(Contestant):
+    """The reference system, opengris-scaler: ``SchedulerClusterCombo(n_workers=N)`` (a
+    scheduler and N workers) and its ``Client``. Its map has no chunksize (chunks are
+    ``apply_chunk`` tasks); its graphs take string keys, so the benchmark's tuple keys are
+    renamed (inside the timing: it is part of using that interface)."""
+
+    name = "opengris_scaler"
+    label = "opengris-scaler (SchedulerClusterCombo + Client)"
+    modules = ("scaler",)
+    entry_points = (("scaler", "Client"), ("scaler", "SchedulerClusterCombo"))
+    pip = "opengris-scaler"
+
+    def versions(self) -> dict[str, str]:
+        return {"opengris-scaler": _version("opengris-scaler")}
+
+    def create(self, workers: int) -> Any:
+        self._ensure_loaded()
+        cluster = self.entry["SchedulerClusterCombo"](
+            n_workers=workers, logging_level="ERROR", logging_paths=("/dev/null",)
+        )
+        client = self.entry["Client"](address=cluster.get_address())
+        client._bench_cluster = cluster
+        return client
+
+    def map(
+        self, ex: Any, fn: Callable[..., Any], iterable: Iterable[Any], chunksize: int
+    ) -> Iterator[Any]:
+        from functools import partial
+
+        from bench.workloads import apply_chunk
+
+        items = list(iterable)
+        if chunksize == 1:
+            return iter(ex.map(fn, items))
+        chunks = [items[i : i + chunksize] for i in range(0, len(items), chunksize)]
+        return (x for chunk in ex.map(partial(apply_chunk, fn), chunks) for x in chunk)
+
+    def shutdown(self, ex: Any) -> None:
+        cluster = ex._bench_cluster
+        ex.disconnect()
+        cluster.shutdown()
+
+    put_via = "client.send_object(value)"
+    graph_via = "client.get(graph, [key])"
+
+    def put(self, ex: Any, value: Any) -> Any:
+        return ex.send_object(value)
+
+    def graph_get(self, ex: Any, dsk: dict[Any, Any], key: Any) -> Any:
+        # Its graphs name every argument of a call: keys become strings, literals data nodes.
+        names = {k: f"k{i}" for i, k in enumerate(dsk)}
+        graph: dict[str, Any] = {}
+        for k, (fn, *args) in dsk.items():
+            refs = []
+            for a in args:
+                name = names.get(a) if isinstance(a, (str, tuple)) else None
+                if name is None:
+                    name = f"v{len(graph)}"
+                    graph[name] = a
+                refs.append(name)
+            graph[names[k]] = (fn, *refs)
+        return ex.get(graph, [names[key]])[names[key]]
+
+    def abandon(self, ex: Any, futures: list[Any]) -> None:
+        pass  # shutting the cluster down (in shutdown) drops them
