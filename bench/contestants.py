@@ -234,13 +234,13 @@ class Dask(Contestant):
     ) -> Iterator[Any]:
         from functools import partial
 
-        from bench.workloads import apply_chunk
+        from bench.workloads import apply_chunk, chunks
 
         items = list(iterable)
         if chunksize == 1:
             return iter(ex.gather(ex.map(fn, items, pure=False)))
-        chunks = [items[i : i + chunksize] for i in range(0, len(items), chunksize)]
-        futures = ex.map(partial(apply_chunk, fn), chunks, pure=False)
+        pieces = chunks(items, chunksize)
+        futures = ex.map(partial(apply_chunk, fn), pieces, pure=False)
         return (x for chunk in ex.gather(futures) for x in chunk)
 
     def shutdown(self, ex: Any) -> None:
@@ -339,15 +339,15 @@ class Ray(Contestant):
     def map(
         self, ex: Any, fn: Callable[..., Any], iterable: Iterable[Any], chunksize: int
     ) -> Iterator[Any]:
-        from bench.workloads import apply_chunk
+        from bench.workloads import apply_chunk, chunks
 
         items = list(iterable)
         if chunksize == 1:
             remote = self._remote(fn)
             return iter(ex.get([remote.remote(x) for x in items]))
-        chunks = [items[i : i + chunksize] for i in range(0, len(items), chunksize)]
+        pieces = chunks(items, chunksize)
         remote = self._remote(apply_chunk)  # ray.remote takes functions, not partials
-        return (x for chunk in ex.get([remote.remote(fn, c) for c in chunks]) for x in chunk)
+        return (x for chunk in ex.get([remote.remote(fn, c) for c in pieces]) for x in chunk)
 
     def shutdown(self, ex: Any) -> None:
         ex.shutdown()
@@ -400,13 +400,13 @@ class OpengrisScaler(Contestant):
     ) -> Iterator[Any]:
         from functools import partial
 
-        from bench.workloads import apply_chunk
+        from bench.workloads import apply_chunk, chunks
 
         items = list(iterable)
         if chunksize == 1:
             return iter(ex.map(fn, items))
-        chunks = [items[i : i + chunksize] for i in range(0, len(items), chunksize)]
-        return (x for chunk in ex.map(partial(apply_chunk, fn), chunks) for x in chunk)
+        pieces = chunks(items, chunksize)
+        return (x for chunk in ex.map(partial(apply_chunk, fn), pieces) for x in chunk)
 
     def shutdown(self, ex: Any) -> None:
         cluster = ex._bench_cluster

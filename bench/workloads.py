@@ -37,6 +37,11 @@ def noop(*args: Any) -> None:
     """The task: does nothing, so what is measured is the executor's own overhead."""
 
 
+def chunks(items: list[Any], size: int) -> list[list[Any]]:
+    """``items`` cut into lists of ``size`` (the last may be shorter), for ``apply_chunk``."""
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
 def apply_chunk(fn: Callable[..., Any], chunk: list[Any]) -> list[Any]:
     """``[fn(x) for x in chunk]``: chunked ``map`` for contestants whose map has no chunksize."""
     return [fn(x) for x in chunk]
