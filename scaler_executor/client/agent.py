@@ -7,7 +7,7 @@
     submit(): pickle, Future  ──►  outbox ─► SubmitTasks (batched,    futures: RUNNING,
       (wakes the agent via           up to submit_window unacked)      results unpickled,
        an eventfd)                 recv: TasksRunning, TaskResults ──► set_result / set_exception,
-    Future.cancel() ─ callback ─►  CancelTasks                         done-callbacks run here
+    Future.cancel() ─ hook ─────►  CancelTasks                         done-callbacks run here
                                    heartbeats, daemon-loss timer
 
 * Only the thread holding the agent role touches the socket, and it runs no user
@@ -47,6 +47,7 @@ from scaler_executor._compat import python_version
 from scaler_executor._version import __version__
 from scaler_executor.client import serialization as ser
 from scaler_executor.client.cluster import EmbeddedCluster
+from scaler_executor.client.future import TaskFuture
 from scaler_executor.config import ClusterConfig
 from scaler_executor.exceptions import BrokenScalerExecutor, DaemonLost, InitializerFailed
 from scaler_executor.protocol import channel, codec
@@ -139,7 +140,7 @@ class ClientAgent:
         # one lock, or the loser's set_running_or_notify_cancel() raises and that future,
         # already taken out of self.futures, never completes.
         self._transition = threading.Lock()
-        self._done_callback = self._on_future_done  # bound once, shared by every future
+        self._cancel_hook = self._on_cancelled  # bound once, shared by every future
         self._completer = _Completer(self)
         self._completer.start()  # its first thread takes the agent role
         _live_agents.add(self)
@@ -163,7 +164,7 @@ class ClientAgent:
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options_id: int, flags: int = 0
     ) -> Future[Any]:
         self.check_usable()
-        future: Future[Any] = Future()
+        future: TaskFuture[Any] = TaskFuture()
 
         def pack() -> tuple[int, int, Pickled]:
             if ser.is_cacheable(fn):
@@ -174,7 +175,7 @@ class ClientAgent:
 
     def submit_with(
         self,
-        future: Future[Any],
+        future: TaskFuture[Any],
         pack: Callable[[], tuple[int, int, Pickled]],
         options_id: int,
         note: Callable[[], str],
@@ -199,7 +200,7 @@ class ClientAgent:
 
     def _enqueue(
         self,
-        future: Future[Any],
+        future: TaskFuture[Any],
         fn_id: int,
         options_id: int,
         flags: int,
@@ -215,7 +216,7 @@ class ClientAgent:
             if repack is not None:
                 self._repack[n] = (repack, options_id)
             self.outbox.append((SUBMIT, n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects))
-        future.add_done_callback(self._done_callback)
+        future._on_cancel = self._cancel_hook
         self.wake()
 
     def graph_batch(self) -> GraphBatch:
@@ -423,18 +424,17 @@ class ClientAgent:
         self.wake()
         return future
 
-    def _on_future_done(self, future: Future[Any]) -> None:
-        """Every outstanding future's one callback (one bound method for all of them: a
+    def _on_cancelled(self, future: TaskFuture[Any]) -> None:
+        """Every outstanding future's cancel hook (one bound method for all of them: a
         ``partial`` per future cost ~200 bytes of each pending task)."""
-        if future.cancelled():
-            n = self._ids.get(id(future))  # outstanding futures are alive, so id() is theirs
-            if n is not None and self.futures.get(n) is future:
-                del self.futures[n]
-                self._ids.pop(id(future), None)
-                self._submitted.pop(n, None)
-                self._repack.pop(n, None)
-                self.outbox.append((CANCEL, n))
-                self.wake()
+        n = self._ids.get(id(future))  # outstanding futures are alive, so id() is theirs
+        if n is not None and self.futures.get(n) is future:
+            del self.futures[n]
+            self._ids.pop(id(future), None)
+            self._submitted.pop(n, None)
+            self._repack.pop(n, None)
+            self.outbox.append((CANCEL, n))
+            self.wake()
 
     def cancel(self, future: Future[Any], force: bool) -> bool:
         """``Future.cancel()``, plus killing the process running it when ``force``."""
@@ -1038,14 +1038,14 @@ class GraphBatch:
         self.agent = agent
         self.items: list[tuple[Any, ...]] = []
 
-    def add(self, future: Future[Any] | None, fn_id: int, options_id: int, flags: int, pickled: Pickled) -> int:
+    def add(self, future: TaskFuture[Any] | None, fn_id: int, options_id: int, flags: int, pickled: Pickled) -> int:
         agent = self.agent
         n = next(agent._counter)
         if future is not None:
             agent.futures[n] = future
             agent._ids[id(future)] = n
             agent._submitted[n] = time.time()
-            future.add_done_callback(agent._done_callback)
+            future._on_cancel = agent._cancel_hook
         self.items.append((SUBMIT, n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects))
         return n
 

@@ -25,6 +25,7 @@ from scaler_executor._compat import DAEMON_ADDRESS_ENV
 from scaler_executor.client import serialization as ser
 from scaler_executor.client.agent import ClientAgent, MapCache, ObjectRef, Pickled, TaskInfo, task_info_of
 from scaler_executor.client.cluster import EmbeddedCluster
+from scaler_executor.client.future import TaskFuture
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS, TaskFlags, TaskOptions
 
@@ -428,7 +429,7 @@ def _map(
                 return fn_id, flags, agent.pickle_args(item, {}, shared)
 
         return agent.submit_with(
-            Future(), pack, options_id, lambda: ser.pickling_note(fn, () if flags & TaskFlags.CHUNK else item, {})
+            TaskFuture(), pack, options_id, lambda: ser.pickling_note(fn, () if flags & TaskFlags.CHUNK else item, {})
         )
 
     if buffersize:

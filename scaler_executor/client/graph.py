@@ -27,6 +27,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from scaler_executor.client.agent import ClientAgent
+from scaler_executor.client.future import TaskFuture
 from scaler_executor.protocol.messages import TaskFlags
 from scaler_executor.worker.deps import Key, call_node, evaluate
 
@@ -209,7 +210,7 @@ def run_graph(agent: ClientAgent, dsk: Mapping[Hashable, Any], keys: Any, option
         dep_numbers = sorted({number[resolve(d)] for d in deps if resolve(d) in number} | set(pickled.deps))
         pickled = pickled._replace(deps=dep_numbers)
         if key in wanted_targets:
-            future: Future[Any] = Future()
+            future: Future[Any] = TaskFuture()
             number[key] = batch.add(future, evaluate_id, options_id, TaskFlags.CALL, pickled)
             futures[key] = future
         else:
