@@ -18,9 +18,10 @@ same condition; after that, attribute lookup finds them in the instance.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures._base import PENDING
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 

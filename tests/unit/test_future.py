@@ -60,11 +60,11 @@ def test_threads_touching_a_fresh_future_at_once_share_one_condition() -> None:
         start = threading.Barrier(threads_per_future + 1)
         got: list[Any] = []
 
-        def waiter() -> None:
+        def waiter(start: threading.Barrier, future: TaskFuture[int], got: list[Any]) -> None:
             start.wait()
             got.append(future.result(timeout=30))
 
-        threads = [threading.Thread(target=waiter) for _ in range(threads_per_future)]
+        threads = [threading.Thread(target=waiter, args=(start, future, got)) for _ in range(threads_per_future)]
         for t in threads:
             t.start()
         start.wait()
