@@ -9,8 +9,10 @@
 * The agent is single-threaded: one ``channel.Poller`` over the daemon socket, the
   processors' sockets, the zygote's control socket, the lifeline and the
   signal wake-up pipe.
-* A processor gets one task, or two when tasks are short (the second hides
-  the agent's turnaround; a long task never has another queued behind it).
+* A processor gets one task; when tasks are short (under 5 ms) three, and when
+  they take well under a millisecond up to eight, as long as those queued behind
+  the running one add up to at most 2 ms (they hide the agent's turnaround and
+  share one write; a long task never has another queued behind it).
   The first task a processor holds is the one running: if it dies, that task
   failed (``PROCESSOR_DIED``, the daemon decides on a retry) and the others go
   back to the agent's queue without counting as an attempt.
@@ -55,6 +57,12 @@ SHORT_TASK_SECONDS = 0.005  # below this mean duration a processor gets tasks qu
 # REFILL_AT, so each top-up is one write (and one wake-up) carrying two tasks, not one each.
 SHORT_DEPTH = 3
 REFILL_AT = 1
+# Sub-millisecond tasks: deeper, up to MAX_DEPTH while the tasks queued behind the running
+# one add up to at most QUEUED_WORK_SECONDS (what one can wait behind the others while a
+# processor elsewhere is idle).  A write to a processor and the wake-up it causes cost
+# more than a no-op task; a top-up of 7 instead of 2 raised no-op throughput by ~20 %.
+MAX_DEPTH = 8
+QUEUED_WORK_SECONDS = 0.002
 EXIT_STATUS_GRACE = 1.0  # seconds to wait for the zygote's report of how a processor died
 RESPAWN_BACKOFF = (0.0, 0.0, 0.1, 0.5, 2.0)  # after consecutive processors died without a task done
 
@@ -64,6 +72,14 @@ MEMORY_SAMPLE_SECONDS = 0.1
 RESULT_LINGER = 0.001  # most a result waits for others when the worker is saturated
 RESULT_BATCH = 64  # results that go at once, saturated or not
 HOUSEKEEPING_SECONDS = 0.005  # timers' resolution under load (deadlines, respawns, silence)
+
+
+def processor_depth(mean_task: float | None) -> int:
+    """How many tasks a processor may hold (the running one included) for this mean duration."""
+    if mean_task is None or mean_task >= SHORT_TASK_SECONDS:
+        return 1  # unknown or long: none behind the running one
+    fits = int(QUEUED_WORK_SECONDS / max(mean_task, 1e-6)) + 1
+    return min(MAX_DEPTH, max(SHORT_DEPTH, fits))
 
 
 class Processor:
@@ -723,8 +739,9 @@ class WorkerAgent:
             return
         # Tasks queued behind a running one only pay off for short tasks, and only once we
         # know they are short: before that, two long tasks would run in series.
-        short = self.mean_task is not None and self.mean_task < SHORT_TASK_SECONDS
-        depth = SHORT_DEPTH if short else 1
+        mean = self.mean_task
+        short = mean is not None and mean < SHORT_TASK_SECONDS
+        depth = processor_depth(mean)
         live = [
             p
             for p in self.processors.values()
