@@ -22,7 +22,7 @@ import sys
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ["objstore.c", "os_alloc.c", "os_journal.c", "os_region.c"]
+SOURCES = ["objstore.c", "os_alloc.c", "os_journal.c", "os_region.c", "os_numpy.c"]
 MODULE = "scaler_executor.objstore._objstore"
 
 CDEF = """
@@ -117,6 +117,8 @@ const char *objstore_path(const objstore_t *s);
 void objstore_mapping(const objstore_t *s, const void **base, uint64_t *size);
 
 objstore_status_t objstore_create(objstore_t *s, const char *id, uint64_t size, void **data);
+objstore_status_t objstore_create_bounded(objstore_t *s, const char *id, uint64_t size,
+                                          uint64_t limit, void **data);
 objstore_status_t objstore_seal(objstore_t *s, const char *id);
 objstore_status_t objstore_abort(objstore_t *s, const char *id);
 objstore_status_t objstore_put(objstore_t *s, const char *id, const void *data, uint64_t size);
@@ -126,6 +128,24 @@ objstore_status_t objstore_release(objstore_t *s, const char *id);
 objstore_status_t objstore_delete(objstore_t *s, const char *id, int *deferred);
 objstore_status_t objstore_contains(objstore_t *s, const char *id, int *state);
 objstore_status_t objstore_list(objstore_t *s, char *ids, uint64_t max, uint64_t *count);
+objstore_status_t objstore_object_at(objstore_t *s, const void *data, char *id, uint64_t *size,
+                                     int *state);
+objstore_status_t objstore_seal_at(objstore_t *s, const void *data, uint64_t size, char *id);
+objstore_status_t objstore_release_at(objstore_t *s, const void *data, uint64_t *size);
+
+typedef enum {
+    OBJSTORE_NP_STORE_ALLOCS = 0,
+    OBJSTORE_NP_DECLINED = 1,
+    OBJSTORE_NP_RELEASED = 2,
+    OBJSTORE_NP_LOST = 3,
+    OBJSTORE_NP_NSTATS = 4
+} objstore_np_stat_t;
+objstore_status_t objstore_np_handler(objstore_t *s, uint64_t threshold, uint64_t limit,
+                                      const void *fallback, void **handler);
+const char *objstore_np_capsule_name(void);
+void objstore_np_disable(void *handler);
+objstore_status_t objstore_privatize(objstore_t *s);
+void objstore_np_stats(const void *handler, uint64_t out[4]);
 
 objstore_status_t objstore_stats(objstore_t *s, objstore_stats_t *out);
 objstore_status_t objstore_reap(objstore_t *s, uint32_t *reaped);

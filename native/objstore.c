@@ -207,6 +207,11 @@ static objstore_status_t os_place(objstore_t *s, uint64_t need, uint64_t *off) {
 }
 
 objstore_status_t objstore_create(objstore_t *s, const char *id, uint64_t size, void **data) {
+    return objstore_create_bounded(s, id, size, 0, data);
+}
+
+objstore_status_t objstore_create_bounded(objstore_t *s, const char *id, uint64_t size,
+                                          uint64_t limit, void **data) {
     if (s == NULL || id == NULL || data == NULL) return OBJSTORE_E_INVALID;
     *data = NULL;
     s->last_errno = 0; /* set again if a commitment fails */
@@ -217,6 +222,7 @@ objstore_status_t objstore_create(objstore_t *s, const char *id, uint64_t size, 
     if (st != OBJSTORE_OK) return st;
     if (os_lookup(s, id) != OS_NIL) st = OBJSTORE_E_EXISTS;
     else if (h->entry_free == OS_NIL || h->ref_free == OS_NIL) st = OBJSTORE_E_TABLE_FULL;
+    else if (limit != 0 && h->in_use + need > limit) st = OBJSTORE_E_FULL;
     else if ((off = os_alloc_find(s, need)) == 0) st = OBJSTORE_E_FULL;
     else if (os_take_end(s, off, need) > h->committed) st = os_place(s, need, &off);
     if (st == OBJSTORE_OK) {
@@ -384,6 +390,86 @@ objstore_status_t objstore_delete(objstore_t *s, const char *id, int *deferred) 
         } else {
             os_object_free(s, e);
         }
+        os_commit(s);
+    }
+    os_unlock(s);
+    return st;
+}
+
+/* The entry whose object bytes start at `data`, or OS_NIL. Lock held. A pointer that is
+ * not the start of a live object's bytes (inside one, past the committed mark, into a
+ * free block, outside the heap) finds nothing: the block header must carry the magic,
+ * be in use, and name an entry that names this block back. */
+static uint32_t os_entry_at(const objstore_t *s, const void *data) {
+    const os_header_t *h = os_hdr(s);
+    const char *p = (const char *)data;
+    if (p < s->base + h->heap_off + OS_BLOCK_HDR || p >= s->base + h->heap_off + h->heap_size)
+        return OS_NIL;
+    uint64_t off = (uint64_t)(p - s->base) - OS_BLOCK_HDR;
+    if ((off - h->heap_off) % OS_ALIGN != 0 || off + OS_BLOCK_HDR > h->committed) return OS_NIL;
+    const os_block_t *b = os_block(s, off);
+    if (b->magic != OS_BLOCK_MAGIC || b->is_free || b->entry >= h->max_objects) return OS_NIL;
+    const os_entry_t *E = &os_entries(s)[b->entry];
+    if (E->state == OS_ENTRY_FREE || E->block != off) return OS_NIL;
+    return (uint32_t)b->entry;
+}
+
+objstore_status_t objstore_object_at(objstore_t *s, const void *data, char *id, uint64_t *size,
+                                     int *state) {
+    if (s == NULL || data == NULL) return OBJSTORE_E_INVALID;
+    objstore_status_t st = os_lock(s);
+    if (st != OBJSTORE_OK) return st;
+    uint32_t e = os_entry_at(s, data);
+    if (e == OS_NIL) {
+        st = OBJSTORE_E_NOT_FOUND;
+    } else {
+        const os_entry_t *E = &os_entries(s)[e];
+        if (id != NULL) memcpy(id, E->id, OBJSTORE_ID_SIZE);
+        if (size != NULL) *size = E->size;
+        if (state != NULL)
+            *state = (E->flags & OS_FLAG_DELETE_PENDING) ? OBJSTORE_DELETE_PENDING
+                     : E->state == OS_ENTRY_SEALED      ? OBJSTORE_SEALED
+                                                        : OBJSTORE_UNSEALED;
+    }
+    os_unlock(s);
+    return st;
+}
+
+objstore_status_t objstore_seal_at(objstore_t *s, const void *data, uint64_t size, char *id) {
+    if (s == NULL || data == NULL || id == NULL) return OBJSTORE_E_INVALID;
+    objstore_status_t st = os_lock(s);
+    if (st != OBJSTORE_OK) return st;
+    uint32_t e = os_entry_at(s, data), r = OS_NIL;
+    char oid[OBJSTORE_ID_SIZE];
+    if (e == OS_NIL || os_entries(s)[e].size != size) {
+        st = OBJSTORE_E_NOT_FOUND;
+    } else {
+        memcpy(oid, os_entries(s)[e].id, OBJSTORE_ID_SIZE);
+        st = os_check_own_unsealed(s, oid, &e, &r);
+    }
+    if (st == OBJSTORE_OK) {
+        os_begin(s, OS_OP_SEAL, oid);
+        os_seal_locked(s, e);
+        os_commit(s);
+        memcpy(id, oid, OBJSTORE_ID_SIZE);
+    }
+    os_unlock(s);
+    return st;
+}
+
+objstore_status_t objstore_release_at(objstore_t *s, const void *data, uint64_t *size) {
+    if (s == NULL || data == NULL) return OBJSTORE_E_INVALID;
+    objstore_status_t st = os_lock(s);
+    if (st != OBJSTORE_OK) return st;
+    uint32_t e = os_entry_at(s, data), r = OS_NIL;
+    if (e == OS_NIL) st = OBJSTORE_E_NOT_FOUND;
+    else if ((r = os_ref_find(s, s->slot, e)) == OS_NIL) st = OBJSTORE_E_NOT_HELD;
+    if (st == OBJSTORE_OK) {
+        char oid[OBJSTORE_ID_SIZE];
+        memcpy(oid, os_entries(s)[e].id, OBJSTORE_ID_SIZE);
+        if (size != NULL) *size = os_entries(s)[e].size;
+        os_begin(s, OS_OP_RELEASE, oid);
+        os_ref_drop(s, r, 1, 1);
         os_commit(s);
     }
     os_unlock(s);

@@ -195,6 +195,12 @@ void objstore_mapping(const objstore_t *s, const void **base, uint64_t *size);
  */
 objstore_status_t objstore_create(objstore_t *s, const char *id, uint64_t size, void **data);
 
+/* objstore_create_bounded: objstore_create that also answers FULL when the store's
+ * allocated bytes (objstore_stats_t.in_use) would pass `limit` with this object; 0 means
+ * no limit. For allocations that must leave room for everything else (see os_numpy.c). */
+objstore_status_t objstore_create_bounded(objstore_t *s, const char *id, uint64_t size,
+                                          uint64_t limit, void **data);
+
 /* objstore_seal: make an object created by this handle immutable and visible to get.
  * The creator keeps its reference (release it). Returns OK, NOT_FOUND, SEALED, NOT_HELD
  * (created by another handle), LOCK_TIMEOUT, FORKED, CORRUPT. */
@@ -227,6 +233,25 @@ objstore_status_t objstore_release(objstore_t *s, const char *id);
  * NOT_FOUND (absent or already pending), NOT_SEALED (use abort), LOCK_TIMEOUT, FORKED,
  * CORRUPT. */
 objstore_status_t objstore_delete(objstore_t *s, const char *id, int *deferred);
+
+/* objstore_object_at: the object whose bytes start at `data`, a pointer into this
+ * handle's mapping: its id (OBJSTORE_ID_SIZE bytes), size and objstore_state_t, each
+ * written when not NULL. A pointer anywhere else (inside an object, outside the heap)
+ * is NOT_FOUND. Returns OK, INVALID, NOT_FOUND, LOCK_TIMEOUT, FORKED, CORRUPT. */
+objstore_status_t objstore_object_at(objstore_t *s, const void *data, char *id, uint64_t *size,
+                                     int *state);
+
+/* objstore_seal_at: seal the unsealed object this handle created whose bytes start at
+ * `data` and are exactly `size` long, and write its id: how memory handed out by
+ * objstore_create becomes an object without a copy once its writer is done. Returns OK,
+ * NOT_FOUND (no object starts there, or its size differs), SEALED, NOT_HELD (another
+ * handle created it), LOCK_TIMEOUT, FORKED, CORRUPT. */
+objstore_status_t objstore_seal_at(objstore_t *s, const void *data, uint64_t size, char *id);
+
+/* objstore_release_at: objstore_release of the object whose bytes start at `data`;
+ * *size (may be NULL) = its size. Returns OK, NOT_FOUND, NOT_HELD, LOCK_TIMEOUT, FORKED,
+ * CORRUPT. */
+objstore_status_t objstore_release_at(objstore_t *s, const void *data, uint64_t *size);
 
 /* objstore_contains: *state = an objstore_state_t. Returns OK, LOCK_TIMEOUT, FORKED. */
 objstore_status_t objstore_contains(objstore_t *s, const char *id, int *state);
@@ -268,6 +293,45 @@ int objstore_last_errno(const objstore_t *s);
 /* objstore_status_name / objstore_status_message: static strings for a status. */
 const char *objstore_status_name(objstore_status_t st);
 const char *objstore_status_message(objstore_status_t st);
+
+/* ---------------------------------------------------------------- NumPy arrays */
+
+/* Counters of a NumPy handler (objstore_np_stats). */
+typedef enum {
+    OBJSTORE_NP_STORE_ALLOCS = 0, /* arrays given a block of the store */
+    OBJSTORE_NP_DECLINED = 1,     /* large requests sent to NumPy's allocator (limit, FULL, ...) */
+    OBJSTORE_NP_RELEASED = 2,     /* store arrays freed (their reference released) */
+    OBJSTORE_NP_LOST = 3,         /* store arrays whose release failed (left to the slot) */
+    OBJSTORE_NP_NSTATS = 4
+} objstore_np_stat_t;
+
+/*
+ * objstore_np_handler: a NumPy memory handler (NEP 49; the layout of NumPy's
+ * PyDataMem_Handler, version 1) that gives array data of at least `threshold` bytes a
+ * block of this store, as an unsealed object of this handle, while the store has fewer
+ * than `limit` bytes in use (0: no limit); everything else goes to `fallback`, NumPy's
+ * default PyDataMem_Handler, whose functions are copied. Wrap *handler in a capsule
+ * named objstore_np_capsule_name() and install it with PyDataMem_SetHandler. Such an
+ * array's bytes can become an object without a copy (objstore_seal_at); freeing the
+ * array releases its reference. The handler lives as long as the process (arrays point
+ * at it), and so must the handle: never close `s` while arrays from it exist. See
+ * os_numpy.c. Returns OK, INVALID (threshold 0, an unknown handler version), SYSTEM.
+ */
+objstore_status_t objstore_np_handler(objstore_t *s, uint64_t threshold, uint64_t limit,
+                                      const void *fallback, void **handler);
+const char *objstore_np_capsule_name(void);
+/* objstore_np_disable: the handler takes no more store blocks (frees still work). */
+void objstore_np_disable(void *handler);
+
+/* objstore_privatize: in a child forked from the process that opened `s`, turn the
+ * child's mapping of the region into a private copy-on-write one (MAP_PRIVATE|MAP_FIXED
+ * at the same address), so that what the child writes into memory it inherited (arrays
+ * allocated in the store) stays in the child, as with private memory after fork. The
+ * handle stays unusable in the child (FORKED). Returns OK, INVALID (not a forked child),
+ * SYSTEM. */
+objstore_status_t objstore_privatize(objstore_t *s);
+/* objstore_np_stats: the handler's counters, indexed by objstore_np_stat_t. */
+void objstore_np_stats(const void *handler, uint64_t out[OBJSTORE_NP_NSTATS]);
 
 /* objstore_test_crash_point: tests only. The `countdown`-th time this handle reaches
  * `point` inside a critical section, perform `action`. point NONE disarms. */

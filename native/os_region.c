@@ -637,3 +637,14 @@ const char *objstore_status_message(objstore_status_t st) {
     return i < sizeof os_status_text / sizeof os_status_text[0] ? os_status_text[i].message
                                                                 : "unknown status";
 }
+
+objstore_status_t objstore_privatize(objstore_t *s) {
+    if (s == NULL) return OBJSTORE_E_INVALID;
+    if (getpid() == s->pid) return OBJSTORE_E_INVALID;
+    void *p = mmap(s->base, s->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, s->fd, 0);
+    if (p == MAP_FAILED) {
+        s->last_errno = errno;
+        return OBJSTORE_E_SYSTEM;
+    }
+    return OBJSTORE_OK;
+}

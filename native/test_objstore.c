@@ -163,6 +163,68 @@ static void test_lifecycle(void) {
     drop_store(s);
 }
 
+/* Objects found by the address of their bytes (the NumPy handler's path). */
+static void test_by_address(void) {
+    char name[256], id[16], got[16];
+    objstore_t *s = new_store(name, sizeof name, 1 << 20, 0);
+    if (s == NULL) return;
+    make_id(id, 7);
+    void *w;
+    uint64_t size = 0;
+    int state = -1, deferred;
+    CHECK_ST(objstore_create_bounded(s, id, 4096, 4096, &w), OBJSTORE_E_FULL); /* + header */
+    CHECK_ST(objstore_create_bounded(s, id, 4096, 4096 + 64, &w), OBJSTORE_OK);
+    fill(w, 4096, 3);
+    CHECK_ST(objstore_object_at(s, w, got, &size, &state), OBJSTORE_OK);
+    CHECK(memcmp(got, id, 16) == 0 && size == 4096 && state == OBJSTORE_UNSEALED);
+    /* inside the object, before the heap, far away: nothing starts there */
+    CHECK_ST(objstore_object_at(s, (char *)w + 64, got, NULL, NULL), OBJSTORE_E_NOT_FOUND);
+    CHECK_ST(objstore_object_at(s, (char *)w + 1, got, NULL, NULL), OBJSTORE_E_NOT_FOUND);
+    CHECK_ST(objstore_object_at(s, name, got, NULL, NULL), OBJSTORE_E_NOT_FOUND);
+    CHECK_ST(objstore_seal_at(s, w, 4095, got), OBJSTORE_E_NOT_FOUND); /* another size */
+    memset(got, 0, sizeof got);
+    CHECK_ST(objstore_seal_at(s, w, 4096, got), OBJSTORE_OK);
+    CHECK(memcmp(got, id, 16) == 0);
+    CHECK_ST(objstore_seal_at(s, w, 4096, got), OBJSTORE_E_SEALED);
+    CHECK_ST(objstore_object_at(s, w, NULL, NULL, &state), OBJSTORE_OK);
+    CHECK(state == OBJSTORE_SEALED);
+    const void *r;
+    CHECK_ST(objstore_get(s, id, &r, &size), OBJSTORE_OK); /* a reader */
+    CHECK(r == w && check_fill(r, size, 3));
+    CHECK_ST(objstore_delete(s, id, &deferred), OBJSTORE_OK);
+    CHECK(deferred == 1);
+    CHECK_ST(objstore_release_at(s, w, &size), OBJSTORE_OK); /* the creator's reference */
+    CHECK(size == 4096);
+    CHECK_ST(objstore_object_at(s, w, NULL, NULL, &state), OBJSTORE_OK);
+    CHECK(state == OBJSTORE_DELETE_PENDING);
+    CHECK_ST(objstore_release_at(s, w, NULL), OBJSTORE_OK); /* the reader's: freed */
+    CHECK_ST(objstore_object_at(s, w, NULL, NULL, NULL), OBJSTORE_E_NOT_FOUND);
+    CHECK_ST(objstore_release_at(s, w, NULL), OBJSTORE_E_NOT_FOUND);
+    /* an unsealed object whose creator releases it is gone */
+    CHECK_ST(objstore_create(s, id, 100, &w), OBJSTORE_OK);
+    CHECK_ST(objstore_release_at(s, w, NULL), OBJSTORE_OK);
+    int st2;
+    CHECK_ST(objstore_contains(s, id, &st2), OBJSTORE_OK);
+    CHECK(st2 == OBJSTORE_ABSENT);
+    /* another handle's object cannot be sealed by address, and it holds no reference */
+    objstore_t *t = NULL;
+    CHECK_ST(objstore_attach(name, NULL, &t), OBJSTORE_OK);
+    if (t != NULL) {
+        CHECK_ST(objstore_create(s, id, 100, &w), OBJSTORE_OK);
+        const void *base_s, *base_t;
+        objstore_mapping(s, &base_s, NULL);
+        objstore_mapping(t, &base_t, NULL);
+        const char *wt = (const char *)base_t + ((const char *)w - (const char *)base_s);
+        CHECK_ST(objstore_seal_at(t, wt, 100, got), OBJSTORE_E_NOT_HELD);
+        CHECK_ST(objstore_release_at(t, wt, NULL), OBJSTORE_E_NOT_HELD);
+        CHECK_ST(objstore_abort(s, id), OBJSTORE_OK);
+        objstore_close(t);
+    }
+    CHECK_ST(objstore_object_at(s, NULL, NULL, NULL, NULL), OBJSTORE_E_INVALID);
+    VALID(s);
+    drop_store(s);
+}
+
 static void test_full_and_tables(void) {
     char name[256], id[16];
     objstore_t *s = new_store(name, sizeof name, 64 * 1024, 8);
@@ -797,6 +859,7 @@ int main(int argc, char **argv) {
     fallback_dir = argv[2];
     test_status_text();
     test_lifecycle();
+    test_by_address();
     test_full_and_tables();
     test_allocator();
     test_regions();

@@ -191,6 +191,18 @@ class _Region:
         if not self.live:
             self.close_now()
 
+    def pin(self) -> int:
+        """Keep the mapping, even once closing is asked, until :meth:`unpin` (memory
+        that outlives every view points into it: see :mod:`.numpy_alloc`)."""
+        token = next(self._tokens)
+        self.live[token] = _Held(b"", writable=False)
+        return token
+
+    def unpin(self, token: int) -> None:
+        self.live.pop(token, None)
+        if self.closing and not self.live:
+            self.close_now()
+
     def close_now(self) -> None:
         with self._lock:
             handle, self.handle = self.handle, None
@@ -216,6 +228,7 @@ class ObjectStore:
         self._owner = owner
         self._path: str = ffi.string(lib.objstore_path(region.handle)).decode()
         self._closed = False
+        self._span: tuple[int, int] | None = None  # the mapping, once asked for
 
     # ------------------------------------------------------------ regions
 
@@ -417,6 +430,40 @@ class ObjectStore:
                 view.release()
             except BufferError:
                 pass  # exported: the reference goes when the export does
+
+    def seal_at(self, address: int, size: int) -> bytes | None:
+        """Seal the unsealed object this handle created whose bytes start at ``address``
+        (in this process) and are exactly ``size`` long, and return its id; None when no
+        such object starts there (not store memory, a slice of an object, another
+        process's object, already sealed). How an array allocated in the store
+        (:mod:`.numpy_alloc`) becomes an object without a copy. The creator's reference
+        stays with whoever owns that memory."""
+        if self._span is None:
+            self._span = self.mapping  # fixed for the handle's life
+        base, length = self._span
+        if not base <= address < base + length:
+            return None
+        oid = ffi.new("char[16]")
+        st = lib.objstore_seal_at(self._handle, ffi.cast("void *", address), size, oid)
+        if st in (lib.OBJSTORE_E_NOT_FOUND, lib.OBJSTORE_E_SEALED, lib.OBJSTORE_E_NOT_HELD):
+            return None
+        self._check(st, "seal_at")
+        return ffi.buffer(oid, 16)[:]
+
+    def object_at(self, address: int) -> tuple[bytes, int, ObjectState] | None:
+        """``(id, size, state)`` of the object whose bytes start at ``address`` in this
+        process, or None."""
+        base, length = self.mapping
+        if not base <= address < base + length:
+            return None
+        oid = ffi.new("char[16]")
+        size = ffi.new("uint64_t *")
+        state = ffi.new("int *")
+        st = lib.objstore_object_at(self._handle, ffi.cast("void *", address), oid, size, state)
+        if st == lib.OBJSTORE_E_NOT_FOUND:
+            return None
+        self._check(st, "object_at")
+        return ffi.buffer(oid, 16)[:], int(size[0]), _STATES[state[0]]
 
     def abort(self, object_id: bytes) -> None:
         """Drop an unsealed object created here and free its memory.

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 NATIVE = Path(__file__).resolve().parents[2] / "native"
-SOURCES = ["test_objstore.c", "objstore.c", "os_alloc.c", "os_journal.c", "os_region.c"]
+SOURCES = ["test_objstore.c", "objstore.c", "os_alloc.c", "os_journal.c", "os_region.c", "os_numpy.c"]
 SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:", "SUMMARY:")
 
 
