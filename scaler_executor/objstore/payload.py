@@ -284,7 +284,8 @@ class _Writer:
     def buffer(self, buffer: pickle.PickleBuffer) -> bytes:
         with buffer.raw() as raw:
             if self.shared is None:
-                return self.fresh(raw)
+                adopted = self.adopt(raw)
+                return adopted if adopted is not None else self.fresh(raw)
             owner = _owner(raw.obj)
             with ffi.from_buffer(raw) as pointer:
                 key = (id(owner), int(ffi.cast("uintptr_t", pointer)), raw.nbytes)
@@ -297,6 +298,28 @@ class _Writer:
             self.shared[key] = (owner, oid)
             self.shared_added.append((key, oid))
             return oid
+
+    def adopt(self, raw: memoryview) -> bytes | None:
+        """The id of the store block ``raw`` already is, sealed now; None if it is not one.
+
+        An array allocated in the store by this process (:mod:`.numpy_alloc`) needs no
+        copy: its block becomes the object. The array owning that memory is made
+        read-only, since readers now share those bytes.
+        """
+        with ffi.from_buffer(raw) as pointer:
+            address = int(ffi.cast("uintptr_t", pointer))
+        oid = self.store.seal_at(address, raw.nbytes)
+        if oid is None:
+            return None
+        self.created.append(oid)
+        owner = _owner(raw.obj)
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and isinstance(owner, numpy.ndarray):
+            try:
+                owner.flags.writeable = False
+            except ValueError:  # pragma: no cover - an owning array can always drop it
+                pass
+        return oid
 
     def undo(self) -> None:
         for key, oid in self.shared_added:
