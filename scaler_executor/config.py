@@ -226,6 +226,14 @@ class ClusterConfig:
         ge=0,
         metavar="BYTES",
     )
+    arrays_in_store: int = _opt(
+        1 << 20,
+        "bytes from which a NumPy array a task creates is allocated in the host's object store, 0 = never",
+        "a returned array then reaches the caller without a copy and the returned array becomes read-only "
+        "in the worker; arrays use at most half the store, np.zeros and smaller arrays stay private",
+        ge=0,
+        metavar="BYTES",
+    )
     unsatisfiable_timeout: float | None = _opt(
         None,
         "seconds a task that no connected worker can ever satisfy waits before it fails, none = forever",

@@ -57,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
             "worker_tags",
             "memory_limit",
             "object_store_threshold",
+            "arrays_in_store",
         ],
     )
     return parser

@@ -86,6 +86,8 @@ class LocalWorkerManager:
             c.memory_limit,
             "--object-store-threshold",
             str(c.object_store_threshold),
+            "--arrays-in-store",
+            str(c.arrays_in_store),
             "--allow-tcp-unauthenticated" if c.allow_tcp_unauthenticated else "--no-allow-tcp-unauthenticated",
         ]
         if self.initializer_file:

@@ -164,7 +164,7 @@ class WorkerAgent:
         # Tasks reach the cluster they run on through get_executor() (nested tasks).
         os.environ[DAEMON_ADDRESS_ENV] = address
         # Fork the zygote first: no thread and no ZeroMQ context may exist yet.
-        self.zygote: ZygoteHandle = start_zygote(initializer, max_tasks_per_child)
+        self.zygote: ZygoteHandle = start_zygote(initializer, max_tasks_per_child, config.arrays_in_store)
         self.sock = channel.connect(address, hwm=config.send_hwm, linger=0.2)
         self.poller = channel.Poller()
         self.poller.register(self.sock.pollable)

@@ -166,6 +166,9 @@ class _ProcessorState:
         self.lock = threading.Lock()
         self.functions: dict[int, Any] = {}
         self.fn_payloads: dict[int, bytes] = {}  # pickled callables, unpickled on first use
+        self.arrays_in_store = 0  # NumPy arrays this large go to the store (0: never)
+        self.arrays_pending = False  # install the handler once NumPy is imported
+        self.arrays: Any = None  # the installed numpy_alloc handler
 
     def use_store(self, name: str, threshold: int) -> None:
         self.threshold = threshold
@@ -174,6 +177,19 @@ class _ProcessorState:
 
             self.store = ObjectStore.attach(name, fallback_dir=tempfile.gettempdir())
             self.store_name = name
+            self.arrays_pending = self.arrays_in_store > 0  # (again) for this store
+        if self.arrays_pending and "numpy" in sys.modules:
+            self.arrays_pending = False
+            self.put_arrays_in_store()
+
+    def put_arrays_in_store(self) -> None:
+        """Allocate this process's large NumPy arrays in the store (see numpy_alloc)."""
+        from scaler_executor.objstore import numpy_alloc
+
+        try:
+            self.arrays = numpy_alloc.install(self.store, self.arrays_in_store)
+        except Exception as exc:  # e.g. a NumPy whose C API moved: arrays stay private
+            print(f"scaler-executor: NumPy arrays stay in private memory ({exc!r})", file=sys.stderr)
 
     def load(self, header: bytes, objects: list[bytes], writable: bool = False) -> Any:
         """A value from a store header: from this host's store, or from fetched bytes."""
@@ -259,11 +275,16 @@ class _Fetched:
             raise LookupError(f"object {object_id.hex()} was not fetched for this task") from None
 
 
-def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None) -> None:
-    """Run tasks from the agent on socket ``fd`` until it hangs up; never returns."""
+def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None, arrays_in_store: int = 0) -> None:
+    """Run tasks from the agent on socket ``fd`` until it hangs up; never returns.
+
+    ``arrays_in_store``: NumPy arrays of at least this many bytes that tasks create live
+    in the host's object store (0: never), from the first task that starts with NumPy
+    imported."""
     global STATE
     conn = Connection(fd)
     state = STATE = _ProcessorState(conn)
+    state.arrays_in_store = arrays_in_store
     threading.Thread(target=_watch_agent, args=(fd,), name="scaler-agent-watchdog", daemon=True).start()
     if initializer:
         try:
@@ -323,6 +344,9 @@ def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None) ->
             conn.send_bytes(
                 packb([DONE, task_id, attempt, status, result, started, finished, peak, result_objects], use_bin_type=True)
             )
+        if state.arrays_pending and "numpy" in sys.modules:  # the task imported NumPy
+            state.arrays_pending = False
+            state.put_arrays_in_store()
         done += 1
         if max_tasks is not None and done >= max_tasks:
             os._exit(0)

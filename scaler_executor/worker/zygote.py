@@ -52,21 +52,26 @@ class ZygoteHandle:
             pass
 
 
-def start_zygote(initializer: bytes | None, max_tasks: int | None) -> ZygoteHandle:
-    """Fork the zygote.  Call before creating any thread or ZeroMQ context."""
+def start_zygote(initializer: bytes | None, max_tasks: int | None, arrays_in_store: int = 0) -> ZygoteHandle:
+    """Fork the zygote.  Call before creating any thread or ZeroMQ context.
+
+    ``arrays_in_store``: the processors' NumPy arrays of at least this many bytes are
+    allocated in the object store (0: never); see :mod:`scaler_executor.objstore.numpy_alloc`."""
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:  # the zygote
         try:
             parent_end.close()
-            _zygote_main(child_end, initializer, max_tasks)
+            _zygote_main(child_end, initializer, max_tasks, arrays_in_store)
         finally:
             os._exit(0)
     child_end.close()
     return ZygoteHandle(pid, parent_end)
 
 
-def _zygote_main(control: socket.socket, initializer: bytes | None, max_tasks: int | None) -> None:
+def _zygote_main(
+    control: socket.socket, initializer: bytes | None, max_tasks: int | None, arrays_in_store: int
+) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent decides when processes stop
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     wake_r, wake_w = os.pipe()
@@ -111,7 +116,7 @@ def _zygote_main(control: socket.socket, initializer: bytes | None, max_tasks: i
                     _kill_all(children)  # the agent is gone: so are its processors
                     return
                 if msgpack.unpackb(data)[0] == SPAWN:
-                    children.add(_spawn(control, wake_r, wake_w, initializer, max_tasks))
+                    children.add(_spawn(control, wake_r, wake_w, initializer, max_tasks, arrays_in_store))
 
 
 def _kill_all(children: set[int]) -> None:
@@ -127,7 +132,14 @@ def _kill_all(children: set[int]) -> None:
             pass
 
 
-def _spawn(control: socket.socket, wake_r: int, wake_w: int, initializer: bytes | None, max_tasks: int | None) -> int:
+def _spawn(
+    control: socket.socket,
+    wake_r: int,
+    wake_w: int,
+    initializer: bytes | None,
+    max_tasks: int | None,
+    arrays_in_store: int,
+) -> int:
     agent_end, processor_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     # The processor's stderr goes through the agent, which forwards it and keeps the last
     # lines to explain a crash ("Fatal Python error: ...", a C library's complaint).
@@ -149,7 +161,7 @@ def _spawn(control: socket.socket, wake_r: int, wake_w: int, initializer: bytes 
             agent_end.close()
             from scaler_executor.worker.processor import processor_main
 
-            processor_main(processor_end.detach(), initializer, max_tasks)
+            processor_main(processor_end.detach(), initializer, max_tasks, arrays_in_store)
         except BaseException:
             import traceback
 

@@ -468,6 +468,77 @@ def test_large_results_are_views_valid_after_shutdown(fresh_executor: Any) -> No
         assert bytes(memoryview(r).cast("B")) == expected.tobytes()
 
 
+def made_in_task(n: int, keep: bool = False) -> tuple[np.ndarray, int | None]:
+    """A large array built by the task, and the offset of its bytes in the host's store
+    as the processor sees it (None: the task built it in private memory)."""
+    from scaler_executor.worker import processor
+
+    a = np.full(n, 7.0)
+    if keep:
+        KEPT.append(a)
+    store = processor.STATE.store if processor.STATE is not None else None
+    if store is None:
+        return a, None
+    base, size = store.mapping
+    offset = a.ctypes.data - base
+    return a, offset if 0 <= offset < size else None
+
+
+KEPT: list[np.ndarray] = []  # arrays a task kept after returning them (one processor's)
+
+
+def write_kept() -> str:
+    try:
+        KEPT[-1][0] = 1.0
+    except ValueError as exc:
+        return str(exc)
+    return "written"
+
+
+def offset_in(store: ObjectStore, a: np.ndarray) -> int:
+    return a.ctypes.data - store.mapping[0]
+
+
+@pytest.mark.timeout(60)
+def test_arrays_built_in_the_store_are_returned_without_a_copy(fresh_executor: Any) -> None:
+    ex = fresh_executor(max_workers=2, config=fast_config(object_store_size="512M"))
+    store = store_of(ex)
+    before = usage(store)
+    n = 4 * MB // 8
+    # A processor puts arrays in the store from the task after the one that imports NumPy.
+    results = [f.result(timeout=30) for f in [ex.submit(made_in_task, n) for _ in range(8)]]
+    in_store = [(a, off) for a, off in results if off is not None]
+    assert len(in_store) >= 6, [off for _, off in results]
+    for a, off in results:
+        assert np.array_equal(a, np.full(n, 7.0)) and not a.flags.writeable
+        assert store.name in (where(a) or "")
+    for a, off in in_store:
+        assert offset_in(store, a) == off, "the caller should map the very bytes the task wrote"
+    del results, in_store, a
+    gc.collect()
+    assert back_to(store, before), "every block returns once the results are dropped"
+
+
+@pytest.mark.timeout(60)
+def test_arrays_in_store_zero_keeps_them_private(fresh_executor: Any) -> None:
+    ex = fresh_executor(max_workers=1, config=fast_config(object_store_size="512M", arrays_in_store=0))
+    store = store_of(ex)
+    n = 4 * MB // 8
+    for a, off in [f.result(timeout=30) for f in [ex.submit(made_in_task, n) for _ in range(4)]]:
+        assert off is None
+        assert np.array_equal(a, np.full(n, 7.0)) and store.name in (where(a) or "")  # copied in
+
+
+@pytest.mark.timeout(60)
+def test_a_returned_array_kept_by_the_task_becomes_read_only(fresh_executor: Any) -> None:
+    ex = fresh_executor(max_workers=1, config=fast_config(object_store_size="512M"))
+    ex.submit(made_in_task, 1).result(timeout=30)  # imports NumPy in the processor
+    a, off = ex.submit(made_in_task, 2 * MB // 8, True).result(timeout=30)
+    assert off is not None and offset_in(store_of(ex), a) == off
+    assert "read-only" in ex.submit(write_kept).result(timeout=30)
+    assert (a == 7.0).all(), "what the caller reads cannot change under it"
+
+
 # =========================================================================== ex.put
 
 

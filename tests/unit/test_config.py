@@ -57,6 +57,7 @@ def test_defaults() -> None:
         "memory_limit": "auto",
         "object_store_size": "auto",
         "object_store_threshold": 65536,
+        "arrays_in_store": 1048576,
         "unsatisfiable_timeout": None,
         "log_level": "WARNING",
         "allow_tcp_unauthenticated": True,
