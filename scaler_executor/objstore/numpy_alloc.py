@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -96,8 +97,8 @@ def _api(numpy: Any) -> Any:
 
 def supported(numpy: Any) -> bool:
     """True if this NumPy has the memory-handler API (>= 1.22)."""
-    major, minor = (int(part) for part in numpy.__version__.split(".")[:2])
-    return (major, minor) >= (1, 22)
+    match = re.match(r"(\d+)\.(\d+)", getattr(numpy, "__version__", ""))
+    return match is not None and (int(match[1]), int(match[2])) >= (1, 22)
 
 
 def install(store: ObjectStore, threshold: int, limit: int | None = None) -> Installed | None:

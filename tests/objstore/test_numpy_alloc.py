@@ -203,6 +203,16 @@ def test_a_forked_child_writes_into_its_own_copy(big_store: ObjectStore, arrays:
     del a
 
 
+@pytest.mark.parametrize(
+    ("version", "ok"), [("1.21.6", False), ("1.22.0rc1", True), ("2.4.6", True), ("garbage", False)]
+)
+def test_supported_versions(version: str, ok: bool) -> None:
+    class Fake:
+        __version__ = version
+
+    assert numpy_alloc.supported(Fake()) is ok
+
+
 def test_old_numpy_is_declined(big_store: ObjectStore, monkeypatch: pytest.MonkeyPatch) -> None:
     class Old:
         __version__ = "1.21.6"
