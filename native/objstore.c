@@ -355,18 +355,24 @@ objstore_status_t objstore_get(objstore_t *s, const char *id, const void **data,
     return st;
 }
 
+/* Drop one reference this handle holds on entry `e` (OS_NIL: none found). Lock held. */
+static objstore_status_t os_release_locked(objstore_t *s, uint32_t e) {
+    if (e == OS_NIL) return OBJSTORE_E_NOT_FOUND;
+    uint32_t r = os_ref_find(s, s->slot, e);
+    if (r == OS_NIL) return OBJSTORE_E_NOT_HELD;
+    char id[OBJSTORE_ID_SIZE];
+    memcpy(id, os_entries(s)[e].id, OBJSTORE_ID_SIZE);
+    os_begin(s, OS_OP_RELEASE, id);
+    os_ref_drop(s, r, 1, 1);
+    os_commit(s);
+    return OBJSTORE_OK;
+}
+
 objstore_status_t objstore_release(objstore_t *s, const char *id) {
     if (s == NULL || id == NULL) return OBJSTORE_E_INVALID;
     objstore_status_t st = os_lock(s);
     if (st != OBJSTORE_OK) return st;
-    uint32_t e = os_lookup(s, id), r = OS_NIL;
-    if (e == OS_NIL) st = OBJSTORE_E_NOT_FOUND;
-    else if ((r = os_ref_find(s, s->slot, e)) == OS_NIL) st = OBJSTORE_E_NOT_HELD;
-    if (st == OBJSTORE_OK) {
-        os_begin(s, OS_OP_RELEASE, id);
-        os_ref_drop(s, r, 1, 1);
-        os_commit(s);
-    }
+    st = os_release_locked(s, os_lookup(s, id));
     os_unlock(s);
     return st;
 }
@@ -461,17 +467,9 @@ objstore_status_t objstore_release_at(objstore_t *s, const void *data, uint64_t 
     if (s == NULL || data == NULL) return OBJSTORE_E_INVALID;
     objstore_status_t st = os_lock(s);
     if (st != OBJSTORE_OK) return st;
-    uint32_t e = os_entry_at(s, data), r = OS_NIL;
-    if (e == OS_NIL) st = OBJSTORE_E_NOT_FOUND;
-    else if ((r = os_ref_find(s, s->slot, e)) == OS_NIL) st = OBJSTORE_E_NOT_HELD;
-    if (st == OBJSTORE_OK) {
-        char oid[OBJSTORE_ID_SIZE];
-        memcpy(oid, os_entries(s)[e].id, OBJSTORE_ID_SIZE);
-        if (size != NULL) *size = os_entries(s)[e].size;
-        os_begin(s, OS_OP_RELEASE, oid);
-        os_ref_drop(s, r, 1, 1);
-        os_commit(s);
-    }
+    uint32_t e = os_entry_at(s, data);
+    if (e != OS_NIL && size != NULL) *size = os_entries(s)[e].size;
+    st = os_release_locked(s, e);
     os_unlock(s);
     return st;
 }
