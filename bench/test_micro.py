@@ -15,7 +15,10 @@ report has it).
   tasks, routing results to the client), with a client and a worker that
   shook hands like real peers;
 * client: ``serialization.dumps_args`` for the fast (builtin scalars) and the
-  cloudpickle path.
+  cloudpickle path;
+* object store: ``put``/``delete`` and ``get``/release of one object, and the
+  packing of a large NumPy result, copied or sealed in place (these are per
+  object, not per batch).
 """
 
 from __future__ import annotations
@@ -280,3 +283,73 @@ def test_dumps_args_cloudpickle(benchmark: Any) -> None:
     """The general path: a list argument sends the call through cloudpickle."""
     benchmark(_dumps_batch([([i, i + 1],) for i in range(BATCH)]))
     _per_task(benchmark)
+
+
+# --------------------------------------------------------------------------- object store
+#
+# One store per module, in /dev/shm, removed at the end. Sizes: the default
+# object_store_threshold (64 KiB, the smallest object a value makes) and 4 MB.
+
+STORE_SIZES = {"64KiB": 64 * 1024, "4MB": 4_000_000}
+
+
+@pytest.fixture(scope="module")
+def store() -> Iterator[Any]:
+    from scaler_executor.objstore import ObjectStore
+
+    s = ObjectStore.create(f"sxbench-{os.getpid()}", 256 << 20)
+    try:
+        yield s
+    finally:
+        s.unlink()
+        s.close()
+
+
+@pytest.mark.parametrize("size", list(STORE_SIZES))
+def test_store_put_delete(benchmark: Any, store: Any, size: str) -> None:
+    """``ObjectStore.put`` (create, memcpy, seal, under the lock) and ``delete``."""
+    data = os.urandom(STORE_SIZES[size])
+    oid = os.urandom(16)
+
+    def run() -> None:
+        store.put(oid, data)
+        store.delete(oid)
+
+    benchmark(run)
+
+
+@pytest.mark.parametrize("size", list(STORE_SIZES))
+def test_store_get_release(benchmark: Any, store: Any, size: str) -> None:
+    """``ObjectStore.get`` (a reference and a zero-copy view) and its release."""
+    oid = os.urandom(16)
+    store.put(oid, os.urandom(STORE_SIZES[size]))
+
+    def run() -> None:
+        store.get(oid).release()
+
+    benchmark(run)
+    store.delete(oid)
+
+
+@pytest.mark.parametrize("where", ["private", "in_store"])
+def test_pack_large_result(benchmark: Any, store: Any, where: str) -> None:
+    """``payload.pack`` of a task's 4 MB NumPy result, then its deletion: an array in
+    private memory is copied into a new object; one a processor built in the store
+    (``arrays_in_store``) is sealed where it is."""
+    np = pytest.importorskip("numpy")
+    from scaler_executor.objstore import numpy_alloc, payload
+
+    n = STORE_SIZES["4MB"] // 8
+    installed = numpy_alloc.install(store, 1 << 20) if where == "in_store" else None
+    try:
+
+        def run() -> None:
+            a = np.empty(n)  # the task's own work (filling it) is left out
+            packed = payload.pack(a, store)
+            del a
+            payload.delete_objects(store, packed.created)
+
+        benchmark(run)
+    finally:
+        if installed is not None:
+            numpy_alloc.uninstall(installed)
