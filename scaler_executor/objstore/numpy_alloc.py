@@ -25,6 +25,10 @@ What users see:
   the one running the task (NumPy keeps the handler in a context variable).
 * The handler is installed the first time a task starts with NumPy already imported: a
   processor's very first NumPy task allocates privately.
+* Store pages are 4 KiB (where /dev/shm has no huge pages), while NumPy asks for
+  transparent huge pages for large private arrays: allocation-heavy code gains (no page
+  faults on reused blocks), repeated passes over one long-lived huge array lose some
+  speed to TLB misses (README: figures).
 
 Needs NumPy >= 1.22 (the handler API); :func:`install` returns None for anything older.
 """
