@@ -31,6 +31,7 @@ import socket
 import tempfile
 import time
 import struct
+from typing import Any
 from collections import deque
 from multiprocessing.connection import Connection
 
@@ -154,6 +155,7 @@ class WorkerAgent:
         self.memory_limit = memory_limit
         self.fetch_objects = fetch_objects  # True: reach the daemon's store over the network only
         self.store_name = ""  # the daemon host's store, when this host can map it
+        self.store: Any = None  # our handle on it
         self.threshold = config.object_store_threshold
         self.blobs: dict[bytes, bytes] = {}  # objects fetched over the network for held tasks
         self.fetching: dict[bytes, list[int]] = {}  # object id -> tasks waiting for it
@@ -379,11 +381,14 @@ class WorkerAgent:
         try:
             from scaler_executor.objstore import ObjectStore
 
-            ObjectStore.attach(name, fallback_dir=tempfile.gettempdir()).close()
+            store = ObjectStore.attach(name, fallback_dir=tempfile.gettempdir())
         except Exception as exc:
             log.info("worker %s cannot map the object store %s (%s): fetching objects over the network", self.name, name, exc)
             self.fetch_objects = True
             return
+        if self.store is not None:
+            self.store.close()
+        self.store = store  # kept: it reaps what dead processors held (_bury)
         self.store_name = name
 
     def _object_ids_of(self, task: m.TaskDispatch) -> list[bytes]:
@@ -645,6 +650,13 @@ class WorkerAgent:
         tail = _last_lines(p.err_tail)
         if tail:
             how += "; its last stderr lines:\n    " + "\n    ".join(tail)
+        if self.store is not None:
+            # Processors never detach: give back now what it held in the store (large NumPy
+            # arrays it had made, unsealed writes), rather than at the next process's attach.
+            try:
+                self.store.reap()
+            except Exception as exc:
+                log.warning("worker %s: reaping the object store after processor %d: %s", self.name, p.pid, exc)
         if p.outstanding:
             running = p.outstanding.popleft()
             attempt = p.attempts.pop(running, None)
@@ -876,6 +888,8 @@ class WorkerAgent:
         except ChildProcessError:
             pass
         self.sock.close()
+        if self.store is not None:
+            self.store.close()
         if self.orphaned and self.store_name:
             # Our daemon is stopping or was killed: if it could not remove its host's region
             # (SIGKILL), the last of its local processes does. Harmless when already gone.

@@ -539,6 +539,28 @@ def test_a_returned_array_kept_by_the_task_becomes_read_only(fresh_executor: Any
     assert (a == 7.0).all(), "what the caller reads cannot change under it"
 
 
+def die_holding(n: int) -> None:
+    """Build a large array (in the store, once NumPy is in), then die without freeing it."""
+    a = np.full(n, 1.0)
+    a.sum()
+    os._exit(3)
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_processor_gives_its_store_arrays_back(fresh_executor: Any) -> None:
+    ex = fresh_executor(max_workers=1, config=fast_config(object_store_size="512M", max_retries=0))
+    store = store_of(ex)
+    ex.submit(made_in_task, 1).result(timeout=30)  # imports NumPy in the processor
+    result, off = ex.submit(made_in_task, 2 * MB // 8).result(timeout=30)
+    assert off is not None, "the processor should build large arrays in the store by now"
+    del result
+    assert back_to(store, (0, 0)), usage(store)
+    with pytest.raises(Exception, match="processor"):
+        ex.submit(die_holding, 16 * MB // 8).result(timeout=30)
+    # no other task runs: the worker agent reaps the dead processor's slot itself
+    assert back_to(store, (0, 0)), f"the dead processor's array still holds the store: {usage(store)}"
+
+
 # =========================================================================== ex.put
 
 
