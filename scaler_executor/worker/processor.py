@@ -178,12 +178,14 @@ class _ProcessorState:
             self.store = ObjectStore.attach(name, fallback_dir=tempfile.gettempdir())
             self.store_name = name
             self.arrays_pending = self.arrays_in_store > 0  # (again) for this store
-        if self.arrays_pending and "numpy" in sys.modules:
-            self.arrays_pending = False
-            self.put_arrays_in_store()
+        self.put_arrays_in_store()
 
     def put_arrays_in_store(self) -> None:
-        """Allocate this process's large NumPy arrays in the store (see numpy_alloc)."""
+        """Allocate this process's large NumPy arrays in the store (see numpy_alloc), once
+        NumPy is imported; called when a task starts and after it ends."""
+        if not self.arrays_pending or "numpy" not in sys.modules:
+            return
+        self.arrays_pending = False
         from scaler_executor.objstore import numpy_alloc
 
         try:
@@ -344,9 +346,7 @@ def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None, ar
             conn.send_bytes(
                 packb([DONE, task_id, attempt, status, result, started, finished, peak, result_objects], use_bin_type=True)
             )
-        if state.arrays_pending and "numpy" in sys.modules:  # the task imported NumPy
-            state.arrays_pending = False
-            state.put_arrays_in_store()
+        state.put_arrays_in_store()  # if the task imported NumPy
         done += 1
         if max_tasks is not None and done >= max_tasks:
             os._exit(0)
