@@ -169,6 +169,9 @@ def connect(address: str, *, hwm: int, linger: float) -> Any:
 
 
 class _ZmqChannel:
+    # A ZeroMQ socket is not thread-safe: no send from one thread while another polls it.
+    send_beside_poll = False
+
     buffered = False  # ZeroMQ keeps what it received; its poller sees it
 
     def __init__(self, kind: str, hwm: int, linger: float) -> None:
@@ -362,6 +365,10 @@ class _StreamEndpoint:
     ``pollable`` is the epoll descriptor, which the caller's ``Poller`` watches; ``_pump``
     (per side) moves whatever the sockets hold into ``ready``.
     """
+
+    # One thread may send (holding the caller's lock) while another waits in Poller.poll
+    # on ``pollable``: the waiter touches no state of ours, only the kernel's epoll set.
+    send_beside_poll = True
 
     def __init__(self, path: str, hwm: int) -> None:
         self.path = path

@@ -198,3 +198,60 @@ def test_a_running_notice_racing_its_result_never_strands_the_future(executor: S
     assert not stranded, f"{len(stranded)} of {n} futures never completed, e.g. {futures[stranded[0]]!r}"
     assert all(f.result() == 7 for f in futures.values())
     assert not any(k in agent.futures for k in futures)
+
+
+@pytest.mark.timeout(120)
+def test_a_lone_submit_is_sent_by_its_own_thread_and_mixed_threads_lose_nothing(
+    fresh_executor: Callable[..., ScalerExecutor],
+) -> None:
+    """A task submitted while no other is outstanding is written to the daemon by the
+    submitting thread (over ipc), not by waking the agent thread: one thread wake-up
+    fewer per sequential round trip. Threads doing that while others submit bursts (so
+    the agent holds the connection's lock in its turns, and a burst's tasks are never
+    alone) must still see every result exactly once and right."""
+    from scaler_executor.client.agent import ClientAgent
+
+    ex = fresh_executor(max_workers=2, config=fast_config(send_hwm=100))
+    agent: ClientAgent = ex._agent
+    drains: list[str] = []
+    original = agent._drain_outbox
+
+    def recording_drain() -> None:
+        drains.append(threading.current_thread().name)
+        original()
+
+    agent._drain_outbox = recording_drain  # type: ignore[method-assign]
+    assert ex.submit(echo, -1).result(timeout=30) == -1  # welcomed: the direct path is open
+    assert agent._direct, "the embedded cluster's ipc channel should allow a send beside a poll"
+    drains.clear()
+    for i in range(50):
+        assert ex.submit(echo, i).result(timeout=30) == i
+    user = threading.current_thread().name
+    by_user = drains.count(user)
+    assert by_user == 50, f"{by_user} of 50 lone submits sent by the submitting thread; drains by: {set(drains)}"
+
+    errors: list[str] = []
+
+    def sequential(k: int) -> None:
+        for i in range(300):
+            got = ex.submit(echo, k * 1000 + i).result(timeout=60)
+            if got != k * 1000 + i:
+                errors.append(f"sequential {k}: {got} != {k * 1000 + i}")
+
+    def bursts() -> None:
+        for r in range(20):
+            futures = [ex.submit(echo, 10**6 + r * 100 + i) for i in range(100)]
+            for i, f in enumerate(futures):
+                if f.result(timeout=60) != 10**6 + r * 100 + i:
+                    errors.append(f"burst {r}: item {i} wrong")
+
+    threads = [threading.Thread(target=sequential, args=(k,)) for k in range(3)] + [threading.Thread(target=bursts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=90)
+    assert not any(t.is_alive() for t in threads), "a submitting thread hung"
+    assert not errors, errors[:5]
+    assert wait_until(lambda: ex.statistics()["tasks"] == 0, timeout=10), ex.statistics()
+    stats = ex.statistics()
+    assert stats["finished"] == 1 + 50 + 3 * 300 + 20 * 100, stats
