@@ -15,7 +15,8 @@ report has it).
   tasks, routing results to the client), with a client and a worker that
   shook hands like real peers;
 * client: ``serialization.dumps_args`` for the fast (builtin scalars) and the
-  cloudpickle path;
+  cloudpickle path, and the submitting thread's whole ``submit`` (an agent with no
+  daemon, so that nothing else runs);
 * object store: ``put``/``delete`` and ``get``/release of one object, and the
   packing of a large NumPy result, copied or sealed in place (these are per
   object, not per batch).
@@ -282,6 +283,47 @@ def test_dumps_args_scalars(benchmark: Any) -> None:
 def test_dumps_args_cloudpickle(benchmark: Any) -> None:
     """The general path: a list argument sends the call through cloudpickle."""
     benchmark(_dumps_batch([([i, i + 1],) for i in range(BATCH)]))
+    _per_task(benchmark)
+
+
+@pytest.fixture
+def offline_agent(tmp_path: Any) -> Iterator[Any]:
+    """A client agent whose daemon never answers: every submit stays in its outbox.
+
+    What a benchmark then times is the submitting thread's whole share of ``submit``
+    (the future, pickling, the function's id, the outbox entry, the agent's wake-up),
+    with no daemon or worker competing for the two cores.
+    """
+    from scaler_executor.client.agent import ClientAgent
+
+    config = ClusterConfig().replace(daemon_loss_timeout=3600.0)
+    agent = ClientAgent(config, f"ipc://{tmp_path}/no-daemon", None)
+    yield agent
+    _forget_submits(agent)
+    agent.shutdown(wait=True)
+
+
+def _forget_submits(agent: Any) -> None:
+    """Drop what earlier rounds queued, so that each round starts from the same state."""
+    with agent.lock:
+        agent.outbox.clear()
+        agent.futures.clear()
+        agent._ids.clear()
+        agent._submitted.clear()
+
+
+def test_client_submit(benchmark: Any, offline_agent: Any) -> None:
+    """``submit(noop, i)`` as the user thread runs it (ScalerExecutor.submit calls exactly this)."""
+    agent = offline_agent
+    submit = agent.submit
+    agent.function_id(noop)  # registered once per executor: not part of each submit
+
+    def run() -> None:
+        for i in range(BATCH):
+            submit(noop, (i,), {}, 0)
+
+    benchmark.pedantic(run, setup=lambda: _forget_submits(agent), rounds=2000, warmup_rounds=50)
+    assert len(agent.futures) == BATCH and len(agent.outbox) == BATCH
     _per_task(benchmark)
 
 
