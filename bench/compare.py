@@ -49,7 +49,7 @@ from bench.workloads import SCRATCH_ENV, WORKLOADS
 
 DEFAULT_TIMEOUT = 600.0  # seconds per (contestant, workload) subprocess
 STDERR_TAIL = 60  # lines of a failed cell's stderr kept in its result (daemon logs land there too)
-BUSY_WARNING = 0.2  # cores of other processes' CPU during a cell that make its figures suspect
+BUSY_WARNING = 0.2  # cores of other processes' CPU (or of steal) during a cell that make its figures suspect
 
 
 # =========================================================================== child: one pair
@@ -109,17 +109,22 @@ def child_main(args: argparse.Namespace) -> int:
 # =========================================================================== parent: the table
 
 
-def machine_cpu_seconds() -> tuple[float, float]:
-    """(busy, total) CPU-seconds of the whole machine since boot, from /proc/stat."""
+def machine_cpu_seconds() -> tuple[float, float, float]:
+    """(busy, total, steal) CPU-seconds of the whole machine since boot, from /proc/stat.
+
+    ``steal`` is time a virtual machine's CPUs were runnable but the hypervisor ran
+    something else; ``busy`` includes it (the CPUs were not ours to use).
+    """
     try:
         with open("/proc/stat") as f:
             fields = [int(x) for x in f.readline().split()[1:]]
     except (OSError, ValueError):
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     tick = os.sysconf("SC_CLK_TCK")
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     total = sum(fields[:8])  # guest time is already counted in user
-    return (total - idle) / tick, total / tick
+    steal = fields[7] if len(fields) > 7 else 0
+    return (total - idle) / tick, total / tick, steal / tick
 
 
 def children_cpu_seconds() -> float:
@@ -172,9 +177,9 @@ def wait_idle(limit: float, threshold: float = 0.15) -> float:
     """Wait up to ``limit`` s for the machine to be under ``threshold`` busy; returns the last busy fraction."""
     deadline = time.monotonic() + limit
     while True:
-        b0, t0 = machine_cpu_seconds()
+        b0, t0, _ = machine_cpu_seconds()
         time.sleep(0.5)
-        b1, t1 = machine_cpu_seconds()
+        b1, t1, _ = machine_cpu_seconds()
         busy = (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
         if busy < threshold or time.monotonic() >= deadline:
             return busy
@@ -214,7 +219,7 @@ def _spawn(
     command: list[str], env: dict[str, str], contestant: str, workload: str, timeout: float
 ) -> dict[str, Any]:
     started = time.monotonic()
-    busy0, _ = machine_cpu_seconds()
+    busy0, _, steal0 = machine_cpu_seconds()
     own0 = children_cpu_seconds()
     proc = subprocess.Popen(
         command,
@@ -246,11 +251,13 @@ def _spawn(
             "error": f"timed out after {timeout:.0f} s",
         }
     elapsed = time.monotonic() - started
-    busy1, _ = machine_cpu_seconds()
+    busy1, _, steal1 = machine_cpu_seconds()
     # Whatever the machine was busy with that was not this cell (its processes are all
-    # reaped by now, so their CPU is in RUSAGE_CHILDREN): other people's work.
+    # reaped by now, so their CPU is in RUSAGE_CHILDREN): other people's work, in this
+    # machine (foreign) or on its hypervisor's host (steal).
     own = max(children_cpu_seconds() - own0, tree.stop())
-    foreign = max(0.0, (busy1 - busy0) - own)
+    steal = max(0.0, steal1 - steal0)
+    foreign = max(0.0, (busy1 - busy0) - own - steal)
     parsed = None
     for line in reversed(out.decode(errors="replace").splitlines()):
         line = line.strip()
@@ -276,6 +283,7 @@ def _spawn(
         )
     parsed["elapsed"] = elapsed
     parsed["foreign_cores"] = foreign / elapsed if elapsed > 0 else 0.0
+    parsed["steal_cores"] = steal / elapsed if elapsed > 0 else 0.0
     return parsed
 
 
@@ -471,20 +479,21 @@ def notes(
         if "error" in r:
             detail = f" — {r['stderr'].splitlines()[-1]}" if r.get("stderr") else ""
             lines.append(f"{c} / {w}: {r['error']}{detail}")
-    busy = {
-        k: r["foreign_cores"]
-        for k, r in results.items()
-        if r.get("foreign_cores", 0.0) >= BUSY_WARNING
-    }
-    if busy:
-        worst = sorted(busy.items(), key=lambda kv: -kv[1])
-        lines.append(
-            "WARNING: other processes kept the machine busy during "
-            f"{len(busy)} of {sum('foreign_cores' in r for r in results.values())} cells (on average, in cores: "
-            + ", ".join(f"{c}/{w} {v:.2f}" for (c, w), v in worst[:6])
-            + (", ..." if len(worst) > 6 else "")
-            + "): those figures are suspect; rerun on a quiet machine (see --wait-idle)."
-        )
+    measured = sum("foreign_cores" in r for r in results.values())
+    for key, who, fix in (
+        ("foreign_cores", "other processes kept the machine busy", "rerun on a quiet machine (see --wait-idle)"),
+        ("steal_cores", "the hypervisor ran something else on this VM's CPUs (steal time)",
+         "rerun when the host is quieter"),
+    ):
+        busy = {k: r[key] for k, r in results.items() if r.get(key, 0.0) >= BUSY_WARNING}
+        if busy:
+            worst = sorted(busy.items(), key=lambda kv: -kv[1])
+            lines.append(
+                f"WARNING: {who} during {len(busy)} of {measured} cells (on average, in cores: "
+                + ", ".join(f"{c}/{w} {v:.2f}" for (c, w), v in worst[:6])
+                + (", ..." if len(worst) > 6 else "")
+                + f"): those figures are suspect; {fix}."
+            )
     sizes = {w: r["sizes"] for (c, w), r in results.items() if r.get("sizes")}
     if sizes:
         lines.append(
@@ -616,6 +625,8 @@ def parent_main(args: argparse.Namespace) -> int:
             status = "error: " + r["error"] if "error" in r else f"{r.get('elapsed', 0):.1f} s"
             if r.get("foreign_cores", 0.0) >= BUSY_WARNING:
                 status += f" (machine busy: other processes used {r['foreign_cores']:.2f} cores)"
+            if r.get("steal_cores", 0.0) >= BUSY_WARNING:
+                status += f" (steal: the hypervisor took {r['steal_cores']:.2f} cores)"
             print(f" {status}", file=sys.stderr, flush=True)
     shown = [c for c in contestants if c not in skipped] or contestants
     header, rows = build_rows(results, shown, workloads)
