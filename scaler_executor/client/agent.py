@@ -242,7 +242,12 @@ class ClientAgent:
         try:
             if not self._welcomed or self._pending_frames is not None or self.broken is not None or self._closed:
                 return False
-            self._drain_outbox()
+            try:
+                self._drain_outbox()
+            except Exception as exc:  # as in the agent's turn: what it took must fail, not vanish
+                log.exception("client agent failed (sending from a user thread)")
+                self._break(BrokenScalerExecutor(f"the client agent failed: {exc!r}"))
+                return False  # the woken agent sees it broken and tears down
             return not self.outbox and self._pending_frames is None
         finally:
             self._io.release()

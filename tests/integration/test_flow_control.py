@@ -255,3 +255,32 @@ def test_a_lone_submit_is_sent_by_its_own_thread_and_mixed_threads_lose_nothing(
     assert wait_until(lambda: ex.statistics()["tasks"] == 0, timeout=10), ex.statistics()
     stats = ex.statistics()
     assert stats["finished"] == 1 + 50 + 3 * 300 + 20 * 100, stats
+
+
+@pytest.mark.timeout(60)
+def test_a_failure_while_a_user_thread_sends_breaks_the_executor_and_fails_the_future(
+    fresh_executor: Callable[..., ScalerExecutor],
+) -> None:
+    """A bug in the send path run by a user thread must not lose the tasks it took out of
+    the outbox: like a failure in the agent's own turn, it breaks the executor and every
+    outstanding future fails with BrokenScalerExecutor."""
+    from scaler_executor.exceptions import BrokenScalerExecutor
+
+    ex = fresh_executor(max_workers=1, config=fast_config())
+    agent = ex._agent
+    assert ex.submit(echo, 1).result(timeout=30) == 1
+    user = threading.current_thread()
+    original = agent._drain_outbox
+
+    def failing_drain() -> None:
+        if threading.current_thread() is user:
+            agent.outbox.popleft()  # taken, as the real drain does, then the failure
+            raise RuntimeError("injected failure in the direct send")
+        original()
+
+    agent._drain_outbox = failing_drain  # type: ignore[method-assign]
+    future = ex.submit(echo, 2)
+    with pytest.raises(BrokenScalerExecutor, match="injected failure"):
+        future.result(timeout=30)
+    with pytest.raises(BrokenScalerExecutor):
+        ex.submit(echo, 3)
