@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
+from typing import Any
 
 import pytest
 from scaler_testing import fast_config, wait_until
@@ -284,3 +285,78 @@ def test_a_failure_while_a_user_thread_sends_breaks_the_executor_and_fails_the_f
         future.result(timeout=30)
     with pytest.raises(BrokenScalerExecutor):
         ex.submit(echo, 3)
+
+
+class _Ratio:
+    """A result type whose pickle looks up a global (so unpickling it runs the class's code)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Ratio) and other.n == self.n
+
+
+def make_ratio(n: int) -> _Ratio:
+    return _Ratio(n)
+
+
+def sleep_then(n: int, seconds: float) -> int:
+    time.sleep(seconds)
+    return n
+
+
+@pytest.mark.timeout(120)
+def test_a_lone_plain_result_is_completed_by_the_agent_and_user_code_never_runs_there(
+    fresh_executor: Callable[..., ScalerExecutor],
+) -> None:
+    """A sequential caller's result that unpickles to builtins is completed by the agent
+    thread itself (no hand-over of its role, no second pool thread woken); a result whose
+    unpickling could run the user's code (a global lookup), and a future with a
+    done-callback, still complete on a pool thread that does not hold the agent role."""
+    ex = fresh_executor(max_workers=1, config=fast_config())
+    agent = ex._agent
+    completer = agent._completer
+    hand_overs = [0]
+    original_hand_over = completer.hand_over
+
+    def counting_hand_over() -> bool:
+        hand_overs[0] += 1
+        return original_hand_over()
+
+    completer.hand_over = counting_hand_over  # type: ignore[method-assign]
+    in_turns = threading.local()
+    original_turns = agent._turns
+
+    def marked_turns() -> Any:
+        in_turns.yes = True
+        try:
+            return original_turns()
+        finally:
+            in_turns.yes = False
+
+    agent._turns = marked_turns  # type: ignore[method-assign]
+    assert ex.submit(echo, 0).result(timeout=30) == 0
+    # Let the first agent thread (started before the wrapper) hand its role on once.
+    assert ex.submit(make_ratio, 1).result(timeout=30) == _Ratio(1)
+    hand_overs[0] = 0
+    for i in range(50):
+        assert ex.submit(echo, i).result(timeout=30) == i
+    assert hand_overs[0] == 0, f"{hand_overs[0]} hand-overs for 50 lone plain results"
+    for i in range(5):
+        assert ex.submit(make_ratio, i).result(timeout=30) == _Ratio(i)
+    assert hand_overs[0] == 5, f"{hand_overs[0]} hand-overs for 5 results that unpickle a class"
+
+    ran_on: list[tuple[str, bool]] = []
+    done = threading.Event()
+
+    def callback(future: Future[int]) -> None:
+        ran_on.append((threading.current_thread().name, bool(getattr(in_turns, "yes", False))))
+        done.set()
+
+    future = ex.submit(sleep_then, 7, 0.3)
+    future.add_done_callback(callback)
+    assert future.result(timeout=30) == 7
+    assert done.wait(10)
+    assert ran_on and not ran_on[0][1], f"a done-callback ran on the thread holding the agent role: {ran_on}"
+    assert ex.statistics()["finished"] == 1 + 1 + 50 + 5 + 1
