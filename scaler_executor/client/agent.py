@@ -842,7 +842,7 @@ class ClientAgent:
 
         A sequential caller's result: handing the agent role over first cost a wake-up of
         another pool thread, which then competed with the caller for the interpreter lock
-        (4-9% of a no-op round trip, measured side by side in one process).  Only small
+        (a few per cent of a no-op round trip, side by side in one process).  Only small
         results whose pickle looks up no global (so unpickling calls nothing of the
         user's), with no store objects; done-callbacks are checked under the future's
         lock at the last step (``_set_quietly``).  Anything else is handed over.
@@ -857,19 +857,19 @@ class ClientAgent:
         self._complete_result(result, quietly=True)
         return True
 
-    def _set_quietly(self, future: Future[Any], value: Any) -> None:
-        """``set_result`` unless that would run a done-callback here (on the agent thread).
+    def _set_quietly(self, future: Future[Any], ok: bool, value: Any) -> None:
+        """Complete ``future`` unless that would run a done-callback here (the agent thread).
 
-        Holding the future's lock (reentrant) across the check and ``set_result`` keeps
-        ``add_done_callback`` from slipping one in between; a future that has callbacks
-        is completed on a pool thread instead.
+        Holding the future's lock (reentrant) across the check and ``set_result`` (or
+        ``set_exception``, if unpickling failed) keeps ``add_done_callback`` from slipping
+        one in between; a future that has callbacks is completed on a pool thread instead.
         """
         with future._condition:  # type: ignore[attr-defined]
             if not future._done_callbacks:  # type: ignore[attr-defined]
-                future.set_result(value)
+                _settle(future, ok, value)
                 self._ids.pop(id(future), None)
                 return
-        self._completer.put(SET_RESULT, (future, value))
+        self._completer.put(SET_RESULT, (future, ok, value))
 
     def _complete_result(self, result: m.TaskResult, quietly: bool = False) -> None:
         """Complete one future from its result (on a completion thread, where it runs its
@@ -909,13 +909,10 @@ class ClientAgent:
             self.release_objects(result.objects)  # our views keep them alive as long as needed
         else:
             ok, value = ser.outcome(result.status, result.payload, result.task_id)
-        if ok and quietly:
-            self._set_quietly(future, value)
+        if quietly:
+            self._set_quietly(future, ok, value)
             return
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
+        _settle(future, ok, value)
         # Only now: until the future is done, passing it as an argument must make a
         # dependency (reduce_future), never a "foreign future" error.
         self._ids.pop(id(future), None)
@@ -1074,8 +1071,8 @@ class _Completer:
             elif kind == FAIL_ALL:
                 self.agent._fail_all(data)
             elif kind == SET_RESULT:  # the agent thread found done-callbacks to run: here
-                future, value = data
-                future.set_result(value)
+                future, ok, value = data
+                _settle(future, ok, value)
                 self.agent._ids.pop(id(future), None)
         except Exception:  # a bug here must not kill a thread that completes futures
             log.exception("client: failed to complete a future")
@@ -1253,6 +1250,13 @@ class _CallPickler(cloudpickle.Pickler):
         if reduced is not NotImplemented:
             return reduced
         return super().reducer_override(obj)
+
+
+def _settle(future: Future[Any], ok: bool, value: Any) -> None:
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
 
 
 def _block_signals() -> None:

@@ -360,3 +360,26 @@ def test_a_lone_plain_result_is_completed_by_the_agent_and_user_code_never_runs_
     assert done.wait(10)
     assert ran_on and not ran_on[0][1], f"a done-callback ran on the thread holding the agent role: {ran_on}"
     assert ex.statistics()["finished"] == 1 + 1 + 50 + 5 + 1
+
+
+@pytest.mark.timeout(60)
+def test_a_quiet_result_that_fails_to_unpickle_fails_its_future_on_a_pool_thread(
+    fresh_executor: Callable[..., ScalerExecutor],
+) -> None:
+    """The agent thread's own completion path (a lone plain result) settles failures
+    too: a payload that cannot be unpickled fails the future, and the future's
+    done-callback runs on a pool thread, never on the caller of _complete_quietly."""
+    from scaler_executor.protocol import messages as m
+
+    ex = fresh_executor(max_workers=1, config=fast_config())
+    agent = ex._agent
+    future = ex.submit(sleep_then, 1, 5.0)  # pending long enough to complete by hand
+    assert wait_until(lambda: id(future) in agent._ids, timeout=10)
+    ran_on: list[threading.Thread] = []
+    future.add_done_callback(lambda f: ran_on.append(threading.current_thread()))
+    truncated = m.TaskResult(agent._ids[id(future)], 0, m.Status.OK, b"\x80\x05N", m.NO_FACTS, [])
+    assert agent._complete_quietly(truncated)
+    exc = future.exception(timeout=10)
+    assert exc is not None and any("while unpickling the result" in note for note in getattr(exc, "__notes__", [])), exc
+    assert wait_until(lambda: bool(ran_on), timeout=10)
+    assert ran_on[0] is not threading.current_thread() and ran_on[0].name.startswith("scaler-client-"), ran_on
