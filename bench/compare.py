@@ -608,6 +608,9 @@ def parent_main(args: argparse.Namespace) -> int:
             print(f"note: skipping {c}: {reason}", file=sys.stderr)
     running = [c for c in contestants if c not in skipped]
     compiled = byte_compile_scaler()
+    # Before the cells: the commit (and date) of the code they run, not of what the
+    # checkout holds by the time the last cell ends.
+    machine = machine_info()
     results: dict[tuple[str, str], dict[str, Any]] = {}
     for c, reason in skipped.items():
         for w in workloads:
@@ -631,7 +634,6 @@ def parent_main(args: argparse.Namespace) -> int:
     shown = [c for c in contestants if c not in skipped] or contestants
     header, rows = build_rows(results, shown, workloads)
     note_lines = [compiled, *notes(results, contestants, workloads, skipped)]
-    machine = machine_info()
     if args.markdown:
         table = render_markdown(header, rows)
     elif args.rst:
