@@ -48,6 +48,7 @@ from bench.contestants import CONTESTANTS, REFERENCE  # imports no contestant pa
 from bench.workloads import SCRATCH_ENV, WORKLOADS
 
 DEFAULT_TIMEOUT = 600.0  # seconds per (contestant, workload) subprocess
+KILL_GRACE = 15.0  # seconds a timed-out cell has after SIGTERM, before SIGKILL
 STDERR_TAIL = 60  # lines of a failed cell's stderr kept in its result (daemon logs land there too)
 BUSY_WARNING = 0.2  # cores of other processes' CPU (or of steal) during a cell that make its figures suspect
 
@@ -215,6 +216,13 @@ def spawn(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _spawn(
     command: list[str], env: dict[str, str], contestant: str, workload: str, timeout: float
 ) -> dict[str, Any]:
@@ -236,14 +244,20 @@ def _spawn(
         # workers too) is gone: the next pair starts on a quiet machine.
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        # SIGTERM first: the cell's processes end, and a multiprocessing resource tracker
+        # (which ignores SIGTERM and holds our pipes) sees them gone, unlinks the
+        # semaphores they left and exits.  A SIGKILL to the whole group took the tracker
+        # with them and left those semaphores in /dev/shm.
+        _signal_group(proc.pid, signal.SIGTERM)
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            out, err = proc.communicate(timeout=30)
+            out, err = proc.communicate(timeout=KILL_GRACE)
         except subprocess.TimeoutExpired:
-            out, err = b"", b""
+            _signal_group(proc.pid, signal.SIGKILL)
+            try:
+                out, err = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                out, err = b"", b""
+        _signal_group(proc.pid, signal.SIGKILL)  # whatever outlived the pipes
         tree.stop()
         return {
             "contestant": contestant,
