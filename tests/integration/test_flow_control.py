@@ -10,11 +10,13 @@ end at exactly one, and every result must be the one its call returns.
 from __future__ import annotations
 
 import array
+import os
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -301,14 +303,19 @@ def make_ratio(n: int) -> _Ratio:
     return _Ratio(n)
 
 
-def sleep_then(n: int, seconds: float) -> int:
-    time.sleep(seconds)
+def when_released(n: int, release: str) -> int:
+    """Return ``n`` once the file ``release`` exists (the test decides when a task ends)."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(release):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{release} never appeared")
+        time.sleep(0.005)
     return n
 
 
 @pytest.mark.timeout(120)
 def test_a_lone_plain_result_is_completed_by_the_agent_and_user_code_never_runs_there(
-    fresh_executor: Callable[..., ScalerExecutor],
+    fresh_executor: Callable[..., ScalerExecutor], tmp_path: Path
 ) -> None:
     """A sequential caller's result that unpickles to builtins is completed by the agent
     thread itself (no hand-over of its role, no second pool thread woken); a result whose
@@ -354,8 +361,10 @@ def test_a_lone_plain_result_is_completed_by_the_agent_and_user_code_never_runs_
         ran_on.append((threading.current_thread().name, bool(getattr(in_turns, "yes", False))))
         done.set()
 
-    future = ex.submit(sleep_then, 7, 0.3)
-    future.add_done_callback(callback)
+    release = tmp_path / "release-7"
+    future = ex.submit(when_released, 7, str(release))
+    future.add_done_callback(callback)  # registered while the task cannot have finished
+    release.touch()
     assert future.result(timeout=30) == 7
     assert done.wait(10)
     assert ran_on and not ran_on[0][1], f"a done-callback ran on the thread holding the agent role: {ran_on}"
@@ -364,7 +373,7 @@ def test_a_lone_plain_result_is_completed_by_the_agent_and_user_code_never_runs_
 
 @pytest.mark.timeout(60)
 def test_a_quiet_result_that_fails_to_unpickle_fails_its_future_on_a_pool_thread(
-    fresh_executor: Callable[..., ScalerExecutor],
+    fresh_executor: Callable[..., ScalerExecutor], tmp_path: Path
 ) -> None:
     """The agent thread's own completion path (a lone plain result) settles failures
     too: a payload that cannot be unpickled fails the future, and the future's
@@ -373,7 +382,8 @@ def test_a_quiet_result_that_fails_to_unpickle_fails_its_future_on_a_pool_thread
 
     ex = fresh_executor(max_workers=1, config=fast_config())
     agent = ex._agent
-    future = ex.submit(sleep_then, 1, 5.0)  # pending long enough to complete by hand
+    release = tmp_path / "release-1"
+    future = ex.submit(when_released, 1, str(release))  # pending until we complete it by hand
     assert wait_until(lambda: id(future) in agent._ids, timeout=10)
     ran_on: list[threading.Thread] = []
     future.add_done_callback(lambda f: ran_on.append(threading.current_thread()))
@@ -383,3 +393,4 @@ def test_a_quiet_result_that_fails_to_unpickle_fails_its_future_on_a_pool_thread
     assert exc is not None and any("while unpickling the result" in note for note in getattr(exc, "__notes__", [])), exc
     assert wait_until(lambda: bool(ran_on), timeout=10)
     assert ran_on[0] is not threading.current_thread() and ran_on[0].name.startswith("scaler-client-"), ran_on
+    release.touch()  # let the task end; its real result finds the future settled and is dropped
