@@ -58,6 +58,7 @@ from scaler_executor.client.future import TaskFuture
 from scaler_executor.config import ClusterConfig
 from scaler_executor.exceptions import BrokenScalerExecutor, DaemonLost, InitializerFailed
 from scaler_executor.protocol import channel, codec
+from scaler_executor.protocol import reply
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status, TaskFlags, TaskOptions
 from scaler_executor.worker.deps import dependency, identity, stored
@@ -148,6 +149,8 @@ class ClientAgent:
         # while it waits in poll), and by a user thread that sends its own submit (_enqueue).
         self._io = threading.Lock()
         self._direct = False  # the channel takes a send while another thread polls it (ipc)
+        self._reply: socket.socket | None = None  # processors' results of sequential tasks (protocol/reply.py)
+        self._reply_to = ""
         self._closed = False
         self._finished = threading.Event()  # set once the agent role has torn the connection down
         self._handoff: list[m.TaskResult] | None = None  # results this turn completes itself
@@ -231,8 +234,10 @@ class ClientAgent:
             self._submitted[n] = time.time()
             if repack is not None:
                 self._repack[n] = (repack, options_id)
-            self.outbox.append((SUBMIT, n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects))
             alone = len(self.futures) == 1
+            if alone:
+                flags |= TaskFlags.REPLY_DIRECT  # a sequential caller's: its result may come straight back
+            self.outbox.append((SUBMIT, n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects))
         future._on_cancel = self._cancel_hook
         if alone and self._direct and self._send_directly():
             return
@@ -526,6 +531,8 @@ class ClientAgent:
         self._poller = poller = channel.Poller()
         poller.register(sock.pollable)
         poller.register(self._wake_fd)
+        if self.cluster is not None:
+            self._bind_reply_socket(poller)
         self._sock = sock
         self._welcomed = False
         self._base = 0
@@ -535,6 +542,25 @@ class ClientAgent:
         self._started = self._last_recv = self._last_send = time.monotonic()
         self._send([self._hello()])
         self._direct = sock.send_beside_poll  # last: _send_directly reads what is set above
+
+    def _bind_reply_socket(self, poller: channel.Poller) -> None:
+        """Bind the socket where local processors send sequential tasks' results (reply.py).
+
+        In the embedded cluster's own directory (mode 0700): only this user's processes can
+        write to it, and it goes with the directory.  Without it, results take the daemon.
+        """
+        assert self.cluster is not None
+        path = os.path.join(self.cluster.directory, reply.SOCKET_NAME)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+        try:
+            sock.bind(path)
+        except OSError as exc:
+            sock.close()
+            log.warning("client: no reply socket at %s (%s); results take the daemon's path", path, exc)
+            return
+        self._reply = sock
+        self._reply_to = path
+        poller.register(sock.fileno())
 
     def _agent_turns(self) -> list[m.TaskResult] | None:
         """The agent's loop, on whichever pool thread holds the agent role.
@@ -575,6 +601,8 @@ class ClientAgent:
             for target in ready:
                 if target == sock.pollable:
                     self._receive()
+                elif self._reply is not None and target == self._reply.fileno():
+                    self._receive_replies()
                 else:
                     # Read, then clear: clearing first lets a wake() in between write, have
                     # its write consumed here, and leave the flag set on an empty eventfd,
@@ -621,6 +649,7 @@ class ClientAgent:
             0,
             {},
             [],
+            self._reply_to,
         )
 
     def _send(self, batch: list[Any]) -> None:
@@ -738,12 +767,7 @@ class ClientAgent:
             for message in messages:
                 kind = type(message)
                 if kind is m.TaskResults:
-                    if self._handoff is not None:
-                        self._handoff.extend(message.results)
-                    elif self._completer.idle:
-                        self._handoff = list(message.results)  # completed by this thread, after the turn
-                    else:
-                        self._completer.put_results(message.results)
+                    self._take_results(message.results)
                 elif kind is m.TasksRunning:
                     self._completer.put(RUNNING, message.task_ids)
                 elif kind is m.SubmitAck:
@@ -773,6 +797,30 @@ class ClientAgent:
                     self._break(DaemonLost(f"the daemon at {self.address} refused this client: {message.reason}"))
                 elif kind is m.Goodbye:
                     self._break(DaemonLost(f"the daemon at {self.address} stopped ({message.reason})"))
+
+    def _take_results(self, results: list[m.TaskResult]) -> None:
+        if self._handoff is not None:
+            self._handoff.extend(results)
+        elif self._completer.idle:
+            self._handoff = list(results)  # completed by this thread, after the turn
+        else:
+            self._completer.put_results(results)
+
+    def _receive_replies(self) -> None:
+        """Results that processors sent straight here (REPLY_DIRECT tasks)."""
+        sock = self._reply
+        assert sock is not None
+        for _ in range(RECV_BURST):
+            try:
+                datagram = sock.recv(reply.DATAGRAM_LIMIT)
+            except BlockingIOError:
+                return
+            try:
+                results = reply.decode(datagram)
+            except codec.DecodeError as exc:  # only a bug sends one: the daemon has no copy to send
+                log.error("client: dropped a bad result datagram (%d bytes): %s", len(datagram), exc)
+                continue
+            self._take_results(results)
 
     def _attach_store(self, name: str) -> None:
         if name:
@@ -814,6 +862,8 @@ class ClientAgent:
             except channel.SendError:
                 pass
         sock.close()
+        if self._reply is not None:
+            self._reply.close()  # its file goes with the cluster's directory
         if self.cluster is not None:
             self.cluster.stop()
         if self.store is not None:

@@ -21,7 +21,9 @@ SubmitAck              D→C      credit: that many submitted tasks were taken i
 TasksRunning           D→C      tasks dispatched to a worker (futures turn RUNNING)
 DispatchTasks          D→W      tasks to run (plus callables the worker lacks)
 CancelTasks            C→D→W    drop (or with ``force`` kill) tasks
-TaskResults            W→D→C    outcomes, with attempt number and per-task facts
+TaskResults            W→D→C    outcomes, with attempt number and per-task facts (a
+                                sequential caller's may also go processor→client as a
+                                datagram: protocol/reply.py; then ``delivered`` is set)
 ReleaseObjects         C→D      object references dropped by the client (object store)
 PinObjects             C→D      objects the client holds (ex.put, a map's shared argument)
 ObjectRequest          W/C→D    a worker or client that cannot map the store asks for bytes
@@ -91,6 +93,10 @@ class TaskFlags:
     NO_RESULT = 4  # a graph intermediate: its result stays in the cluster for its dependents
     PACKED = 8  # payload is an object-store header (objstore.payload) referring to TaskSpec.objects
     WRITABLE = 16  # the task gets private writable copies of store buffers (ex.options(writable=True))
+    # A sequential caller's task: its processor may send the result straight to the
+    # client's reply socket (TaskDispatch.reply_to) as well as to its agent.  The daemon
+    # keeps the path it has for everything else and sends the client nothing for it.
+    REPLY_DIRECT = 32
 
 
 # --------------------------------------------------------------------------- records
@@ -141,6 +147,9 @@ class TaskDispatch(NamedTuple):
     objects: list[bytes]
     task_timeout: float | None
     deps: list[DepValue]
+    # The client's reply socket when the task has TaskFlags.REPLY_DIRECT and the client
+    # runs on this worker's host; "" otherwise.
+    reply_to: str = ""
 
 
 class TaskFacts(NamedTuple):
@@ -165,6 +174,9 @@ class TaskResult(NamedTuple):
     payload: bytes
     facts: TaskFacts
     objects: list[bytes]  # object-store ids a large result lives in (then payload is a store header)
+    # W→D: the processor already sent this result to the client's reply socket (the
+    # daemon does its bookkeeping, keeps the payload if dependents need it, sends nothing).
+    delivered: bool = False
 
 
 class FunctionBlob(NamedTuple):
@@ -187,6 +199,9 @@ class Hello(NamedTuple):
     capacity: int  # processors (workers); 0 for others
     resources: dict[str, float]
     tags: list[str]
+    # A client's reply socket (a unix datagram socket in a 0700 directory) where processors
+    # on its host may send the results of its sequential tasks; "" for none.
+    reply_to: str = ""
 
 
 class Welcome(NamedTuple):

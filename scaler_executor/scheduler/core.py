@@ -202,6 +202,7 @@ class Scheduler:
             "workers_lost": 0,
             "clients_lost": 0,
             "dropped_messages": 0,
+            "delivered_direct": 0,  # results a processor sent straight to its client (REPLY_DIRECT)
         }
         self._monitors: dict[bytes, float] = {}
         self._heartbeats_due = False
@@ -381,7 +382,7 @@ class Scheduler:
         peer_id = self._next_peer_id
         self._next_peer_id += 1
         if hello.role == Role.CLIENT:
-            self.clients[peer] = ClientRecord(peer, peer_id, hello.name, self._now)
+            self.clients[peer] = ClientRecord(peer, peer_id, hello.name, self._now, host=hello.host, reply_to=hello.reply_to)
             log.info("client %r joined (pid %d on %s)", hello.name, hello.pid, hello.host)
         elif hello.role == Role.WORKER:
             self.workers[peer] = WorkerRecord(
@@ -699,7 +700,9 @@ class Scheduler:
                 self._forget(task)
                 if not ok:
                     self._fail_dependents(task, result.status, result.payload)
-            if not task.flags & TaskFlags.NO_RESULT and task.client in self.clients:
+            if result.delivered:
+                self.counters["delivered_direct"] += 1  # the client has it from the processor
+            elif not task.flags & TaskFlags.NO_RESULT and task.client in self.clients:
                 if result.objects:
                     self._client_holds(task.client, result.objects)  # until it has read them
                 self._result_to(task.client, result)
@@ -839,10 +842,15 @@ class Scheduler:
             worker.functions.add(fn_id)
             entry[0].append(m.FunctionBlob(fn_id, self.functions[fn_id]))
         deps = [_dep_value(self.tasks[d]) for d in task.deps] if task.deps else []
+        reply_to = ""
+        if task.flags & TaskFlags.REPLY_DIRECT:
+            client = self.clients.get(task.client)
+            if client is not None and client.host == worker.host:
+                reply_to = client.reply_to
         entry[1].append(
             m.TaskDispatch(
                 task.task_id, task.attempt, fn_id, task.flags, task.payload, task.objects or [],
-                task.options.task_timeout, deps,
+                task.options.task_timeout, deps, reply_to,
             )
         )
         running = self._running.get(task.client)

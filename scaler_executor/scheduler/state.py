@@ -241,6 +241,8 @@ class ClientRecord:
     functions: set[int] = field(default_factory=set)
     options: dict[int, TaskOptions] = field(default_factory=lambda: {0: DEFAULT_OPTIONS})
     objects: dict[bytes, int] = field(default_factory=dict)  # store objects it holds (pins, unread results)
+    host: str = ""
+    reply_to: str = ""  # its reply socket for results sent straight by processors on its host
 
     def __repr__(self) -> str:
         return f"<Client {self.name} id={self.client_id} tasks={len(self.tasks)}>"

@@ -552,7 +552,7 @@ class WorkerAgent:
             log.error("worker %s: %s", self.name, reason)
             self.outbox.append(m.ClusterBroken(reason, message[1]))
             return
-        _, task_id, attempt, status, payload, started, finished, peak, result_objects = message
+        _, task_id, attempt, status, payload, started, finished, peak, result_objects, delivered = message
         p.seceded = False
         expected = p.outstanding.popleft()
         assert expected == task_id, f"processor {p.pid} answered task {task_id:#x}, expected {expected:#x}"
@@ -573,7 +573,7 @@ class WorkerAgent:
             # A stale result goes too when it has store objects: the daemon drops the result
             # and deletes the objects, which nobody else would.
             facts = m.TaskFacts(self.name, started, finished, peak)
-            self.results.append(m.TaskResult(task_id, attempt, status, payload, facts, result_objects))
+            self.results.append(m.TaskResult(task_id, attempt, status, payload, facts, result_objects, delivered))
         if task is not None and self.blobs:
             self._drop_blobs(task)
         duration = finished - started
@@ -807,6 +807,7 @@ class WorkerAgent:
                     self.store_name,
                     self.threshold,
                     {i: self.blobs[i] for i in self._object_ids_of(task)} if self.fetch_objects else None,
+                    [task.reply_to, self.name] if task.reply_to else None,
                 ],
                 use_bin_type=True,
             ),

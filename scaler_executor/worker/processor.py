@@ -4,8 +4,10 @@ It speaks to its worker agent over one stream socket (framed by
 ``multiprocessing.connection.Connection``), never over ZeroMQ::
 
     agent ──[RUN, task, attempt, fn_id, fn_payload|None, flags, payload, deps, objects,
-             store name, threshold, fetched objects|None]──► processor
-    agent ◄──[DONE, task, attempt, status, payload, started, finished, peak, objects]── processor
+             store name, threshold, fetched objects|None, [reply socket, worker name]|None]──► processor
+    agent ◄──[DONE, task, attempt, status, payload, started, finished, peak, objects, delivered]── processor
+    client ◄──TaskResults datagram── processor   (REPLY_DIRECT tasks: protocol/reply.py; then
+                                                  DONE says delivered)
     agent ──[FORGET, [fn_id, ...]]──► processor        (drop cached callables)
     agent ◄──[INIT_FAILED, exception payload]── processor (then it exits)
     agent ◄──[SECEDE, task, [task ids handed back]]── processor (the task waits on sub-tasks)
@@ -24,6 +26,7 @@ from __future__ import annotations
 import os
 import pickle
 import select
+import socket
 import sys
 import threading
 import time
@@ -35,7 +38,8 @@ from typing import Any, Callable
 import cloudpickle
 import msgpack
 
-from scaler_executor.protocol.messages import Status, TaskFlags
+from scaler_executor.protocol import reply as direct
+from scaler_executor.protocol.messages import TaskFacts, TaskResult, Status, TaskFlags
 from scaler_executor.worker.deps import install as install_deps
 from scaler_executor.worker.framing import FrameReader
 from scaler_executor.worker.memory import private_memory
@@ -169,6 +173,7 @@ class _ProcessorState:
         self.arrays_in_store = 0  # NumPy arrays this large go to the store (0: never)
         self.arrays_pending = False  # install the handler once NumPy is imported
         self.arrays: Any = None  # the installed numpy_alloc handler
+        self.reply_sock: socket.socket | None = None  # sends REPLY_DIRECT results to clients
 
     def use_store(self, name: str, threshold: int) -> None:
         self.threshold = threshold
@@ -221,6 +226,20 @@ class _ProcessorState:
             assert stream is not None
             return stream, NO_OBJECTS
         return packed.header, packed.object_ids
+
+    def reply(self, reply: list[str], result: TaskResult) -> bool:
+        """Send ``result`` to the client's reply socket; False (nothing sent) on any failure."""
+        sock = self.reply_sock
+        if sock is None:
+            sock = self.reply_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        datagram = direct.encode(result)
+        if len(datagram) > direct.DATAGRAM_LIMIT:
+            return False
+        try:
+            sock.sendto(datagram, socket.MSG_DONTWAIT, reply[0])
+        except OSError:  # the client gone, its queue full, a socket not ours: the agent's path
+            return False
+        return True
 
     def function(self, fn_id: int) -> Any:
         fn = self.functions.get(fn_id)
@@ -311,7 +330,7 @@ def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None, ar
         message = state.take(unpackb(raw))
         if message is None:
             continue
-        _, task_id, attempt, fn_id, _fn_payload, flags, payload, deps, objects, store_name, threshold, blobs = message
+        _, task_id, attempt, fn_id, _fn_payload, flags, payload, deps, objects, store_name, threshold, blobs, reply = message
         fn: Any = None
         if fn_id:
             try:
@@ -319,7 +338,7 @@ def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None, ar
             except BaseException as exc:
                 exc.add_note("while unpickling the task's function in the worker")
                 started = time.time()
-                conn.send_bytes(packb([DONE, task_id, attempt, Status.ERROR, dump_exception(exc), started, started, 0, []]))
+                conn.send_bytes(packb([DONE, task_id, attempt, Status.ERROR, dump_exception(exc), started, started, 0, [], False]))
                 continue
         state.task_id = task_id
         started = time.time()
@@ -327,7 +346,7 @@ def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None, ar
             state.use_store(store_name, threshold)
         except Exception as exc:  # the agent saw it attach; this should not happen
             exc.add_note("while attaching the object store in the worker")
-            conn.send_bytes(packb([DONE, task_id, attempt, Status.ERROR, dump_exception(exc), started, started, 0, []]))
+            conn.send_bytes(packb([DONE, task_id, attempt, Status.ERROR, dump_exception(exc), started, started, 0, [], False]))
             continue
         state.blobs = blobs
         writable = bool(flags & TaskFlags.WRITABLE)
@@ -340,11 +359,18 @@ def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None, ar
         # samples every 100 ms); 20 us is too much to spend on every no-op.
         peak = private_memory() if finished - started >= 0.01 else 0
         _flush_streams()
+        delivered = (
+            reply is not None
+            and not result_objects
+            and finished - started < direct.DIRECT_SECONDS
+            and len(result) <= direct.MAX_PAYLOAD
+            and state.reply(reply, TaskResult(task_id, attempt, status, result, TaskFacts(reply[1], started, finished, 0), NO_OBJECTS))
+        )
         with state.lock:
             state.task_id = 0
             state.seceded = False
             conn.send_bytes(
-                packb([DONE, task_id, attempt, status, result, started, finished, peak, result_objects], use_bin_type=True)
+                packb([DONE, task_id, attempt, status, result, started, finished, peak, result_objects, delivered], use_bin_type=True)
             )
         state.put_arrays_in_store()  # if the task imported NumPy
         done += 1

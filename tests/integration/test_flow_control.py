@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from scaler_testing import fast_config, wait_until
 
-from scaler_executor import ScalerExecutor
+from scaler_executor import ScalerExecutor, task_info
 
 
 def echo(i: int) -> int:
@@ -394,3 +394,98 @@ def test_a_quiet_result_that_fails_to_unpickle_fails_its_future_on_a_pool_thread
     assert wait_until(lambda: bool(ran_on), timeout=10)
     assert ran_on[0] is not threading.current_thread() and ran_on[0].name.startswith("scaler-client-"), ran_on
     release.touch()  # let the task end; its real result finds the future settled and is dropped
+
+
+def fail(n: int) -> int:
+    raise ValueError(f"boom {n}")
+
+
+def blob(n: int) -> bytes:
+    return b"x" * n
+
+
+def slow_echo(n: int, seconds: float) -> int:
+    time.sleep(seconds)  # the workload: a task longer than reply.DIRECT_SECONDS
+    return n
+
+
+@pytest.mark.timeout(120)
+def test_a_sequential_callers_results_come_straight_from_the_processor(
+    fresh_executor: Callable[..., ScalerExecutor],
+) -> None:
+    """A task submitted while no other is outstanding has its result sent by the processor
+    to the client's reply socket (protocol/reply.py): the daemon counts it delivered and
+    sends nothing.  Results too large, tasks too long and tasks submitted together take the
+    daemon's path; every future completes once, with the right value or exception."""
+    from scaler_executor.protocol import reply
+
+    ex = fresh_executor(max_workers=2, config=fast_config())
+    agent = ex._agent
+    assert ex.submit(echo, -1).result(timeout=30) == -1
+    assert agent._reply_to and os.path.exists(agent._reply_to), "the embedded client binds a reply socket"
+
+    def delivered() -> int:
+        return int(ex.statistics()["delivered_direct"])
+
+    def quick(futures: list[Future[Any]]) -> int:
+        """How many ran under DIRECT_SECONDS by the processor's clock (a loaded machine can
+        stretch a no-op past it): exactly those may have come straight back."""
+        infos = [task_info(f) for f in futures]
+        assert all(info is not None and info.worker for info in infos), infos
+        return sum(1 for info in infos if info is not None and info.duration < reply.DIRECT_SECONDS)
+
+    base = delivered()
+    lone: list[Future[Any]] = []
+    for i in range(50):
+        lone.append(ex.submit(echo, i))
+        assert lone[-1].result(timeout=30) == i
+    lone.append(ex.submit(fail, 3))
+    with pytest.raises(ValueError, match="boom 3"):
+        lone[-1].result(timeout=30)
+    direct = quick(lone)
+    assert direct >= 40, f"only {direct} of 51 no-op tasks ran under {reply.DIRECT_SECONDS} s"
+    assert delivered() == base + direct, "lone results and errors come straight from the processor"
+    base += direct
+
+    assert ex.submit(blob, reply.MAX_PAYLOAD + 1).result(timeout=30) == b"x" * (reply.MAX_PAYLOAD + 1)
+    assert ex.submit(slow_echo, 5, reply.DIRECT_SECONDS * 3).result(timeout=30) == 5
+    assert delivered() == base, "a large result or a long task takes the daemon's path"
+
+    counts: dict[int, int] = {}
+    futures = [ex.submit(echo, i) for i in range(200)]
+    for f in futures:
+        f.add_done_callback(lambda f: counts.__setitem__(f.result(), counts.get(f.result(), 0) + 1))
+    assert [f.result(timeout=60) for f in futures] == list(range(200))
+    assert wait_until(lambda: len(counts) == 200, timeout=10)
+    assert set(counts.values()) == {1}
+    assert delivered() <= base + 1, "only a task submitted alone may reply directly"
+    assert wait_until(lambda: ex.statistics()["tasks"] == 0, timeout=10), ex.statistics()
+    assert ex.statistics()["finished"] == 1 + 50 + 2 + 200
+
+
+@pytest.mark.timeout(60)
+def test_results_take_the_daemons_path_when_the_reply_socket_cannot_be_written(
+    fresh_executor: Callable[..., ScalerExecutor],
+) -> None:
+    """A processor that cannot send to the reply socket (here: its file removed; in life
+    also a full queue or a client gone) reports the result the normal way: nothing lost."""
+    from scaler_executor.protocol import reply
+
+    ex = fresh_executor(max_workers=1, config=fast_config())
+    agent = ex._agent
+    assert ex.submit(echo, 0).result(timeout=30) == 0  # the first can take longer (imports)
+    start = ex.statistics()["delivered_direct"]
+    lone = [ex.submit(echo, i) for i in range(1)]
+    for i in range(1, 5):
+        assert lone[-1].result(timeout=30) == i - 1
+        lone.append(ex.submit(echo, i))
+    assert lone[-1].result(timeout=30) == 4
+    before = ex.statistics()["delivered_direct"]
+    quick = [f for f in lone if (info := task_info(f)) is not None and info.duration < reply.DIRECT_SECONDS]
+    assert before == start + len(quick) and quick, "the reply socket works before it is removed"
+    os.unlink(agent._reply_to)
+    for i in range(20):
+        assert ex.submit(echo, i).result(timeout=30) == i
+    with pytest.raises(ValueError, match="boom 7"):
+        ex.submit(fail, 7).result(timeout=30)
+    assert ex.statistics()["delivered_direct"] == before

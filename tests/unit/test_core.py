@@ -397,6 +397,53 @@ def test_error_results_are_forwarded_and_counted_as_failed(cluster: Cluster) -> 
     assert cluster.stat("failed") == 3 and cluster.stat("finished") == 1
 
 
+REPLY_SOCKET = "/tmp/scaler-1-x/reply.sock"
+DIRECT = TaskFlags.INLINE_FN | TaskFlags.REPLY_DIRECT
+
+
+@pytest.mark.parametrize(
+    "client_reply, worker_host, flags, expected",
+    [
+        (REPLY_SOCKET, "node-1", DIRECT, REPLY_SOCKET),
+        (REPLY_SOCKET, "node-2", DIRECT, ""),  # another host cannot reach the client's socket
+        (REPLY_SOCKET, "node-1", TaskFlags.INLINE_FN, ""),  # not a sequential caller's task
+        ("", "node-1", DIRECT, ""),  # a client without a reply socket
+    ],
+    ids=["same-host", "other-host", "no-flag", "no-socket"],
+)
+def test_a_dispatch_names_the_reply_socket_only_for_direct_tasks_on_the_clients_host(
+    client_reply: str, worker_host: str, flags: int, expected: str
+) -> None:
+    cluster = Cluster()
+    cluster.join(b"c1", hello(m.Role.CLIENT, name="c1", host="node-1", reply_to=client_reply))
+    cluster.worker(b"w1", host=worker_host)
+    t = tid(cluster.ids[b"c1"], 1)
+    out = cluster.send(b"c1", m.SubmitTasks([spec(t)._replace(flags=flags)]))
+    assert [d.reply_to for d in out.dispatched(b"w1")] == [expected]
+
+
+def test_a_delivered_result_is_not_forwarded_but_is_kept_for_a_dependent(cluster: Cluster) -> None:
+    """A result the processor already sent to the client is bookkeeping only: finished,
+    counted, never sent again; and a dependent linked while it ran still gets its value."""
+    cluster.join(b"c1", hello(m.Role.CLIENT, name="c1", reply_to=REPLY_SOCKET))
+    cid = cluster.ids[b"c1"]
+    cluster.worker(b"w1", capacity=4)
+    a, b, c = tid(cid, 1), tid(cid, 2), tid(cid, 3)
+    cluster.send(b"c1", m.SubmitTasks([spec(a)._replace(flags=DIRECT), spec(c)._replace(flags=DIRECT)]))
+    cluster.send(b"c1", m.SubmitTasks([spec(b, deps=[a])]))  # a future passed as an argument
+    out = cluster.send(
+        b"w1", m.TaskResults([result(a, payload=b"va")._replace(delivered=True), result(c)._replace(delivered=True)])
+    )
+    assert out.results(b"c1") == [], "the client has both results already"
+    assert cluster.stat("delivered_direct") == 2 and cluster.stat("finished") == 2
+    assert c not in cluster.scheduler.tasks
+    (dependent,) = out.dispatched(b"w1")
+    assert dependent.task_id == b and dependent.deps == [m.DepValue(a, b"va", [])]
+    out = cluster.send(b"w1", m.TaskResults([result(b)]))
+    assert out.results(b"c1") == [result(b)], "an undelivered result still goes to the client"
+    assert cluster.stat("tasks") == 0
+
+
 def test_submit_ack_counts_every_spec_of_the_step(cluster: Cluster) -> None:
     cid = cluster.client()
     out = cluster.send(
