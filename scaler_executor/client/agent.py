@@ -34,6 +34,8 @@ import atexit
 import io
 import tempfile
 import itertools
+import math
+import select
 import logging
 import os
 import pickle
@@ -151,6 +153,15 @@ class ClientAgent:
         self._direct = False  # the channel takes a send while another thread polls it (ipc)
         self._reply: socket.socket | None = None  # processors' results of sequential tasks (protocol/reply.py)
         self._reply_to = ""
+        # A caller waiting in result() on a REPLY_DIRECT future reads the reply socket itself
+        # (_pick_up): one at a time (_pickup_lock), woken by _pickup_fd when its future is
+        # completed another way; _pickup_fd_lock keeps a write off a closed descriptor.
+        self._pickup_lock = threading.Lock()
+        self._pickup_fd_lock = threading.Lock()
+        self._pickup_fd = -1
+        self._picking: Future[Any] | None = None
+        self._tearing = False
+        self._pickup_hook = self._pick_up  # bound once, set on each sequential caller's future
         self._closed = False
         self._finished = threading.Event()  # set once the agent role has torn the connection down
         self._handoff: list[m.TaskResult] | None = None  # results this turn completes itself
@@ -237,6 +248,8 @@ class ClientAgent:
             alone = len(self.futures) == 1
             if alone:
                 flags |= TaskFlags.REPLY_DIRECT  # a sequential caller's: its result may come straight back
+                if self._reply is not None:
+                    future._pickup = self._pickup_hook
             self.outbox.append((SUBMIT, n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects))
         future._on_cancel = self._cancel_hook
         if alone and self._direct and self._send_directly():
@@ -473,6 +486,8 @@ class ClientAgent:
     def _on_cancelled(self, future: TaskFuture[Any]) -> None:
         """Every outstanding future's cancel hook (one bound method for all of them: a
         ``partial`` per future cost ~200 bytes of each pending task)."""
+        if self._picking is future:
+            self._wake_picker()
         n = self._ids.get(id(future))  # outstanding futures are alive, so id() is theirs
         if n is not None and self.futures.get(n) is future:
             del self.futures[n]
@@ -558,9 +573,10 @@ class ClientAgent:
             sock.close()
             log.warning("client: no reply socket at %s (%s); results take the daemon's path", path, exc)
             return
-        self._reply = sock
+        self._pickup_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._reply_to = path
         poller.register(sock.fileno())
+        self._reply = sock  # last: _enqueue reads it to offer the pick-up
 
     def _agent_turns(self) -> list[m.TaskResult] | None:
         """The agent's loop, on whichever pool thread holds the agent role.
@@ -699,7 +715,8 @@ class ClientAgent:
                         0,
                     )
                 )
-                self._unacked += 1
+                if not flags & TaskFlags.REPLY_DIRECT:  # a sequential caller's task is never acked
+                    self._unacked += 1
                 continue
             outbox.popleft()
             if specs:
@@ -798,6 +815,88 @@ class ClientAgent:
                 elif kind is m.Goodbye:
                     self._break(DaemonLost(f"the daemon at {self.address} stopped ({message.reason})"))
 
+    def _pick_up(self, future: TaskFuture[Any], timeout: float | None) -> float | None:
+        """``future.result()`` of a sequential caller's task: read the reply socket on this
+        thread; returns what is left of ``timeout``.
+
+        The processor sends such a result to the reply socket (protocol/reply.py); read by
+        the agent thread, it then had to wake this one, a thread wake-up in series on the
+        round trip.  The waiting thread takes the socket from the agent's poller instead,
+        and completes its future itself (done-callbacks, if any, still run on a pool thread).
+        Only one thread at a time; a future completed any other way (the daemon's path,
+        a cancel, a broken executor) wakes it through ``_pickup_fd``, and one that timed
+        out gives the socket back.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        results: list[m.TaskResult] = []
+        if self._pickup_lock.acquire(blocking=False):
+            try:
+                if not self._tearing and not self._closed and self._reply is not None:
+                    results = self._await_reply(future, self._reply, deadline)
+            finally:
+                self._pickup_lock.release()
+        for result in results:  # outside the lock: unpickling may run the user's code
+            self._complete_result(result, quietly=True)  # done-callbacks still go to a pool thread
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    def _await_reply(self, future: TaskFuture[Any], sock: socket.socket, deadline: float | None) -> list[m.TaskResult]:
+        """Results read from the reply socket once one arrives; [] if ``future`` was
+        completed otherwise, the deadline passed or the agent is tearing down."""
+        waiter = _PickupWaiter(self)
+        with future._condition:  # type: ignore[attr-defined]
+            if future.done():
+                return []
+            future._waiters.append(waiter)  # type: ignore[attr-defined]
+        fd = sock.fileno()
+        self._picking = future
+        self._poller.unregister(fd)  # the agent thread stops watching it (epoll is thread-safe)
+        try:
+            try:
+                os.eventfd_read(self._pickup_fd)  # a wake-up meant for an earlier pick-up
+            except BlockingIOError:
+                pass
+            poll = select.poll()
+            poll.register(fd, select.POLLIN)
+            poll.register(self._pickup_fd, select.POLLIN)
+            while not future.done() and not self._tearing:
+                if deadline is None:
+                    ready = poll.poll()
+                else:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return []
+                    ready = poll.poll(math.ceil(left * 1000))
+                if any(ready_fd == fd for ready_fd, _ in ready):
+                    results = self._read_replies(sock)
+                    if results:
+                        return results
+            return []
+        finally:
+            self._picking = None
+            with future._condition:  # type: ignore[attr-defined]
+                if waiter in future._waiters:  # type: ignore[attr-defined]
+                    future._waiters.remove(waiter)  # type: ignore[attr-defined]
+            if not self._tearing:
+                self._poller.register(fd)  # level-triggered: anything that came meanwhile wakes the agent
+
+    def _wake_picker(self) -> None:
+        with self._pickup_fd_lock:
+            if self._pickup_fd >= 0:
+                os.eventfd_write(self._pickup_fd, 1)
+
+    def _read_replies(self, sock: socket.socket) -> list[m.TaskResult]:
+        results: list[m.TaskResult] = []
+        for _ in range(RECV_BURST):
+            try:
+                datagram = sock.recv(reply.DATAGRAM_LIMIT)
+            except BlockingIOError:
+                break
+            try:
+                results.extend(reply.decode(datagram))
+            except codec.DecodeError as exc:  # only a bug sends one: the daemon has no copy to send
+                log.error("client: dropped a bad result datagram (%d bytes): %s", len(datagram), exc)
+        return results
+
     def _take_results(self, results: list[m.TaskResult]) -> None:
         if self._handoff is not None:
             self._handoff.extend(results)
@@ -807,19 +906,11 @@ class ClientAgent:
             self._completer.put_results(results)
 
     def _receive_replies(self) -> None:
-        """Results that processors sent straight here (REPLY_DIRECT tasks)."""
-        sock = self._reply
-        assert sock is not None
-        for _ in range(RECV_BURST):
-            try:
-                datagram = sock.recv(reply.DATAGRAM_LIMIT)
-            except BlockingIOError:
-                return
-            try:
-                results = reply.decode(datagram)
-            except codec.DecodeError as exc:  # only a bug sends one: the daemon has no copy to send
-                log.error("client: dropped a bad result datagram (%d bytes): %s", len(datagram), exc)
-                continue
+        """Results that processors sent straight here (REPLY_DIRECT tasks) while no caller
+        was picking them up itself."""
+        assert self._reply is not None
+        results = self._read_replies(self._reply)
+        if results:
             self._take_results(results)
 
     def _attach_store(self, name: str) -> None:
@@ -863,7 +954,13 @@ class ClientAgent:
                 pass
         sock.close()
         if self._reply is not None:
-            self._reply.close()  # its file goes with the cluster's directory
+            self._tearing = True
+            self._wake_picker()
+            with self._pickup_lock:  # a caller picking up leaves once woken
+                self._reply.close()  # its file goes with the cluster's directory
+            with self._pickup_fd_lock:
+                os.close(self._pickup_fd)
+                self._pickup_fd = -1
         if self.cluster is not None:
             self.cluster.stop()
         if self.store is not None:
@@ -1300,6 +1397,20 @@ class _CallPickler(cloudpickle.Pickler):
         if reduced is not NotImplemented:
             return reduced
         return super().reducer_override(obj)
+
+
+class _PickupWaiter:
+    """A ``concurrent.futures`` waiter that wakes a thread in ``ClientAgent._pick_up``."""
+
+    __slots__ = ("agent",)
+
+    def __init__(self, agent: ClientAgent) -> None:
+        self.agent = agent
+
+    def add_result(self, future: Future[Any]) -> None:
+        self.agent._wake_picker()
+
+    add_exception = add_cancelled = add_result
 
 
 def _settle(future: Future[Any], ok: bool, value: Any) -> None:

@@ -20,13 +20,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from concurrent.futures._base import PENDING
+from concurrent.futures._base import PENDING, RUNNING
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 # The members Future.__init__ makes that TaskFuture makes on first use.
 LAZY_MEMBERS = ("_condition", "_waiters", "_done_callbacks")
+_WAITING = (PENDING, RUNNING)
 
 
 class _MadeOnFirstUse:
@@ -65,12 +66,21 @@ class TaskFuture(Future[T]):
     _condition = _MadeOnFirstUse()
     _waiters = _MadeOnFirstUse()
     _done_callbacks = _MadeOnFirstUse()
+    # Set (per instance) on a sequential caller's future whose result may come to the
+    # client's reply socket: result() then reads that socket on the waiting thread.
+    _pickup: Callable[[TaskFuture[Any], float | None], float | None] | None = None
 
     def __init__(self) -> None:  # Future.__init__ without LAZY_MEMBERS
         self._state = PENDING
         self._result: Any = None
         self._exception: BaseException | None = None
         self._on_cancel: Callable[[TaskFuture[Any]], None] | None = None
+
+    def result(self, timeout: float | None = None) -> T:
+        pickup = self._pickup
+        if pickup is not None and self._state in _WAITING:
+            timeout = pickup(self, timeout)
+        return super().result(timeout)
 
     def cancel(self) -> bool:
         if not super().cancel():

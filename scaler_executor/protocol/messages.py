@@ -17,7 +17,9 @@ RegisterFunction       C→D→W    a pickled callable shared by many tasks (sen
 ReleaseFunctions       C→D→W    callables no task will refer to any more
 RegisterOptions        C→D      an interned options record (``ex.options(...)``)
 SubmitTasks            C→D      new tasks
-SubmitAck              D→C      credit: that many submitted tasks were taken in
+SubmitAck              D→C      credit: that many submitted tasks were taken in (not
+                                counting REPLY_DIRECT ones: at most one is outstanding,
+                                outside the client's submit window)
 TasksRunning           D→C      tasks dispatched to a worker (futures turn RUNNING)
 DispatchTasks          D→W      tasks to run (plus callables the worker lacks)
 CancelTasks            C→D→W    drop (or with ``force`` kill) tasks

@@ -212,6 +212,10 @@ class Scheduler:
         self._out: dict[bytes, list[Any]] = {}
         self._results: dict[bytes, list[m.TaskResult]] = {}
         self._running: dict[bytes, list[int]] = {}
+        # REPLY_DIRECT tasks' running notices, each due NOTICE_DELAY after its dispatch: their
+        # results usually reach the client straight, and this daemon sends it nothing else
+        # (a shared deadline, renewed by each sequential task, would fire every few tasks).
+        self._direct_running: dict[int, tuple[bytes, float]] = {}  # task id -> (client, dispatched)
         self._acks: dict[bytes, int] = {}
         self._notices_since: float | None = None  # when the oldest deferred ack/running notice was made
         self._handlers: dict[type, Callable[[bytes, Any], None]] = {
@@ -456,7 +460,10 @@ class Scheduler:
         ready = self.ready
         owned = client.tasks
         refs = self.function_refs
+        credited = 0  # a REPLY_DIRECT task is not in the client's submit window: no ack
         for spec in message.tasks:
+            if spec.flags & TaskFlags.REPLY_DIRECT:
+                credited += 1
             options = options_table.get(spec.options_id)
             if spec.task_id in tasks or spec.task_id >> m.TASK_ID_BITS != client.client_id:
                 self._reject_spec(peer, spec, f"task id {spec.task_id:#x} is reused or not this client's")
@@ -491,7 +498,8 @@ class Scheduler:
                 self._queue(task)
         n = len(message.tasks)
         self.counters["submitted"] += n
-        self._acks[peer] = self._acks.get(peer, 0) + n
+        if n > credited:
+            self._acks[peer] = self._acks.get(peer, 0) + n - credited
 
     # ------------------------------------------------------------------ graph controller
 
@@ -687,6 +695,8 @@ class Scheduler:
                 worker.mean_task_seconds = duration if mean is None else mean + EWMA_WEIGHT * (duration - mean)
             ok = result.status == Status.OK
             self.counters["finished" if ok else "failed"] += 1
+            if self._direct_running:
+                self._direct_running.pop(task.task_id, None)  # its result tells the client it ran
             if ok and task.holds > 0 and task.state is TaskState.DISPATCHED:
                 task.transition("result-kept")  # dependents need it: it stays, FINISHED
                 task.result = result.payload
@@ -853,6 +863,9 @@ class Scheduler:
                 task.options.task_timeout, deps, reply_to,
             )
         )
+        if task.flags & TaskFlags.REPLY_DIRECT:
+            self._direct_running[task.task_id] = (task.client, self._now)
+            return
         running = self._running.get(task.client)
         if running is None:
             running = self._running[task.client] = []
@@ -995,6 +1008,8 @@ class Scheduler:
             self._flush_notices()
         else:
             self._notices_since = None  # their client left: nothing is due (no wake-up spin)
+        if self._direct_running:
+            self._flush_direct_running()
         for peer, results in self._results.items():
             self._send(peer, m.TaskResults(results))
         self._results.clear()
@@ -1041,9 +1056,26 @@ class Scheduler:
         if not self._acks and not self._running:
             self._notices_since = None
 
+    def _flush_direct_running(self) -> None:
+        """Running notices of REPLY_DIRECT tasks still running NOTICE_DELAY after dispatch
+        (sent with the client's other notices or results if those go sooner)."""
+        now, results, tasks = self._now, self._results, self.tasks
+        due = [
+            (task_id, peer)
+            for task_id, (peer, since) in self._direct_running.items()
+            if now >= since + NOTICE_DELAY or peer in results or peer in self._out
+        ]
+        for task_id, peer in due:
+            del self._direct_running[task_id]
+            if task_id in tasks and peer in self.clients:
+                self._send(peer, m.TasksRunning([task_id]))
+
     def wakeup_at(self) -> float | None:
         """When the loop must call ``handle`` (with ``Wake``) even if nothing arrives."""
         since = self._notices_since
+        if self._direct_running:  # at most a few: one per sequential caller
+            first = min(dispatched for _, dispatched in self._direct_running.values())
+            since = first if since is None else min(since, first)
         return None if since is None else since + NOTICE_DELAY
 
     # ------------------------------------------------------------------ observability

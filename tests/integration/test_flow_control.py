@@ -10,7 +10,9 @@ end at exactly one, and every result must be the one its call returns.
 from __future__ import annotations
 
 import array
+import concurrent.futures
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scaler_testing import fast_config, wait_until
+from scaler_testing import daemon_of, fast_config, wait_until
 
 from scaler_executor import ScalerExecutor, task_info
 
@@ -313,6 +315,13 @@ def when_released(n: int, release: str) -> int:
     return n
 
 
+def via_agent(future: Future[Any]) -> Any:
+    """The result as the agent thread completes it: ``wait()`` does not read the reply
+    socket itself, as ``result()`` on a sequential caller's future does."""
+    assert not concurrent.futures.wait([future], timeout=30).not_done
+    return future.result()
+
+
 @pytest.mark.timeout(120)
 def test_a_lone_plain_result_is_completed_by_the_agent_and_user_code_never_runs_there(
     fresh_executor: Callable[..., ScalerExecutor], tmp_path: Path
@@ -320,7 +329,8 @@ def test_a_lone_plain_result_is_completed_by_the_agent_and_user_code_never_runs_
     """A sequential caller's result that unpickles to builtins is completed by the agent
     thread itself (no hand-over of its role, no second pool thread woken); a result whose
     unpickling could run the user's code (a global lookup), and a future with a
-    done-callback, still complete on a pool thread that does not hold the agent role."""
+    done-callback, still complete on a pool thread that does not hold the agent role.
+    (Futures are waited on with ``wait()``: ``result()`` would read them itself.)"""
     ex = fresh_executor(max_workers=1, config=fast_config())
     agent = ex._agent
     completer = agent._completer
@@ -343,15 +353,15 @@ def test_a_lone_plain_result_is_completed_by_the_agent_and_user_code_never_runs_
             in_turns.yes = False
 
     agent._turns = marked_turns  # type: ignore[method-assign]
-    assert ex.submit(echo, 0).result(timeout=30) == 0
+    assert via_agent(ex.submit(echo, 0)) == 0
     # Let the first agent thread (started before the wrapper) hand its role on once.
-    assert ex.submit(make_ratio, 1).result(timeout=30) == _Ratio(1)
+    assert via_agent(ex.submit(make_ratio, 1)) == _Ratio(1)
     hand_overs[0] = 0
     for i in range(50):
-        assert ex.submit(echo, i).result(timeout=30) == i
+        assert via_agent(ex.submit(echo, i)) == i
     assert hand_overs[0] == 0, f"{hand_overs[0]} hand-overs for 50 lone plain results"
     for i in range(5):
-        assert ex.submit(make_ratio, i).result(timeout=30) == _Ratio(i)
+        assert via_agent(ex.submit(make_ratio, i)) == _Ratio(i)
     assert hand_overs[0] == 5, f"{hand_overs[0]} hand-overs for 5 results that unpickle a class"
 
     ran_on: list[tuple[str, bool]] = []
@@ -444,11 +454,15 @@ def test_a_sequential_callers_results_come_straight_from_the_processor(
         lone[-1].result(timeout=30)
     direct = quick(lone)
     assert direct >= 40, f"only {direct} of 51 no-op tasks ran under {reply.DIRECT_SECONDS} s"
+    # The daemon hears of a delivered result from the worker agent, off the caller's path:
+    # its books balance once it holds no task.
+    assert wait_until(lambda: ex.statistics()["tasks"] == 0, timeout=10)
     assert delivered() == base + direct, "lone results and errors come straight from the processor"
     base += direct
 
     assert ex.submit(blob, reply.MAX_PAYLOAD + 1).result(timeout=30) == b"x" * (reply.MAX_PAYLOAD + 1)
     assert ex.submit(slow_echo, 5, reply.DIRECT_SECONDS * 3).result(timeout=30) == 5
+    assert wait_until(lambda: ex.statistics()["tasks"] == 0, timeout=10)
     assert delivered() == base, "a large result or a long task takes the daemon's path"
 
     counts: dict[int, int] = {}
@@ -480,6 +494,7 @@ def test_results_take_the_daemons_path_when_the_reply_socket_cannot_be_written(
         assert lone[-1].result(timeout=30) == i - 1
         lone.append(ex.submit(echo, i))
     assert lone[-1].result(timeout=30) == 4
+    assert wait_until(lambda: ex.statistics()["tasks"] == 0, timeout=10)
     before = ex.statistics()["delivered_direct"]
     quick = [f for f in lone if (info := task_info(f)) is not None and info.duration < reply.DIRECT_SECONDS]
     assert before == start + len(quick) and quick, "the reply socket works before it is removed"
@@ -488,4 +503,108 @@ def test_results_take_the_daemons_path_when_the_reply_socket_cannot_be_written(
         assert ex.submit(echo, i).result(timeout=30) == i
     with pytest.raises(ValueError, match="boom 7"):
         ex.submit(fail, 7).result(timeout=30)
+    assert wait_until(lambda: ex.statistics()["tasks"] == 0, timeout=10)
     assert ex.statistics()["delivered_direct"] == before
+
+
+def _in_pick_up(agent: Any, future: Future[Any]) -> Callable[[], bool]:
+    return lambda: agent._picking is future
+
+
+@pytest.mark.timeout(60)
+def test_a_waiting_caller_reads_its_result_from_the_reply_socket_itself(
+    fresh_executor: Callable[..., ScalerExecutor], tmp_path: Path
+) -> None:
+    """``result()`` on a sequential caller's future takes the reply socket from the agent
+    thread and reads its result there (done-callbacks still run on a pool thread);
+    afterwards the agent watches the socket again."""
+    import pickle
+
+    from scaler_executor.protocol import messages as m
+    from scaler_executor.protocol import reply
+
+    ex = fresh_executor(max_workers=1, config=fast_config())
+    agent = ex._agent
+    assert ex.submit(echo, 0).result(timeout=30) == 0
+    release = tmp_path / "release"
+    future = ex.submit(when_released, 1, str(release))  # alone: it may be picked up
+    assert future._pickup is not None
+    readers: list[str] = []
+    original_read = agent._read_replies
+
+    def recording_read(sock: Any) -> Any:
+        readers.append(threading.current_thread().name)
+        return original_read(sock)
+
+    agent._read_replies = recording_read
+    got: list[Any] = []
+    callback_threads: list[threading.Thread] = []
+    future.add_done_callback(lambda f: callback_threads.append(threading.current_thread()))
+    caller = threading.Thread(target=lambda: got.append(future.result(timeout=30)), name="caller")
+    caller.start()
+    assert wait_until(_in_pick_up(agent, future), timeout=10), "result() did not take the reply socket"
+    # What a processor sends: a datagram with the result (the real task is still running).
+    task_id = agent._base | agent._ids[id(future)]
+    now = time.time()
+    datagram = reply.encode(m.TaskResult(task_id, 0, m.Status.OK, pickle.dumps(99), m.TaskFacts("w", now, now, 0), []))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+        sender.sendto(datagram, agent._reply_to)
+    caller.join(timeout=30)
+    assert got == [99], got
+    assert readers == ["caller"], readers
+    assert wait_until(lambda: bool(callback_threads), timeout=10)
+    assert callback_threads[0].name.startswith("scaler-client-"), callback_threads
+    assert agent._picking is None
+    release.touch()  # the real result finds the future settled and is dropped
+    # The agent watches the socket again: a result it reads completes a future nobody waits on.
+    follow = ex.submit(echo, 5)
+    assert not concurrent.futures.wait([follow], timeout=30).not_done
+    assert follow.result() == 5
+
+
+@pytest.mark.timeout(60)
+def test_a_caller_picking_up_is_woken_by_every_other_ending(
+    fresh_executor: Callable[..., ScalerExecutor],
+) -> None:
+    """A thread waiting on the reply socket must not miss its future's ending any other
+    way: a result through the daemon (a long task), a timeout, a cancel, a dead daemon."""
+    from scaler_executor.exceptions import DaemonLost
+
+    ex = fresh_executor(max_workers=1, config=fast_config(unsatisfiable_timeout=120.0))
+    agent = ex._agent
+    assert ex.submit(echo, 0).result(timeout=30) == 0
+    # A long task's result takes the daemon's path: the agent completes it, the waiter wakes.
+    assert ex.submit(slow_echo, 3, 0.1).result(timeout=30) == 3
+    # A timeout gives the socket back.
+    slow = ex.submit(slow_echo, 4, 1.0)
+    with pytest.raises(concurrent.futures.TimeoutError):
+        slow.result(timeout=0.05)
+    assert agent._picking is None
+    assert slow.result(timeout=30) == 4
+    # A cancel: a task no worker can take stays pending in the daemon.
+    pending = ex.options(tags=["nowhere"]).submit(echo, 6)
+    assert pending._pickup is not None
+    errors: list[BaseException] = []
+
+    def wait_for(f: Future[Any]) -> None:
+        try:
+            f.result(timeout=30)
+        except BaseException as exc:
+            errors.append(exc)
+
+    waiter = threading.Thread(target=wait_for, args=(pending,))
+    waiter.start()
+    assert wait_until(_in_pick_up(agent, pending), timeout=10)
+    assert pending.cancel()
+    waiter.join(timeout=10)
+    assert not waiter.is_alive() and len(errors) == 1
+    assert isinstance(errors[0], concurrent.futures.CancelledError), errors
+    # The daemon dies while a caller waits: the future fails, the caller returns.
+    stuck = ex.options(tags=["nowhere"]).submit(echo, 7)
+    waiter = threading.Thread(target=wait_for, args=(stuck,))
+    waiter.start()
+    assert wait_until(_in_pick_up(agent, stuck), timeout=10)
+    daemon_of(ex).kill()
+    waiter.join(timeout=30)
+    assert not waiter.is_alive(), "a caller picking up hung when the daemon died"
+    assert len(errors) == 2 and isinstance(errors[1], DaemonLost), errors

@@ -444,6 +444,29 @@ def test_a_delivered_result_is_not_forwarded_but_is_kept_for_a_dependent(cluster
     assert cluster.stat("tasks") == 0
 
 
+def test_a_delivered_lone_task_leaves_nothing_due_to_its_client(cluster: Cluster) -> None:
+    """A sequential caller's task is outside the submit window (no SubmitAck), and once its
+    result was delivered straight, no running notice is due: the client is not woken."""
+    cluster.join(b"c1", hello(m.Role.CLIENT, name="c1", reply_to=REPLY_SOCKET))
+    cluster.worker(b"w1")
+    t = tid(cluster.ids[b"c1"], 1)
+    assert cluster.send(b"c1", m.SubmitTasks([spec(t)._replace(flags=DIRECT)])).to(b"c1") == []
+    assert cluster.scheduler.wakeup_at() is not None, "its running notice is deferred"
+    out = cluster.send(b"w1", m.TaskResults([result(t)._replace(delivered=True)]))
+    assert out.to(b"c1") == []
+    assert cluster.scheduler.wakeup_at() is None, "nothing is left to tell the client"
+    # Not delivered (too large, say): the result travels, still with no ack.
+    t2 = tid(cluster.ids[b"c1"], 2)
+    cluster.send(b"c1", m.SubmitTasks([spec(t2)._replace(flags=DIRECT)]))
+    out = cluster.send(b"w1", m.TaskResults([result(t2)]))
+    assert out.to(b"c1") == [m.TaskResults([result(t2)])]
+    # Still running NOTICE_DELAY after its dispatch: the client hears it runs, once.
+    t3 = tid(cluster.ids[b"c1"], 3)
+    cluster.send(b"c1", m.SubmitTasks([spec(t3)._replace(flags=DIRECT)]))
+    assert cluster.notices().to(b"c1") == [m.TasksRunning([t3])]
+    assert cluster.send(b"w1", m.TaskResults([result(t3)._replace(delivered=True)])).to(b"c1") == []
+
+
 def test_submit_ack_counts_every_spec_of_the_step(cluster: Cluster) -> None:
     cid = cluster.client()
     out = cluster.send(
