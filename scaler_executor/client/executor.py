@@ -231,7 +231,12 @@ class ScalerExecutor(Executor):
         return self._agent.cancel(future, force)
 
     def statistics(self, timeout: float | None = 10.0) -> dict[str, Any]:
-        """A snapshot of the daemon's counters and task states."""
+        """A snapshot of the daemon's counters and task states.
+
+        A sequential caller's result can reach it straight from the processor (see
+        docs/architecture.rst, life of a task): the daemon counts that task once its worker
+        reports it, which may be just after ``result()`` returned.
+        """
         return self._agent.request_stats().result(timeout)
 
     @property
