@@ -73,6 +73,7 @@ MEMORY_SAMPLE_SECONDS = 0.1
 RESULT_LINGER = 0.001  # most a result waits for others when the worker is saturated
 RESULT_BATCH = 64  # results that go at once, saturated or not
 HOUSEKEEPING_SECONDS = 0.005  # timers' resolution under load (deadlines, respawns, silence)
+ZYGOTE_WARM_IDLE = 0.2  # seconds without a task before the zygote may spend CPU on imports
 
 
 def processor_depth(mean_task: float | None) -> int:
@@ -191,6 +192,8 @@ class WorkerAgent:
         self.broken: str | None = None
         self.exit_code = 0
         self.last_recv = time.monotonic()
+        self.last_busy = self.last_recv  # when this worker last held a task (while not zygote_warm)
+        self.zygote_warm = False  # asked the zygote to import what later processors need
         self.last_send = 0.0
         self.last_hello = 0.0
         self.heartbeat_interval = config.heartbeat_interval
@@ -322,6 +325,7 @@ class WorkerAgent:
     def _on_message(self, message: object) -> None:
         kind = type(message)
         if kind is m.DispatchTasks:
+            self.last_busy = self.last_recv
             for blob in message.functions:  # type: ignore[attr-defined]
                 self.functions[blob.fn_id] = blob.payload
             for task in message.tasks:  # type: ignore[attr-defined]
@@ -830,6 +834,12 @@ class WorkerAgent:
                     limit = task.task_timeout if task is not None else 0
                     self._kill(p, Status.TIMEOUT, f"task ran longer than its task_timeout of {limit} s")
         self._reconcile(now)
+        if not self.zygote_warm:
+            if self.held:
+                self.last_busy = now
+            elif now - self.last_busy >= ZYGOTE_WARM_IDLE:
+                self.zygote_warm = True
+                self.zygote.warm()
         silence = now - self.last_recv
         if silence > self.daemon_silence_limit:
             if self.lifeline_fd is not None:

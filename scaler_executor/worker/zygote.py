@@ -18,6 +18,7 @@ boundaries; msgpack bodies)::
     agent  ◄──[SPAWNED, pid] + the processor's socket and the read end of
               its stderr pipe (SCM_RIGHTS)──  zygote
     agent  ◄──[EXITED, pid, wait status]──  zygote (it reaps its children)
+    agent  ──[WARM]──►  zygote: import what tasks often need, once (the worker is idle)
 
 The zygote exits when the agent's end closes.
 """
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 
 import msgpack
 
-SPAWN, SPAWNED, EXITED = 1, 2, 3
+SPAWN, SPAWNED, EXITED, WARM = 1, 2, 3, 4
 
 
 @dataclass
@@ -44,6 +45,12 @@ class ZygoteHandle:
 
     def request(self) -> None:
         self.control.send(msgpack.packb([SPAWN]))
+
+    def warm(self) -> None:
+        try:
+            self.control.send(msgpack.packb([WARM]))
+        except OSError:  # the zygote is gone: the agent hears it on the control socket
+            pass
 
     def close(self) -> None:
         try:
@@ -83,20 +90,10 @@ def _zygote_main(
     poller.register(control.fileno(), select.POLLIN)
     poller.register(wake_r, select.POLLIN)
     children: set[int] = set()
-    warm = False
     while True:
         try:
-            ready = poller.poll(None if warm else 200)
+            ready = poller.poll()
         except InterruptedError:
-            continue
-        if not ready and not warm:
-            # Idle: import what tasks often need (get_executor's client) once, here, so every
-            # later processor starts with it; not before the first processors are forked.
-            warm = True
-            try:
-                import scaler_executor.client.executor  # noqa: F401
-            except Exception:
-                pass
             continue
         for fd, _events in ready:
             if fd == wake_r:
@@ -115,8 +112,18 @@ def _zygote_main(
                 if not data:
                     _kill_all(children)  # the agent is gone: so are its processors
                     return
-                if msgpack.unpackb(data)[0] == SPAWN:
+                kind = msgpack.unpackb(data)[0]
+                if kind == SPAWN:
                     children.add(_spawn(control, wake_r, wake_w, initializer, max_tasks, arrays_in_store))
+                elif kind == WARM:
+                    # Import what tasks often need (get_executor's client, ~13 ms of CPU) once,
+                    # so every later processor starts with it.  The agent asks only once its
+                    # worker has been idle: on a busy 2-core host these milliseconds delayed
+                    # a few dozen tasks in a row.
+                    try:
+                        import scaler_executor.client.executor  # noqa: F401
+                    except Exception:
+                        pass
 
 
 def _kill_all(children: set[int]) -> None:

@@ -126,3 +126,37 @@ def test_the_cluster_returns_to_its_size_after_nested_work(two_processors: Scale
     stats = two_processors.statistics()
     assert stats["tasks"] == 0, stats
     assert stats["processors"] == 2, stats
+
+
+@pytest.mark.timeout(90)
+def test_processors_forked_after_the_worker_idled_start_with_the_nested_client_imported() -> None:
+    """The zygote imports get_executor's client once its worker has had no task for
+    ZYGOTE_WARM_IDLE, never while tasks run; processors forked later start with it."""
+    import time
+
+    from scaler_executor.worker.agent import ZYGOTE_WARM_IDLE
+
+    def nested_client_imported() -> tuple[bool, int]:
+        # Nested, so pickled by value: unpickling it imports no test module (this one
+        # imports scaler_executor's client).
+        import os
+        import sys
+
+        return "scaler_executor.client.executor" in sys.modules, os.getpid()
+
+    with ScalerExecutor(max_workers=1, max_tasks_per_child=1, config=TOLERANT) as ex:
+        # Forked at start, before any idle time: the first processor runs without it.
+        imported, first_pid = ex.submit(nested_client_imported).result(timeout=60)
+        assert not imported
+        # A task longer than the idle time: the worker is busy, not idle, all along
+        # (the zygote, with nothing to fork, is idle), so the processor forked after
+        # it still starts without the import.
+        ex.submit(time.sleep, 3 * ZYGOTE_WARM_IDLE).result(timeout=60)
+        imported, pid = ex.submit(nested_client_imported).result(timeout=60)
+        assert not imported and pid != first_pid
+        time.sleep(3 * ZYGOTE_WARM_IDLE)  # the idle time the import waits for
+        # The next task may run on a processor forked before the import; the one after
+        # runs on a processor forked from the warm zygote.
+        ex.submit(nested_client_imported).result(timeout=60)
+        imported, _ = ex.submit(nested_client_imported).result(timeout=60)
+        assert imported
