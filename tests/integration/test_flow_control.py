@@ -643,3 +643,71 @@ def test_a_caller_picking_up_is_woken_by_every_other_ending(
     waiter.join(timeout=30)
     assert not waiter.is_alive(), "a caller picking up hung when the daemon died"
     assert len(errors) == 2 and isinstance(errors[1], DaemonLost), errors
+
+
+class _RecordingPoll:
+    """select.poll that notes each timeout it is called with (0: a spinning poll)."""
+
+    def __init__(self, calls: list[Any]) -> None:
+        import select
+
+        self._poll = select.poll()
+        self._calls = calls
+
+    def register(self, fd: int, events: int) -> None:
+        self._poll.register(fd, events)
+
+    def poll(self, timeout: Any = None) -> Any:
+        self._calls.append(timeout)
+        return self._poll.poll(timeout)
+
+
+@pytest.mark.timeout(60)
+def test_a_caller_spins_only_while_results_come_within_the_spin_window(
+    fresh_executor: Callable[..., ScalerExecutor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A picking-up caller polls without sleeping (timeout 0) for PICKUP_SPIN_SECONDS
+    while its last wait was that short, and every ending still ends the spin; after a
+    longer wait it blocks at once, and it spins again after a short one."""
+    import select
+    import types
+
+    import scaler_executor.client.agent as agent_module
+
+    if not agent_module._SPIN_WORTHWHILE:
+        pytest.skip("one CPU: the caller never spins")
+    calls: list[Any] = []
+    monkeypatch.setattr(
+        agent_module, "select", types.SimpleNamespace(poll=lambda: _RecordingPoll(calls), POLLIN=select.POLLIN)
+    )
+    ex = fresh_executor(max_workers=1, config=fast_config())
+    agent = ex._agent
+    # A window longer than any wait here: every wait below spins from start to end.
+    monkeypatch.setattr(agent_module, "PICKUP_SPIN_SECONDS", 60.0)
+    assert ex.submit(echo, 0).result(timeout=30) == 0
+    assert agent._pickup_spin
+    calls.clear()
+    assert ex.submit(echo, 1).result(timeout=30) == 1  # from the reply socket
+    assert calls and set(calls) == {0}, calls
+    calls.clear()
+    assert ex.submit(slow_echo, 2, 0.1).result(timeout=30) == 2  # through the daemon: the waiter ends the spin
+    assert calls and set(calls) == {0}, calls
+    calls.clear()
+    slow = ex.submit(slow_echo, 3, 1.0)
+    with pytest.raises(concurrent.futures.TimeoutError):
+        slow.result(timeout=0.05)  # the deadline ends the spin
+    assert calls and set(calls) == {0}, calls
+    assert slow.result(timeout=30) == 3
+    # A window shorter than a 0.2 s task: that wait turns spinning off ...
+    monkeypatch.setattr(agent_module, "PICKUP_SPIN_SECONDS", 0.05)
+    assert ex.submit(slow_echo, 4, 0.2).result(timeout=30) == 4
+    assert not agent._pickup_spin
+    # ... so the next caller blocks in poll at once; its short wait turns spinning back on.
+    monkeypatch.setattr(agent_module, "PICKUP_SPIN_SECONDS", 60.0)
+    calls.clear()
+    assert ex.submit(echo, 5).result(timeout=30) == 5
+    assert calls and 0 not in calls, calls
+    assert agent._pickup_spin
+    calls.clear()
+    assert ex.submit(echo, 6).result(timeout=30) == 6
+    assert calls and set(calls) == {0}, calls
