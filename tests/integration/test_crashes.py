@@ -788,6 +788,38 @@ def test_standalone_worker_stops_cleanly_on_sigterm(standalone: Standalone) -> N
     assert daemon.wait(15) == 0
 
 
+@pytest.mark.timeout(120)
+def test_a_worker_whose_zygote_dies_stops_and_takes_its_processors_with_it(
+    standalone: Standalone, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Without its zygote a worker cannot replace processors: it says why, stops with exit
+    code 3 and kills the processors the zygote left behind; the daemon carries on."""
+    daemon = standalone.daemon()
+    worker = standalone.worker("--processors", "2")
+    with standalone.client() as ex:
+        assert list(ex.map(square, range(6))) == [x * x for x in range(6)]
+        agent = psutil.Process(worker.pid)
+        (zygote,) = agent.children()
+        tree = standalone.tree(worker)
+        assert len(tree) >= 3, tree  # zygote, two processors
+        # A processor dies too, so the agent wants a replacement from the dead zygote:
+        # both deaths reach it in the same turn.
+        agent.suspend()
+        try:
+            zygote.children()[0].kill()
+            zygote.kill()
+            assert wait_until(lambda: zygote.status() == psutil.STATUS_ZOMBIE, timeout=10)
+        finally:
+            agent.resume()
+        assert worker.wait(15) == 3
+        assert wait_until(lambda: all_gone(tree), timeout=10), [p for p in tree if not is_gone(p)]
+        assert wait_until(lambda: ex.statistics()["workers"] == 0, timeout=10)
+    assert "the zygote died" in capfd.readouterr().err
+    assert daemon.poll() is None
+    daemon.send_signal(signal.SIGTERM)
+    assert daemon.wait(15) == 0
+
+
 # =========================================================================== bad input on the daemon's socket
 
 
