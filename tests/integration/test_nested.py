@@ -154,7 +154,9 @@ def test_processors_forked_after_the_worker_idled_start_with_the_nested_client_i
         ex.submit(time.sleep, 3 * ZYGOTE_WARM_IDLE).result(timeout=60)
         imported, pid = ex.submit(nested_client_imported).result(timeout=60)
         assert not imported and pid != first_pid
-        time.sleep(3 * ZYGOTE_WARM_IDLE)  # the idle time the import waits for
+        # Idle time is what the import waits for; the agent checks every few ms (at most a
+        # 50 ms tick with this config), so 5x leaves a wide margin on a loaded machine.
+        time.sleep(5 * ZYGOTE_WARM_IDLE)
         # The next task may run on a processor forked before the import; the one after
         # runs on a processor forked from the warm zygote.
         ex.submit(nested_client_imported).result(timeout=60)
