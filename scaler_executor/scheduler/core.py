@@ -927,6 +927,11 @@ class Scheduler:
     # ------------------------------------------------------------------ bookkeeping
 
     def _forget(self, task: TaskRecord) -> None:
+        if not task.deps:  # most tasks: nothing of theirs to release
+            if self.tasks.pop(task.task_id, None) is not None:
+                task.unrecord()
+                self._forget_one(task)
+            return
         # Iterative: forgetting the end of a 10,000-task chain releases the whole chain.
         stack = [task]
         while stack:

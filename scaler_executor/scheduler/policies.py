@@ -56,6 +56,16 @@ class LeastLoaded:
 
     def allocate(self, ready: int, slots: list[WorkerSlot]) -> list[int]:
         counts = [0] * len(slots)
+        if ready == 1:  # a sequential caller's task: the least loaded worker with room, no heap
+            best, best_load = -1, 0.0
+            for i, slot in enumerate(slots):
+                if slot.capacity > 0 and prefetch_window(slot, self.max_prefetch) > slot.inflight:
+                    load = slot.inflight / slot.capacity
+                    if best < 0 or load < best_load:
+                        best, best_load = i, load
+            if best >= 0:
+                counts[best] = 1
+            return counts
         heap = []
         for i, slot in enumerate(slots):
             room = prefetch_window(slot, self.max_prefetch) - slot.inflight

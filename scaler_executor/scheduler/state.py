@@ -85,6 +85,14 @@ TRANSITIONS: dict[tuple[TaskState, str], TaskState] = {
     (S.CANCELLING, "cancel"): S.CANCELLING,
 }
 
+# (state, event) -> (next state, the story's entry for it): the entry is made once here,
+# not formatted per transition (two per task, on the daemon's path).
+_STEPS: dict[tuple[TaskState, str], tuple[TaskState, str]] = {
+    key: (new, f"{key[1]}:{new.value}") for key, new in TRANSITIONS.items()
+}
+STORY_LENGTH = 8  # transitions kept per task, for IllegalTransition's message
+_NAMES = {state: state.value for state in TaskState}  # Enum's .value is a Python-level property
+
 QUEUED_STATES = frozenset({S.PENDING, S.RETRYING})
 AT_WORKER_STATES = frozenset({S.DISPATCHED, S.CANCELLING})
 
@@ -164,17 +172,25 @@ class TaskRecord:
             counts[S.PENDING] = counts.get(S.PENDING, 0) + 1
 
     def transition(self, event: str) -> TaskState:
-        new = TRANSITIONS.get((self.state, event))
-        if new is None:
+        step = _STEPS.get((self.state, event))
+        if step is None:
             raise IllegalTransition(
                 f"task {self.task_id:#x}: event {event!r} is illegal in state {self.state.value}; "
                 f"story: {' -> '.join(self.story or [self.state.value])}"
             )
-        if self.story is None:
-            self.story = [self.state.value]
-        self.story.append(f"{event}:{new.value}")
-        del self.story[:-8]
-        self.set_state(new)
+        new, entry = step
+        story = self.story
+        if story is None:
+            self.story = [_NAMES[self.state], entry]
+        else:
+            story.append(entry)
+            if len(story) > 2 * STORY_LENGTH:
+                del story[:-STORY_LENGTH]
+        counts = self.counts
+        if counts is not None:
+            counts[self.state] -= 1
+            counts[new] = counts.get(new, 0) + 1
+        self.state = new
         return new
 
     def set_state(self, new: TaskState) -> None:

@@ -112,6 +112,13 @@ ALLOCATIONS = [
         [0, 0, 2],
     ),
     ("newly joined worker, then levelled", [S(2, 2, SHORT), S(2, 0, NEW)], 4, 256, [1, 3]),
+    # One ready task (a sequential caller's) takes a path without the heap: same answers.
+    ("one task: ties go to the first worker", [S(1, 0, NEW), S(1, 0, NEW)], 1, 256, [1, 0]),
+    ("one task: the least loaded", [S(2, 3, NEW), S(2, 1, NEW), S(2, 2, NEW)], 1, 256, [0, 1, 0]),
+    ("one task: load is per processor", [S(4, 2, NEW), S(1, 1, NEW)], 1, 256, [1, 0]),
+    ("one task: a full worker is skipped", [S(1, 2, NEW), S(1, 3, SHORT)], 1, 256, [0, 1]),
+    ("one task: zero capacity is skipped", [S(0, 0, NEW), S(1, 1, NEW)], 1, 256, [0, 1]),
+    ("one task: all full", [S(1, 2, NEW), S(2, 4, NEW)], 1, 256, [0, 0]),
 ]
 
 
@@ -149,6 +156,21 @@ slots_strategy = st.lists(
     ),
     max_size=6,
 )
+
+
+@given(slots=slots_strategy, max_prefetch=st.integers(1, 64))
+@settings(max_examples=150, deadline=None, database=None)
+def test_one_ready_task_goes_where_the_heap_would_put_it(slots: list[WorkerSlot], max_prefetch: int) -> None:
+    # The heap pops the lowest (load, index) among workers with room: the reference here.
+    candidates = [
+        (s.inflight / s.capacity, i)
+        for i, s in enumerate(slots)
+        if s.capacity > 0 and prefetch_window(s, max_prefetch) - s.inflight > 0
+    ]
+    expected = [0] * len(slots)
+    if candidates:
+        expected[min(candidates)[1]] = 1
+    assert LeastLoaded(max_prefetch).allocate(1, slots) == expected
 
 
 @given(slots=slots_strategy, ready=st.integers(0, 200), max_prefetch=st.integers(1, 64))
