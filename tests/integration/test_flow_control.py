@@ -547,6 +547,55 @@ def _in_pick_up(agent: Any, future: Future[Any]) -> Callable[[], bool]:
 
 
 @pytest.mark.timeout(60)
+def test_a_caller_reads_only_up_to_its_own_result_and_the_agent_reads_the_rest(
+    fresh_executor: Callable[..., ScalerExecutor], tmp_path: Path
+) -> None:
+    """Datagrams queued behind the caller's own result stay for the agent thread, which
+    completes their futures once it watches the socket again: none is lost."""
+    import pickle
+
+    from scaler_executor.protocol import messages as m
+    from scaler_executor.protocol import reply
+
+    ex = fresh_executor(max_workers=1, config=fast_config())
+    agent = ex._agent
+    assert ex.submit(echo, 0).result(timeout=30) == 0
+    release = tmp_path / "release"
+    future = ex.submit(when_released, 1, str(release))  # alone: it may be picked up
+    other = ex.submit(when_released, 2, str(release))  # queued behind it on the one processor
+    assert future._pickup is not None
+    reads: list[tuple[str, int]] = []
+    original_read = agent._read_replies
+
+    def recording_read(sock: Any, *wanted: Any) -> Any:
+        results = original_read(sock, *wanted)
+        reads.append((threading.current_thread().name, len(results)))
+        return results
+
+    agent._read_replies = recording_read
+    got: list[Any] = []
+    caller = threading.Thread(target=lambda: got.append(future.result(timeout=30)), name="caller")
+    now = time.time()
+    # The agent thread takes its connection lock before reading anything: holding it, both
+    # datagrams wait in the socket until the caller takes it and reads.
+    with agent._io:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+            for f, value in ((future, 98), (other, 99)):
+                task_id = agent._base | agent._ids[id(f)]
+                result = m.TaskResult(task_id, 0, m.Status.OK, pickle.dumps(value), m.TaskFacts("w", now, now, 0), [])
+                sender.sendto(reply.encode(result), agent._reply_to)
+        caller.start()
+        caller.join(timeout=30)
+        assert got == [98], got
+        assert reads == [("caller", 1)], reads  # its own result, and no further read
+        assert not other.done()
+    assert not concurrent.futures.wait([other], timeout=30).not_done, "the second datagram was lost"
+    assert other.result() == 99
+    assert [n for name, n in reads[1:] if n] == [1] and reads[1][0] != "caller", reads  # the agent thread's
+    release.touch()  # the real results find their futures settled and are dropped
+
+
+@pytest.mark.timeout(60)
 def test_a_waiting_caller_reads_its_result_from_the_reply_socket_itself(
     fresh_executor: Callable[..., ScalerExecutor], tmp_path: Path
 ) -> None:
@@ -567,9 +616,9 @@ def test_a_waiting_caller_reads_its_result_from_the_reply_socket_itself(
     readers: list[str] = []
     original_read = agent._read_replies
 
-    def recording_read(sock: Any) -> Any:
+    def recording_read(sock: Any, *wanted: Any) -> Any:
         readers.append(threading.current_thread().name)
-        return original_read(sock)
+        return original_read(sock, *wanted)
 
     agent._read_replies = recording_read
     got: list[Any] = []
