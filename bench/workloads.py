@@ -71,6 +71,17 @@ def spin(n: int) -> int:
     return x
 
 
+def _check_blockers(blockers: list[Any], when: str) -> None:
+    """pending_memory's figures mean nothing once a worker slot is free: fail, saying why."""
+    for i, f in enumerate(blockers):
+        if f.done():
+            try:
+                outcome = f"it raised {f.exception()!r}"
+            except BaseException as exc:  # cancelled, or the contestant's own error
+                outcome = f"it ended with {exc!r}"
+            raise AssertionError(f"blocker {i} finished before its release, {when}: {outcome}")
+
+
 def block_until(release: str, started: str, timeout: float) -> int:
     """pending_memory's blocker: create ``started``, then poll until ``release`` exists.
 
@@ -591,7 +602,9 @@ def pending_memory(
     contestant: Contestant, workers: int, sizes: dict[str, int]
 ) -> dict[str, Metric]:
     n = sizes["tasks"]
-    block_timeout = 120.0
+    # Long enough for the slowest contestant to submit every task (opengris-scaler takes
+    # ~6 ms a call, 5 minutes for 50,000) and below the cell's own timeout.
+    block_timeout = 480.0
     tmp = tempfile.mkdtemp(prefix="bench-pending-", dir=os.environ.get(SCRATCH_ENV))
     release = os.path.join(tmp, "release")
     futures: list[Any] = []
@@ -618,12 +631,17 @@ def pending_memory(
                 gc.collect()
                 before, measure = tree_memory()
                 submit = contestant.submit
-                futures = [submit(ex, noop, i) for i in range(n)]
+                t_submit = time.monotonic()
+                for i in range(n):
+                    futures.append(submit(ex, noop, i))
+                    if i % 1000 == 999:
+                        _check_blockers(blockers, f"after {i + 1:,} of {n:,} submissions in {time.monotonic() - t_submit:.0f} s")
                 # Some contestants' submit() only queues a message: wait until their
                 # scheduler has every task, then settle for 0.5 s, and longer while
                 # memory still grows.
                 deadline = time.monotonic() + 300
                 while (known := contestant.known_tasks(ex)) is not None and known < n + workers:
+                    _check_blockers(blockers, f"while the scheduler took in {n:,} tasks")  # now, not in 300 s
                     if time.monotonic() > deadline:
                         raise TimeoutError(
                             f"the scheduler knows {known} of {n + workers} tasks after 300 s"
@@ -639,8 +657,7 @@ def pending_memory(
                     grew, after = again - after, again
                     if grew <= 0.02 * max(after - before, 1):
                         break
-                if not all(not f.done() for f in blockers):
-                    raise AssertionError("a blocker finished before its release")
+                _check_blockers(blockers, "while memory settled")
             finally:
                 try:
                     contestant.abandon(ex, futures)  # while the workers are still blocked
