@@ -71,6 +71,9 @@ def spin(n: int) -> int:
     return x
 
 
+SUBMIT_BUDGET = 180.0  # seconds pending_memory allows for submitting its tasks
+
+
 def _check_blockers(blockers: list[Any], when: str) -> None:
     """pending_memory's figures mean nothing once a worker slot is free: fail, saying why."""
     for i, f in enumerate(blockers):
@@ -602,9 +605,10 @@ def pending_memory(
     contestant: Contestant, workers: int, sizes: dict[str, int]
 ) -> dict[str, Metric]:
     n = sizes["tasks"]
-    # Long enough for the slowest contestant to submit every task (opengris-scaler takes
-    # ~6 ms a call, 5 minutes for 50,000) and below the cell's own timeout.
-    block_timeout = 480.0
+    # A contestant whose submissions would take longer than SUBMIT_BUDGET fails at once
+    # with its rate (opengris-scaler, at ~6 ms a call, timed the cell out after 10
+    # minutes); the blockers outlast that budget and the settling after it.
+    block_timeout = SUBMIT_BUDGET + 180.0
     tmp = tempfile.mkdtemp(prefix="bench-pending-", dir=os.environ.get(SCRATCH_ENV))
     release = os.path.join(tmp, "release")
     futures: list[Any] = []
@@ -635,7 +639,14 @@ def pending_memory(
                 for i in range(n):
                     futures.append(submit(ex, noop, i))
                     if i % 1000 == 999:
-                        _check_blockers(blockers, f"after {i + 1:,} of {n:,} submissions in {time.monotonic() - t_submit:.0f} s")
+                        spent = time.monotonic() - t_submit
+                        _check_blockers(blockers, f"after {i + 1:,} of {n:,} submissions in {spent:.0f} s")
+                        projected = spent / (i + 1) * n
+                        if projected > SUBMIT_BUDGET:
+                            raise TimeoutError(
+                                f"{(i + 1) / spent:,.0f} submissions/s: {n:,} would take ~{projected:.0f} s, "
+                                f"over this workload's budget of {SUBMIT_BUDGET:.0f} s"
+                            )
                 # Some contestants' submit() only queues a message: wait until their
                 # scheduler has every task, then settle for 0.5 s, and longer while
                 # memory still grows.
