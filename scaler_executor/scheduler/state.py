@@ -186,11 +186,7 @@ class TaskRecord:
             story.append(entry)
             if len(story) > 2 * STORY_LENGTH:
                 del story[:-STORY_LENGTH]
-        counts = self.counts
-        if counts is not None:
-            counts[self.state] -= 1
-            counts[new] = counts.get(new, 0) + 1
-        self.state = new
+        self.set_state(new)
         return new
 
     def set_state(self, new: TaskState) -> None:
