@@ -38,6 +38,7 @@ from scaler_executor.client.serialization import dumps_args
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import codec
 from scaler_executor.protocol import messages as m
+from scaler_executor.protocol import reply
 from scaler_executor.scheduler.core import Received, Scheduler, Send, python_version, refusal_for
 
 BATCH = 100
@@ -143,6 +144,19 @@ def test_codec_decode_results(benchmark: Any) -> None:
     messages, _ = benchmark(codec.decode, frames)
     assert messages == [message]
     _per_task(benchmark)
+
+
+def test_reply_datagram_encode(benchmark: Any) -> None:
+    """A sequential caller's result, as its processor sends it (on the round trip)."""
+    result = result_batch([(7 << m.TASK_ID_BITS) | 1]).results[0]
+    datagram = benchmark(reply.encode, result)
+    assert reply.decode(datagram) == [result]
+
+
+def test_reply_datagram_decode(benchmark: Any) -> None:
+    """The same result as the caller reads it (on the round trip)."""
+    result = result_batch([(7 << m.TASK_ID_BITS) | 1]).results[0]
+    assert benchmark(reply.decode, reply.encode(result)) == [result]
 
 
 # --------------------------------------------------------------------------- daemon core

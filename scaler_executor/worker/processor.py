@@ -6,7 +6,7 @@ It speaks to its worker agent over one stream socket (framed by
     agent ──[RUN, task, attempt, fn_id, fn_payload|None, flags, payload, deps, objects,
              store name, threshold, fetched objects|None, [reply socket, worker name]|None]──► processor
     agent ◄──[DONE, task, attempt, status, payload, started, finished, peak, objects, delivered]── processor
-    client ◄──TaskResults datagram── processor   (REPLY_DIRECT tasks: protocol/reply.py; then
+    client ◄──result datagram── processor        (REPLY_DIRECT tasks: protocol/reply.py; then
                                                   DONE says delivered)
     agent ──[FORGET, [fn_id, ...]]──► processor        (drop cached callables)
     agent ◄──[INIT_FAILED, exception payload]── processor (then it exits)
@@ -232,7 +232,10 @@ class _ProcessorState:
         sock = self.reply_sock
         if sock is None:
             sock = self.reply_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-        datagram = direct.encode(result)
+        try:
+            datagram = direct.encode(result)
+        except ValueError:  # e.g. a worker name too long for the datagram's header
+            return False
         if len(datagram) > direct.DATAGRAM_LIMIT:
             return False
         try:
