@@ -186,6 +186,11 @@ class ClusterConfig:
         "higher pipelines submits, lower bounds client memory and applies backpressure",
         ge=1,
     )
+    worker_lanes: bool = _opt(
+        True,
+        "a client on a worker's host submits a task it submitted alone straight to that worker",
+        "the daemon leaves a sequential caller's round trip; turn off to send every task through it",
+    )
     max_prefetch: int = _opt(
         256,
         "cap on the tasks queued at one worker beyond those it runs",

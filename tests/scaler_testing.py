@@ -87,3 +87,34 @@ def workers_of(daemon: psutil.Process) -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+def mix_lone_submits_and_bursts(ex: ScalerExecutor, echo: Callable[[int], int], join_timeout: float) -> int:
+    """Three threads submitting one task at a time (each alone, whenever the others have
+    none outstanding) beside one submitting bursts of 100: every result must come back
+    once and right.  ``echo`` returns its argument.  Returns how many tasks ran."""
+    import threading
+
+    errors: list[str] = []
+
+    def sequential(k: int) -> None:
+        for i in range(300):
+            got = ex.submit(echo, k * 1000 + i).result(timeout=60)
+            if got != k * 1000 + i:
+                errors.append(f"sequential {k}: {got} != {k * 1000 + i}")
+
+    def bursts() -> None:
+        for r in range(20):
+            futures = [ex.submit(echo, 10**6 + r * 100 + i) for i in range(100)]
+            for i, f in enumerate(futures):
+                if f.result(timeout=60) != 10**6 + r * 100 + i:
+                    errors.append(f"burst {r}: item {i} wrong")
+
+    threads = [threading.Thread(target=sequential, args=(k,)) for k in range(3)] + [threading.Thread(target=bursts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=join_timeout)
+    assert not any(t.is_alive() for t in threads), "a submitting thread hung"
+    assert not errors, errors[:5]
+    return 3 * 300 + 20 * 100

@@ -160,6 +160,14 @@ class ClientAgent:
         self._direct = False  # the channel takes a send while another thread polls it (ipc)
         self._reply: socket.socket | None = None  # processors' results of sequential tasks (protocol/reply.py)
         self._reply_to = ""
+        # A worker's lane (worker/lanes.py): a task submitted alone goes straight to it.
+        # _lane_lock serializes its sends (user threads) and reads (the agent thread).
+        self._lane: Any = None  # a channel.StreamDealer, once a result named a lane
+        self._lane_lock = threading.Lock()
+        self._lanes_refused: set[str] = set()  # lanes that could not be connected
+        self._lane_fns: set[int] = set()  # callables sent down the current lane
+        self._lane_tasks: dict[int, tuple[tuple[Any, ...], bytes | None]] = {}  # n -> (SUBMIT item, callable)
+        self._fn_payloads: dict[int, bytes] = {}  # registered callables, for a lane's first task of each
         # A caller waiting in result() on a REPLY_DIRECT future reads the reply socket itself
         # (_pick_up): one at a time (_pickup_lock), woken by _pickup_fd when its future is
         # completed another way; _pickup_fd_lock keeps a write off a closed descriptor.
@@ -221,6 +229,9 @@ class ClientAgent:
         """Pickle a call with ``pack`` and queue it; a pickling failure fails ``future`` with a note."""
         try:
             fn_id, flags, pickled = pack()
+        except _AfterLane as after:
+            self._park(future, pack, options_id, note, after.args[0])
+            return future
         except DependencyFailed as failed:
             exc = failed.args[0]
             future.set_exception(exc)
@@ -258,11 +269,230 @@ class ClientAgent:
                 flags |= TaskFlags.REPLY_DIRECT  # a sequential caller's: its result may come straight back
                 if self._reply is not None:
                     future._pickup = self._pickup_hook
-            self.outbox.append((SUBMIT, n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects))
+            item = (SUBMIT, n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects)
+            if alone and self._lane is not None and options_id == 0 and not pickled.deps and not pickled.objects:
+                if self._lane_submit(item, future):
+                    future._on_cancel = self._cancel_hook
+                    return
+            self.outbox.append(item)
         future._on_cancel = self._cancel_hook
         if alone and self._direct and self._send_directly():
             return
         self.wake()
+
+    def _park(
+        self,
+        future: TaskFuture[Any],
+        pack: Callable[[], tuple[int, int, Pickled]],
+        options_id: int,
+        note: Callable[[], str],
+        lane_future: Future[Any],
+    ) -> None:
+        """A task with an argument that is a running lane task's future (or one of a task
+        parked like this): the daemon never held that task, so this one waits here,
+        outstanding and PENDING, and is pickled again (the value inlined) and sent once
+        that future is done."""
+        with self.lock:
+            self.check_usable()
+            n = next(self._counter)
+            self.futures[n] = future
+            self._ids[id(future)] = n
+            self._submitted[n] = time.time()
+        future._off_daemon = True
+        future._on_cancel = self._cancel_hook
+        lane_future.add_done_callback(lambda _done: self._unpark(n, future, pack, options_id, note))
+
+    def _unpark(
+        self,
+        n: int,
+        future: TaskFuture[Any],
+        pack: Callable[[], tuple[int, int, Pickled]],
+        options_id: int,
+        note: Callable[[], str],
+    ) -> None:
+        if self.futures.get(n) is not future:
+            return  # cancelled (or failed with the executor) meanwhile
+        try:
+            fn_id, flags, pickled = pack()
+        except _AfterLane as after:  # another argument is such a task too
+            after.args[0].add_done_callback(lambda _done: self._unpark(n, future, pack, options_id, note))
+            return
+        except BaseException as exc:
+            if isinstance(exc, DependencyFailed):
+                exc = exc.args[0]
+                if isinstance(exc, CancelledError):
+                    future.cancel()  # as the daemon cancels the dependents of a cancelled task
+                    return
+            else:
+                exc.add_note(note())
+            if self.futures.pop(n, None) is future:
+                self._ids.pop(id(future), None)
+                self._submitted.pop(n, None)
+                with self._transition:
+                    if future.set_running_or_notify_cancel():
+                        future.set_exception(exc)
+            return
+        with self.lock:
+            if self.futures.get(n) is not future:
+                self.discard_created(pickled)
+                return
+            if pickled.deps:
+                self._repack[n] = (pack, options_id)
+            self.outbox.append((SUBMIT, n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects))
+            future._off_daemon = False  # from now on the daemon holds it
+        self.wake()
+
+    def _lane_submit(self, item: tuple[Any, ...], future: TaskFuture[Any]) -> bool:
+        """Send a task submitted alone down the lane (worker/lanes.py); False: it goes to the
+        daemon instead.  The future turns RUNNING at once: the worker has it, and a cancel
+        could no longer keep it from running."""
+        with self._lane_lock:
+            lane = self._lane
+            if lane is None or lane.conn is None:
+                return False
+            _, n, fn_id, _options_id, flags, payload, _deps, _objects = item
+            base = self._base
+            messages: list[Any] = []
+            blob = None
+            if fn_id:
+                blob = self._fn_payloads.get(fn_id)
+                if blob is None:
+                    return False  # released meanwhile (its callable is gone): the daemon's path
+                if fn_id not in self._lane_fns:
+                    messages.append(m.RegisterFunction(base | fn_id, blob))
+            messages.append(m.SubmitTasks([m.TaskSpec(base | n, base | fn_id if fn_id else 0, 0, flags, payload, [], [], 0)]))
+            self._lane_tasks[n] = (item, blob)  # first: its result may be read before send returns
+            future._off_daemon = True
+            try:
+                lane.send(codec.encode(messages))
+            except channel.SendError:
+                del self._lane_tasks[n]
+                future._off_daemon = False
+                return False
+            if lane.conn is None:
+                del self._lane_tasks[n]
+                future._off_daemon = False
+                return False  # the write failed: the worker is gone, nothing of it arrived whole
+            if fn_id:
+                self._lane_fns.add(fn_id)
+        with self._transition:  # its result may have been read (and completed it) already
+            if not future.running() and not future.done():
+                future.set_running_or_notify_cancel()
+        return True
+
+    def _open_lane(self, path: str) -> None:
+        """Connect to the lane a result named, unless one is open (or this one failed)."""
+        with self._lane_lock:
+            if self._lane is not None or path in self._lanes_refused or self._tearing or self._closed:
+                return
+            if not self.config.worker_lanes or not path.startswith(os.path.dirname(self._reply_to) + os.sep):
+                self._lanes_refused.add(path)  # off, or not beside our reply socket: not a lane of ours
+                return
+            try:
+                lane = channel.StreamDealer(path, hwm=self.config.send_hwm, linger=0)
+            except OSError as exc:
+                lane = None
+                log.info("client: cannot connect to the lane %s (%s)", path, exc)
+            if lane is None or lane.conn is None:
+                if lane is not None:
+                    lane.close(linger=0)
+                self._lanes_refused.add(path)
+                return
+            self._lane_fns.clear()
+            self._poller.register(lane.pollable)
+            self._lane = lane
+
+    def _receive_lane(self) -> None:
+        """(Agent thread) What came back on the lane: results it could not deliver
+        straight, tasks whose processor died (sent again, to the daemon), and the end of
+        the connection (every task still on it is sent again, to the daemon)."""
+        results: list[m.TaskResult] = []
+        with self._lane_lock:
+            lane = self._lane
+            if lane is None:
+                return
+            while lane.conn is not None and lane.readable():
+                try:
+                    frames = lane.recv()
+                except channel.Again:
+                    break
+                try:
+                    messages, _ = codec.decode(frames)
+                except codec.DecodeError as exc:
+                    log.error("client: dropped a bad transmission from the lane %s: %s", lane.path, exc)
+                    continue
+                for message in messages:
+                    if type(message) is m.TaskResults:
+                        results.extend(message.results)
+            lost = lane.conn is None
+            if lost:
+                self._close_lane()
+        again = []
+        for result in results:
+            entry = self._lane_tasks.pop(result.task_id & TASK_MASK, None)
+            if result.status == Status.PROCESSOR_DIED and entry is not None:
+                again.append((result.task_id & TASK_MASK, entry))
+        if lost:
+            left, self._lane_tasks = self._lane_tasks, {}
+            again.extend(left.items())
+        for n, entry in again:
+            self._submit_again(n, *entry)
+        results = [r for r in results if r.status != Status.PROCESSOR_DIED]
+        pins = [oid for r in results for oid in r.objects]
+        if pins:
+            # Made by the processor for us, unknown to the daemon: held for us from now on,
+            # released (ReleaseObjects, after this in the outbox) once read.
+            self.outbox.append((PIN_OBJECTS, pins))
+        if results:
+            self._take_results(results)
+
+    def _lane_release(self, fn_id: int) -> None:
+        """(Agent thread) The worker may drop a callable it had down the lane: after the
+        tasks sent before, which it keeps it for."""
+        with self._lane_lock:
+            lane = self._lane
+            if lane is None or fn_id not in self._lane_fns:
+                return
+            self._lane_fns.discard(fn_id)
+            try:
+                lane.send(codec.encode([m.ReleaseFunctions([self._base | fn_id])]))
+            except channel.SendError:
+                pass  # the lane is closing: its worker forgets everything of it
+
+    def _close_lane(self) -> None:
+        """Holding _lane_lock."""
+        lane, self._lane = self._lane, None
+        if lane is not None:
+            self._lane_fns.clear()
+            try:
+                self._poller.unregister(lane.pollable)
+            except (KeyError, ValueError, OSError):
+                pass
+            lane.close(linger=0)
+
+    def _submit_again(self, n: int, item: tuple[Any, ...], blob: bytes | None) -> None:
+        """A lane task that did not run to the end (its processor died, or the lane closed):
+        to the daemon, under a new id (the worker may still hold the old one), which
+        retries it by the usual rules."""
+        future = self.futures.pop(n, None)
+        if future is None:
+            return  # completed meanwhile (its result came straight), or cancelled
+        _, _, fn_id, options_id, flags, payload, deps, objects = item
+        flags |= TaskFlags.LANE_RETRY  # the daemon counts the attempt made on the lane
+        future._off_daemon = False  # type: ignore[attr-defined]
+        with self.lock:
+            new = next(self._counter)
+            self.futures[new] = future
+            self._ids[id(future)] = new
+            self._submitted[new] = self._submitted.pop(n, time.time())
+            if fn_id and fn_id not in self._fn_payloads and blob is not None:
+                # Its callable was released meanwhile: registered again, for this task only.
+                fn_id = next(self._fn_counter)
+                self.outbox.append((REGISTER_FN, fn_id, blob))
+                self.outbox.append((SUBMIT, new, fn_id, options_id, flags, payload, deps, objects))
+                self.outbox.append((RELEASE_FN, fn_id))
+            else:
+                self.outbox.append((SUBMIT, new, fn_id, options_id, flags, payload, deps, objects))
 
     def _send_directly(self) -> bool:
         """Send the outbox from this (user) thread while the agent waits; False: wake it.
@@ -378,6 +608,10 @@ class ClientAgent:
 
     def reduce_future(self, future: Future[Any], deps: list[int]) -> tuple[Any, ...]:
         n = self._ids.get(id(future))
+        if getattr(future, "_off_daemon", False):
+            if not future.done():
+                raise _AfterLane(future)  # the daemon never held it: the task waits here (_park)
+            n = None  # done (maybe still finishing): its value goes inline
         if n is not None:
             deps.append(n)  # still outstanding (or just finishing): the cluster resolves it
             return (dependency, (n,))
@@ -386,7 +620,7 @@ class ClientAgent:
                 raise DependencyFailed(CancelledError("a future passed as an argument was cancelled"))
             exc = future.exception()
             if exc is not None:
-                exc.add_note("it was raised by a future passed as an argument; the task did not run")
+                exc.add_note("raised by a dependency (a future passed as an argument); the task did not run")
                 raise DependencyFailed(exc)
             return (identity, (future.result(),))
         raise TypeError(
@@ -405,6 +639,7 @@ class ClientAgent:
             if fn_id is None:
                 fn_id = next(self._fn_counter)
                 self.outbox.append((REGISTER_FN, fn_id, payload))
+                self._fn_payloads[fn_id] = payload
                 self._fn_cache[fn] = fn_id
                 weakref.finalize(fn, _release_function, weakref.ref(self), fn_id).atexit = False
         return fn_id
@@ -416,10 +651,12 @@ class ClientAgent:
             self.check_usable()
             fn_id = next(self._fn_counter)
             self.outbox.append((REGISTER_FN, fn_id, payload))
+            self._fn_payloads[fn_id] = payload
         weakref.finalize(owner, _release_function, weakref.ref(self), fn_id).atexit = False
         return fn_id
 
     def release_function(self, fn_id: int) -> None:
+        self._fn_payloads.pop(fn_id, None)
         if self.shutdown_requested and not self.futures:
             return
         self.outbox.append((RELEASE_FN, fn_id))
@@ -514,9 +751,23 @@ class ClientAgent:
         n = self._ids.get(id(future))
         if n is None or self.futures.get(n) is not future:
             return False  # not one of ours, or it finished meanwhile
+        if n in self._lane_tasks and self._lane_cancel(n):
+            return True
         self.outbox.append((FORCE_CANCEL, n))
         self.wake()
         return True
+
+    def _lane_cancel(self, n: int) -> bool:
+        """Kill a running lane task (its worker, not the daemon, holds it)."""
+        with self._lane_lock:
+            lane = self._lane
+            if lane is None or lane.conn is None or n not in self._lane_tasks:
+                return False  # the lane closed: the task goes to the daemon, which can be told
+            try:
+                lane.send(codec.encode([m.CancelTasks([self._base | n], True)]))
+            except channel.SendError:
+                return False
+            return lane.conn is not None
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self.lock:
@@ -622,11 +873,16 @@ class ClientAgent:
                 io.acquire()
             if sock.buffered and sock.pollable not in ready:
                 self._receive()  # transmissions read earlier and not yet handled
+            lane = self._lane
+            if lane is not None and lane.buffered and lane.pollable not in ready:
+                self._receive_lane()
             for target in ready:
                 if target == sock.pollable:
                     self._receive()
                 elif self._reply is not None and target == self._reply.fileno():
                     self._receive_replies()
+                elif self._lane is not None and target == self._lane.pollable:  # (opened meanwhile, maybe)
+                    self._receive_lane()
                 else:
                     # Read, then clear: clearing first lets a wake() in between write, have
                     # its write consumed here, and leave the flag set on an empty eventfd,
@@ -738,6 +994,8 @@ class ClientAgent:
                 batch.append(m.RegisterFunction(base | item[1], item[2]))
             elif kind == RELEASE_FN:
                 batch.append(m.ReleaseFunctions([base | item[1]]))
+                if item[1] in self._lane_fns:
+                    self._lane_release(item[1])
             elif kind == REGISTER_OPTIONS:
                 batch.append(m.RegisterOptions(item[1], item[2]))
             elif kind == STATS:
@@ -918,12 +1176,14 @@ class ClientAgent:
             except BlockingIOError:
                 break
             try:
-                got = reply.decode(datagram)
+                result, lane = reply.decode(datagram)
             except codec.DecodeError as exc:  # only a bug sends one: the daemon has no copy to send
                 log.error("client: dropped a bad result datagram (%d bytes): %s", len(datagram), exc)
                 continue
-            results.extend(got)
-            if wanted is not None and any(r.task_id & TASK_MASK == wanted for r in got):
+            results.append(result)
+            if lane and self._lane is None:
+                self._open_lane(lane)
+            if wanted is not None and result.task_id & TASK_MASK == wanted:
                 break
         return results
 
@@ -983,6 +1243,8 @@ class ClientAgent:
             except channel.SendError:
                 pass
         sock.close()
+        with self._lane_lock:
+            self._close_lane()
         if self._reply is not None:
             self._tearing = True
             self._wake_picker()
@@ -1055,6 +1317,8 @@ class ClientAgent:
         if result.status == Status.DEP_GONE:
             self._resubmit(n)
             return
+        if self._lane_tasks:
+            self._lane_tasks.pop(n, None)
         future = self.futures.pop(n, None)
         if future is None:
             return  # cancelled, or a late duplicate
@@ -1103,6 +1367,7 @@ class ClientAgent:
                     future.set_running_or_notify_cancel()
 
     def _fail_all(self, exc: BaseException) -> None:
+        self._lane_tasks.clear()
         self._ids.clear()
         self._submitted.clear()
         self._repack.clear()
@@ -1441,6 +1706,10 @@ class _PickupWaiter:
         self.agent._wake_picker()
 
     add_exception = add_cancelled = add_result
+
+
+class _AfterLane(Exception):
+    """Raised while pickling a task whose argument is a running lane task's future."""
 
 
 def _settle(future: Future[Any], ok: bool, value: Any) -> None:

@@ -13,19 +13,25 @@ Refused                D→*      handshake or message refused, with the reason
 Heartbeat              *↔*      fills silence; any message counts as a heartbeat
 Goodbye                *↔*      orderly disconnect (the receiver forgets the sender)
 RegisterFunction       C→D→W    a pickled callable shared by many tasks (sent once per map
-                                or cached function, then referred to by ``fn_id``)
+                                or cached function, then referred to by ``fn_id``; also C→W
+                                on a lane, before its first task there)
 ReleaseFunctions       C→D→W    callables no task will refer to any more
 RegisterOptions        C→D      an interned options record (``ex.options(...)``)
-SubmitTasks            C→D      new tasks
+SubmitTasks            C→D      new tasks (or C→W on a worker's lane: worker/lanes.py)
 SubmitAck              D→C      credit: that many submitted tasks were taken in (not
                                 counting REPLY_DIRECT ones: at most one is outstanding,
                                 outside the client's submit window)
 TasksRunning           D→C      tasks dispatched to a worker (futures turn RUNNING)
 DispatchTasks          D→W      tasks to run (plus callables the worker lacks)
-CancelTasks            C→D→W    drop (or with ``force`` kill) tasks
+CancelTasks            C→D→W    drop (or with ``force`` kill) tasks (C→W: a lane task's)
 TaskResults            W→D→C    outcomes, with attempt number and per-task facts (a
                                 sequential caller's may also go processor→client as a
-                                datagram: protocol/reply.py; then ``delivered`` is set)
+                                datagram: protocol/reply.py; then ``delivered`` is set;
+                                a lane task's go W→C on the lane)
+LaneStarted            W→D      lane tasks still running LANE_NOTICE after they came: the
+                                daemon records them (load, task counts, monitors)
+LaneDone               W→D      lane tasks that ended, for the daemon's counters (and the
+                                records of those announced by LaneStarted)
 ReleaseObjects         C→D      object references dropped by the client (object store)
 PinObjects             C→D      objects the client holds (ex.put, a map's shared argument)
 ObjectRequest          W/C→D    a worker or client that cannot map the store asks for bytes
@@ -99,6 +105,12 @@ class TaskFlags:
     # client's reply socket (TaskDispatch.reply_to) as well as to its agent.  The daemon
     # keeps the path it has for everything else and sends the client nothing for it.
     REPLY_DIRECT = 32
+    # Submitted again after its first attempt, on a worker's lane (worker/lanes.py), did
+    # not end (its process died, or the worker left): the daemon counts that attempt.
+    LANE_RETRY = 64
+    # The daemon's own record of a task that runs on a worker's lane (LaneStarted): never
+    # dispatched, retried or answered by the daemon.
+    ON_LANE = 128
 
 
 # --------------------------------------------------------------------------- records
@@ -298,6 +310,25 @@ class Seceded(NamedTuple):
     task_ids: list[int]
 
 
+class LaneStarted(NamedTuple):
+    """Lane tasks (worker/lanes.py) still running a moment after they came: from now on
+    the daemon counts them as this worker's, until LaneDone names them."""
+
+    task_ids: list[int]
+
+
+class LaneDone(NamedTuple):
+    """Tasks that came down this worker's lanes (worker/lanes.py) and ended since the last
+    report, for the daemon's counters."""
+
+    finished: int
+    failed: int
+    retried: int  # their processor died: the client submits them again through the daemon
+    delivered: int  # of those that ended, results the processor sent straight to the client
+    seconds: float  # their run time, summed
+    announced: list[int]  # those of them a LaneStarted named
+
+
 class StatsRequest(NamedTuple):
     pass
 
@@ -330,6 +361,8 @@ MESSAGE_TAGS: dict[type, int] = {
     PinObjects: 20,
     ObjectRequest: 21,
     ObjectData: 22,
+    LaneDone: 23,
+    LaneStarted: 24,
 }
 
 # Which roles may send which messages to the daemon.
@@ -349,6 +382,6 @@ ACCEPTED_FROM: dict[str, frozenset[type]] = {
             StatsRequest,
         }
     ),
-    Role.WORKER: frozenset({Heartbeat, Goodbye, TaskResults, ClusterBroken, Seceded, ObjectRequest}),
+    Role.WORKER: frozenset({Heartbeat, Goodbye, TaskResults, ClusterBroken, Seceded, ObjectRequest, LaneDone, LaneStarted}),
     Role.MONITOR: frozenset({Heartbeat, Goodbye, StatsRequest}),
 }

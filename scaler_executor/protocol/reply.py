@@ -37,47 +37,58 @@ SOCKET_NAME = "reply.sock"
 # (with its field checks) cost ~3.5 and ~4 us hot against ~0.5 and ~1.5 here, and more
 # from a cold cache.  Little-endian: the protocol tag (codec.VERSION_FRAME, so that a
 # datagram of another protocol version is refused like any other transmission), task
-# id, attempt, status, started, finished, peak memory, the worker name's length; then
-# the name (UTF-8) and the pickled payload, to the end.
+# id, attempt, status, started, finished, peak memory, the lengths of the worker's name
+# and of its lane's path; then the name and the path (UTF-8; the path is "" when the
+# worker has no lane for this client: worker/lanes.py) and the pickled payload, to the end.
 _TAG = codec.VERSION_FRAME.ljust(8, b"\0")
-_HEADER = struct.Struct("<8sQIBddQH")
-_MAX_NAME = DATAGRAM_LIMIT - MAX_PAYLOAD - _HEADER.size
+_HEADER = struct.Struct("<8sQIBddQHH")
+_MAX_NAMES = DATAGRAM_LIMIT - MAX_PAYLOAD - _HEADER.size
 assert len(codec.VERSION_FRAME) <= 8
 
 
-def encode(result: m.TaskResult) -> bytes:
-    """One datagram carrying ``result`` (which has no store objects and is not ``delivered``)."""
+def encode(result: m.TaskResult, lane: str = "") -> bytes:
+    """One datagram carrying ``result`` (which has no store objects) and the path of the
+    sending worker's lane, if it has one."""
     if result.objects:
         raise ValueError("a result with store objects cannot travel in a reply datagram")
     facts = result.facts
     name = facts.worker.encode()
-    if len(name) > _MAX_NAME:
-        raise ValueError(f"worker name of {len(name)} bytes is too long for a reply datagram (at most {_MAX_NAME})")
+    path = lane.encode()
+    if len(name) + len(path) > _MAX_NAMES:
+        raise ValueError(
+            f"worker name and lane path of {len(name) + len(path)} bytes are too long for a reply datagram (at most {_MAX_NAMES})"
+        )
     try:
         header = _HEADER.pack(
-            _TAG, result.task_id, result.attempt, result.status, facts.started, facts.finished, facts.peak_memory, len(name)
+            _TAG, result.task_id, result.attempt, result.status, facts.started, facts.finished, facts.peak_memory,
+            len(name), len(path),
         )
     except struct.error as exc:  # a field out of the layout's range: the daemon's path carries it
         raise ValueError(f"a result that does not fit a reply datagram's header: {exc}") from None
-    return b"".join((header, name, result.payload))
+    return b"".join((header, name, path, result.payload))
 
 
-def decode(datagram: bytes) -> list[m.TaskResult]:
-    """The result in a datagram (a list of one); raises codec.DecodeError for anything else."""
+def decode(datagram: bytes) -> tuple[m.TaskResult, str]:
+    """The result in a datagram and the sender's lane ("" if none); raises
+    codec.DecodeError for anything else."""
     if len(datagram) < _HEADER.size:
         raise codec.DecodeError(f"a reply datagram of {len(datagram)} bytes is shorter than its {_HEADER.size}-byte header")
-    tag, task_id, attempt, status, started, finished, peak, name_length = _HEADER.unpack_from(datagram)
+    tag, task_id, attempt, status, started, finished, peak, name_length, path_length = _HEADER.unpack_from(datagram)
     if tag != _TAG:
         raise codec.DecodeError(
             f"a reply datagram of protocol {tag.rstrip(bytes(1))!r}, this side speaks {codec.VERSION_FRAME!r}: "
             "install the same scaler-executor version everywhere"
         )
-    start = _HEADER.size + name_length
+    path_at = _HEADER.size + name_length
+    start = path_at + path_length
     if start > len(datagram):
-        raise codec.DecodeError(f"a reply datagram's worker name ({name_length} bytes) runs past its end")
+        raise codec.DecodeError(
+            f"a reply datagram's worker name and lane path ({name_length} and {path_length} bytes) run past its end"
+        )
     try:
-        worker = datagram[_HEADER.size : start].decode()
+        worker = datagram[_HEADER.size : path_at].decode()
+        lane = datagram[path_at:start].decode()
     except UnicodeDecodeError as exc:
-        raise codec.DecodeError(f"a reply datagram's worker name is not UTF-8: {exc}") from None
+        raise codec.DecodeError(f"a reply datagram's worker name or lane path is not UTF-8: {exc}") from None
     facts = m.TaskFacts(worker, started, finished, peak)
-    return [m.TaskResult(task_id, attempt, status, datagram[start:], facts, m.NO_OBJECTS)]
+    return m.TaskResult(task_id, attempt, status, datagram[start:], facts, m.NO_OBJECTS), lane

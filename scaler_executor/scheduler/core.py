@@ -203,6 +203,7 @@ class Scheduler:
             "clients_lost": 0,
             "dropped_messages": 0,
             "delivered_direct": 0,  # results a processor sent straight to its client (REPLY_DIRECT)
+            "lane": 0,  # tasks a client submitted straight to a worker's lane (worker/lanes.py)
         }
         self._monitors: dict[bytes, float] = {}
         self._heartbeats_due = False
@@ -233,6 +234,8 @@ class Scheduler:
             m.Seceded: self._on_seceded,
             m.PinObjects: self._on_pin_objects,
             m.ObjectRequest: self._on_object_request,
+            m.LaneDone: self._on_lane_done,
+            m.LaneStarted: self._on_lane_started,
         }
         self._event_handlers: dict[type, Callable[[Any], None]] = {
             Received: self._on_received,
@@ -484,6 +487,9 @@ class Scheduler:
             )
             tasks[spec.task_id] = task
             owned.add(spec.task_id)
+            if spec.flags & TaskFlags.LANE_RETRY:  # its first attempt, on a worker's lane, did not end
+                task.attempt = 1
+                task.failures = ["attempt 1: on a worker's lane: the process running it died, or the worker left"]
             if spec.objects:
                 self._hold(spec.objects)
             if spec.fn_id:
@@ -719,6 +725,50 @@ class Scheduler:
             elif result.objects and task.result_objects is None:
                 self._deletions.extend(result.objects)  # nobody will read them
 
+    def _on_lane_started(self, peer: bytes, message: m.LaneStarted) -> None:
+        """Lane tasks still running: recorded as this worker's, DISPATCHED, so that its load,
+        the task counts and monitors include them, until LaneDone names them.  The record
+        has no payload: the daemon never dispatches, retries or answers it (ON_LANE)."""
+        worker = self.workers[peer]
+        tasks = self.tasks
+        for task_id in message.task_ids:
+            client_id = task_id >> m.TASK_ID_BITS
+            client = next((c for c in self.clients.values() if c.client_id == client_id), None)
+            if client is None or task_id in tasks:
+                continue  # its client left (the worker runs it for nobody), or a bad id
+            task = TaskRecord(
+                task_id, client.peer, 0, DEFAULT, TaskFlags.ON_LANE, b"", NONE, NONE, 0, self.state_counts
+            )
+            tasks[task_id] = task
+            client.tasks.add(task_id)
+            task.transition("dispatch")
+            task.worker = peer
+            worker.inflight[task_id] = None
+
+    def _on_lane_done(self, peer: bytes, message: m.LaneDone) -> None:
+        """Lane tasks that ended: counted as if submitted here (a retried one is submitted
+        here again by its client, and counted then); the records of announced ones go."""
+        worker = self.workers[peer]
+        ended = message.finished + message.failed
+        counters = self.counters
+        counters["submitted"] += ended
+        counters["finished"] += message.finished
+        counters["failed"] += message.failed
+        counters["retried"] += message.retried
+        counters["delivered_direct"] += message.delivered
+        counters["lane"] += ended + message.retried
+        if ended and message.seconds > 0:
+            duration = message.seconds / ended
+            mean = worker.mean_task_seconds
+            worker.mean_task_seconds = duration if mean is None else mean + EWMA_WEIGHT * (duration - mean)
+        for task_id in message.announced:
+            task = self.tasks.get(task_id)
+            if task is None or not task.flags & TaskFlags.ON_LANE or task.worker != peer:
+                continue
+            self._unassign(worker, task)
+            task.transition("result")
+            self._forget(task)
+
     def _on_seceded(self, peer: bytes, message: m.Seceded) -> None:
         worker = self.workers[peer]
         for task_id in message.task_ids:
@@ -742,7 +792,10 @@ class Scheduler:
         for task_id in list(worker.inflight):
             task = self.tasks[task_id]
             self._unassign(worker, task)
-            if clean:
+            if task.flags & TaskFlags.ON_LANE:
+                task.transition("result")  # its client sees the lane close, and submits it again here
+                self._forget(task)
+            elif clean:
                 # It left in an orderly way: the tasks it returns were not run to a crash.
                 if task.state is TaskState.CANCELLING:
                     task.transition("returned")

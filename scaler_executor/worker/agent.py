@@ -47,6 +47,7 @@ from scaler_executor.protocol.messages import Status
 from scaler_executor.worker import processor as proc
 from scaler_executor.worker.memory import OomCounter, private_memory
 from scaler_executor.worker.framing import FrameReader
+from scaler_executor.worker.lanes import Lane, Lanes
 from scaler_executor.worker.zygote import EXITED, SPAWNED, ZygoteHandle, describe_wait_status, start_zygote
 
 log = logging.getLogger("scaler_executor.worker")
@@ -171,6 +172,7 @@ class WorkerAgent:
         self.sock = channel.connect(address, hwm=config.send_hwm, linger=0.2)
         self.poller = channel.Poller()
         self.poller.register(self.sock.pollable)
+        self.lanes = Lanes(self.name)  # where local clients submit sequential tasks (lanes.py)
         self.poller.register(self.zygote.control.fileno())
         self.processors: dict[int, Processor] = {}  # by fd
         self.stderr_of: dict[int, Processor] = {}  # by the fd of its stderr pipe
@@ -232,9 +234,18 @@ class WorkerAgent:
                 if self.results:  # held back to travel together: at most RESULT_LINGER
                     left = self.results_since + RESULT_LINGER - time.monotonic()
                     timeout = min(timeout, math.ceil(max(0.0, left) * 1000))  # rounded up to whole ms
+                lanes = self.lanes.by_pollable  # transmissions read earlier and not yet handled:
+                if lanes and self.lanes.buffered():  # no poller sees them
+                    timeout = 0
+                notice = self.lanes.next_notice(time.monotonic()) if lanes else None
+                if notice is not None:  # a lane task to announce to the daemon
+                    timeout = min(timeout, math.ceil(notice * 1000))
                 ready = self.poller.poll(self.sock.poll_timeout(timeout))
                 if self.sock.buffered:
-                    self._on_daemon()  # transmissions read earlier and not yet handled
+                    self._on_daemon()
+                if lanes:
+                    for lane in self.lanes.buffered_lanes():
+                        self._on_lane(lane)
                 for target in ready:
                     self._on_ready(target)
                 now = time.monotonic()
@@ -258,6 +269,10 @@ class WorkerAgent:
         p = self.processors.get(target)  # type: ignore[call-overload]
         if p is not None:
             self._on_processor(p)
+            return
+        lane = self.lanes.by_pollable.get(target)
+        if lane is not None:
+            self._on_lane(lane)
             return
         self.next_housekeeping = 0.0  # anything but tasks and results: housekeeping at once
         if target == self.zygote.control.fileno():
@@ -322,6 +337,26 @@ class WorkerAgent:
                 self._on_message(message)
             if type(message) is not m.DispatchTasks:
                 self.next_housekeeping = 0.0
+    def _on_lane(self, lane: Lane) -> None:
+        for item in self.lanes.receive(lane, self.held, time.monotonic()):
+            if type(item) is m.TaskDispatch:
+                self.last_busy = time.monotonic()
+                self.queue.append(item)
+            elif type(item) is m.CancelTasks:
+                self._cancel(item.task_ids, item.force)
+            else:
+                self._forget_functions(item.fn_ids)
+
+    def _forget_functions(self, fn_ids: list[int]) -> None:
+        """Processors drop callables no lane task holds, unless the daemon's table has them."""
+        ids = [fn_id for fn_id in fn_ids if fn_id not in self.functions]
+        if ids:
+            forget = msgpack.packb([proc.FORGET, ids])
+            for p in self.processors.values():
+                if p.eof_at is None and not p.functions.isdisjoint(ids):
+                    p.functions.difference_update(ids)
+                    self._to_processor(p, forget)
+
     def _on_message(self, message: object) -> None:
         kind = type(message)
         if kind is m.DispatchTasks:
@@ -468,6 +503,7 @@ class WorkerAgent:
         self.fetching.clear()
         self.blobs.clear()
         self.results.clear()
+        self.lanes.close(self.poller)  # their clients submit what they had there again, to the daemon
 
     def _cancel(self, task_ids: list[int], force: bool) -> None:
         for task_id in task_ids:
@@ -789,6 +825,8 @@ class WorkerAgent:
         fn_payload = None
         if task.fn_id and task.fn_id not in p.functions:
             fn_payload = self.functions.get(task.fn_id)
+            if fn_payload is None:
+                fn_payload = self.lanes.functions.get(task.fn_id)  # a lane task's
             p.functions.add(task.fn_id)
         p.outstanding.append(task.task_id)
         p.attempts[task.task_id] = task.attempt
@@ -811,7 +849,7 @@ class WorkerAgent:
                     self.store_name,
                     self.threshold,
                     {i: self.blobs[i] for i in self._object_ids_of(task)} if self.fetch_objects else None,
-                    [task.reply_to, self.name] if task.reply_to else None,
+                    [task.reply_to, self.name, self.lanes.path_for(task.reply_to, self.poller)] if task.reply_to else None,
                 ],
                 use_bin_type=True,
             ),
@@ -853,6 +891,18 @@ class WorkerAgent:
 
     def _flush(self, now: float) -> None:
         batch = self.outbox
+        if self.results and self.lanes.tasks:
+            self.results, free = self.lanes.route(self.results)
+            if not self.results:
+                self.results_since = 0.0
+            if free:
+                self._forget_functions(free)
+        report = self.lanes.report()
+        if report is not None:
+            batch.append(report)  # at once, as the daemon's own bookkeeping of a result would be
+        due = self.lanes.due(now)
+        if due:
+            batch.append(m.LaneStarted(due))
         if self.results:
             if not self.results_since:
                 self.results_since = now
@@ -885,6 +935,7 @@ class WorkerAgent:
                 self._send_now([m.Goodbye("worker stopping")])
         except channel.SendError:
             pass
+        self.lanes.close()
         for p in list(self.processors.values()):
             try:
                 os.kill(p.pid, signal.SIGKILL)

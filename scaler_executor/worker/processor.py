@@ -4,7 +4,7 @@ It speaks to its worker agent over one stream socket (framed by
 ``multiprocessing.connection.Connection``), never over ZeroMQ::
 
     agent ──[RUN, task, attempt, fn_id, fn_payload|None, flags, payload, deps, objects,
-             store name, threshold, fetched objects|None, [reply socket, worker name]|None]──► processor
+             store name, threshold, fetched objects|None, [reply socket, worker name, lane]|None]──► processor
     agent ◄──[DONE, task, attempt, status, payload, started, finished, peak, objects, delivered]── processor
     client ◄──result datagram── processor        (REPLY_DIRECT tasks: protocol/reply.py; then
                                                   DONE says delivered)
@@ -233,7 +233,7 @@ class _ProcessorState:
         if sock is None:
             sock = self.reply_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         try:
-            datagram = direct.encode(result)
+            datagram = direct.encode(result, reply[2])
         except ValueError:  # e.g. a worker name too long for the datagram's header
             return False
         if len(datagram) > direct.DATAGRAM_LIMIT:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scaler_testing import daemon_of, fast_config, wait_until
+from scaler_testing import daemon_of, fast_config, mix_lone_submits_and_bursts, wait_until
 
 from scaler_executor import ScalerExecutor, task_info
 
@@ -240,7 +240,8 @@ def test_a_lone_submit_is_sent_by_its_own_thread_and_mixed_threads_lose_nothing(
     alone) must still see every result exactly once and right."""
     from scaler_executor.client.agent import ClientAgent
 
-    ex = fresh_executor(max_workers=2, config=fast_config(send_hwm=100))
+    # Lanes off: a lone task goes to the daemon here (test_lanes.py has the lane's case).
+    ex = fresh_executor(max_workers=2, config=fast_config(send_hwm=100, worker_lanes=False))
     agent: ClientAgent = ex._agent
     drains: list[str] = []
     original = agent._drain_outbox
@@ -263,31 +264,10 @@ def test_a_lone_submit_is_sent_by_its_own_thread_and_mixed_threads_lose_nothing(
     assert by_user + io.busy == 50, f"{by_user} sent by the submitting thread, {io.busy} found the agent busy"
     assert by_user > 25, f"only {by_user} of 50 lone submits sent by the submitting thread ({io.busy} met an agent turn)"
 
-    errors: list[str] = []
-
-    def sequential(k: int) -> None:
-        for i in range(300):
-            got = ex.submit(echo, k * 1000 + i).result(timeout=60)
-            if got != k * 1000 + i:
-                errors.append(f"sequential {k}: {got} != {k * 1000 + i}")
-
-    def bursts() -> None:
-        for r in range(20):
-            futures = [ex.submit(echo, 10**6 + r * 100 + i) for i in range(100)]
-            for i, f in enumerate(futures):
-                if f.result(timeout=60) != 10**6 + r * 100 + i:
-                    errors.append(f"burst {r}: item {i} wrong")
-
-    threads = [threading.Thread(target=sequential, args=(k,)) for k in range(3)] + [threading.Thread(target=bursts)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=90)
-    assert not any(t.is_alive() for t in threads), "a submitting thread hung"
-    assert not errors, errors[:5]
+    total = mix_lone_submits_and_bursts(ex, echo, join_timeout=90)
     assert wait_until(lambda: ex.statistics()["tasks"] == 0, timeout=10), ex.statistics()
     stats = ex.statistics()
-    assert stats["finished"] == 1 + 50 + 3 * 300 + 20 * 100, stats
+    assert stats["finished"] == 1 + 50 + total, stats
 
 
 @pytest.mark.timeout(60)
@@ -299,7 +279,7 @@ def test_a_failure_while_a_user_thread_sends_breaks_the_executor_and_fails_the_f
     outstanding future fails with BrokenScalerExecutor."""
     from scaler_executor.exceptions import BrokenScalerExecutor
 
-    ex = fresh_executor(max_workers=1, config=fast_config())
+    ex = fresh_executor(max_workers=1, config=fast_config(worker_lanes=False))  # the daemon's send path
     agent = ex._agent
     assert ex.submit(echo, 1).result(timeout=30) == 1
     user = threading.current_thread()

@@ -85,6 +85,8 @@ SAMPLES: dict[type, Any] = {
     m.ReleaseObjects: m.ReleaseObjects([b"\x00" * 20, b"\xff" * 20]),
     m.ClusterBroken: m.ClusterBroken("initializer failed on worker w-1", b"\x80\x05exc"),
     m.Seceded: m.Seceded([SPEC.task_id]),
+    m.LaneDone: m.LaneDone(3, 1, 1, 2, 0.125, [SPEC.task_id]),
+    m.LaneStarted: m.LaneStarted([SPEC.task_id]),
     m.PinObjects: m.PinObjects([b"\x01" * 16]),
     m.ObjectRequest: m.ObjectRequest([b"\x01" * 16, b"\x02" * 16]),
     m.ObjectData: m.ObjectData([b"\x01" * 16, b"\x02" * 16], [True, False]),

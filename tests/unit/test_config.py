@@ -51,6 +51,7 @@ def test_defaults() -> None:
         "max_tasks_per_child": None,
         "send_hwm": 1000,
         "submit_window": 100_000,
+        "worker_lanes": True,
         "max_prefetch": 256,
         "worker_resources": "",
         "worker_tags": "",

@@ -28,9 +28,10 @@ def result(**changes: object) -> m.TaskResult:
     return base._replace(**changes)
 
 
-def test_a_result_round_trips() -> None:
+def test_a_result_round_trips_with_its_lane() -> None:
     sent = result()
-    assert reply.decode(reply.encode(sent)) == [sent]
+    assert reply.decode(reply.encode(sent)) == (sent, "")
+    assert reply.decode(reply.encode(sent, "/tmp/scaler-1-x/lane-42.sock")) == (sent, "/tmp/scaler-1-x/lane-42.sock")
 
 
 @FUZZ
@@ -42,17 +43,18 @@ def test_a_result_round_trips() -> None:
     finished=st.floats(allow_nan=False),
     peak=st.integers(0, 2**64 - 1),
     worker=st.text(max_size=40),
+    lane=st.text(max_size=40),
     payload=st.binary(max_size=200),
 )
 def test_any_representable_result_round_trips(
-    task_id: int, attempt: int, status: int, started: float, finished: float, peak: int, worker: str, payload: bytes
+    task_id: int, attempt: int, status: int, started: float, finished: float, peak: int, worker: str, lane: str, payload: bytes
 ) -> None:
     sent = m.TaskResult(task_id, attempt, status, payload, m.TaskFacts(worker, started, finished, peak), [])
-    assert reply.decode(reply.encode(sent)) == [sent]
+    assert reply.decode(reply.encode(sent, lane)) == (sent, lane)
 
 
 def test_the_largest_payload_fits_the_clients_read() -> None:
-    datagram = reply.encode(result(payload=b"p" * reply.MAX_PAYLOAD, facts=m.TaskFacts("w" * 1000, 0.0, 0.0, 0)))
+    datagram = reply.encode(result(payload=b"p" * reply.MAX_PAYLOAD, facts=m.TaskFacts("w" * 1000, 0.0, 0.0, 0)), "/l" * 1000)
     assert len(datagram) <= reply.DATAGRAM_LIMIT
 
 
@@ -62,7 +64,7 @@ def test_the_largest_payload_fits_the_clients_read() -> None:
         ({"objects": [b"\x01" * 20]}, "store objects"),
         ({"task_id": 2**64}, "does not fit"),
         ({"attempt": -1}, "does not fit"),
-        ({"facts": m.TaskFacts("w" * 5000, 0.0, 0.0, 0)}, "worker name"),
+        ({"facts": m.TaskFacts("w" * 5000, 0.0, 0.0, 0)}, "worker name and lane path"),
     ],
 )
 def test_a_result_the_layout_cannot_carry_is_refused_at_the_sender(changes: dict[str, object], words: str) -> None:
@@ -82,8 +84,8 @@ def test_another_protocol_version_is_refused_by_name() -> None:
     ("mangle", "words"),
     [
         (lambda d: d[:10], "shorter than"),
-        (lambda d: d[:47] + b"wor", "runs past its end"),
-        (lambda d: d[:47] + b"\xff" * 10 + d[57:], "not UTF-8"),
+        (lambda d: d[:49] + b"wor", "run past its end"),
+        (lambda d: d[:49] + b"\xff" * 10 + d[59:], "not UTF-8"),
     ],
 )
 def test_a_mangled_datagram_is_refused(mangle: object, words: str) -> None:
@@ -96,7 +98,7 @@ def test_a_mangled_datagram_is_refused(mangle: object, words: str) -> None:
 @given(st.binary(max_size=120))
 def test_any_bytes_decode_or_raise_decode_error(data: bytes) -> None:
     try:
-        results = reply.decode(data)
+        decoded, lane = reply.decode(data)
     except DecodeError:
         return
-    assert len(results) == 1 and isinstance(results[0], m.TaskResult)
+    assert isinstance(decoded, m.TaskResult) and isinstance(lane, str)
