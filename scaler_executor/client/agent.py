@@ -1115,10 +1115,10 @@ class ClientAgent:
                 return []
             future._waiters.append(waiter)  # type: ignore[attr-defined]
         fd = sock.fileno()
-        self._picking = future
         wanted = self._ids.get(id(future))
         started = time.monotonic()
         self._poller.unregister(fd)  # the agent thread stops watching it (epoll is thread-safe)
+        self._picking = future  # only now: the socket is this thread's (tests wait for this)
         try:
             try:
                 os.eventfd_read(self._pickup_fd)  # a wake-up meant for an earlier pick-up
