@@ -31,6 +31,7 @@
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import io
 import tempfile
 import itertools
@@ -553,6 +554,16 @@ class ClientAgent:
         if fast is not None and len(fast) < self.config.object_store_threshold:
             return Pickled(fast, NO_DEPS, NO_OBJECTS, 0)
         return self.pickle_obj((args, kwargs), shared)  # large bytes or str go through the store
+
+    def pickle_args_waiting(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Pickled:
+        """``pickle_args`` for a caller that blocks for the result anyway (``ex.get``): the
+        future of a running lane task among the arguments is waited for, then its value
+        goes inline (the daemon never held that task: see _park)."""
+        while True:
+            try:
+                return self.pickle_args(args, kwargs)
+            except _AfterLane as after:
+                concurrent.futures.wait([after.args[0]])
 
     def pickle_obj(self, obj: Any, shared: Any = None) -> Pickled:
         """cloudpickle ``obj``; futures of this executor inside it become dependencies, and

@@ -190,6 +190,16 @@ def test_a_task_depending_on_a_running_lane_task_waits_for_it(fresh_executor: Ca
 
 
 @pytest.mark.timeout(120)
+def test_a_graph_or_map_may_take_a_running_lane_tasks_future(fresh_executor: Callable[..., ScalerExecutor]) -> None:
+    ex = fresh_executor(max_workers=2)
+    assert lane_open(ex)
+    first = ex.submit(nap, 0.3, 5)
+    assert ex.get({"a": (plus_one, first), "b": (plus_one, "a")}, "b") == 7
+    second = ex.submit(nap, 0.3, 7)
+    assert list(ex.map(plus_one, [second, second])) == [8, 8]
+
+
+@pytest.mark.timeout(120)
 def test_force_cancel_reaches_a_running_lane_task(fresh_executor: Callable[..., ScalerExecutor]) -> None:
     ex = fresh_executor(max_workers=1)
     assert lane_open(ex)
