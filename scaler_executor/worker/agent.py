@@ -338,9 +338,10 @@ class WorkerAgent:
             if type(message) is not m.DispatchTasks:
                 self.next_housekeeping = 0.0
     def _on_lane(self, lane: Lane) -> None:
-        for item in self.lanes.receive(lane, self.held, time.monotonic()):
+        now = time.monotonic()
+        for item in self.lanes.receive(lane, self.held, now):
             if type(item) is m.TaskDispatch:
-                self.last_busy = time.monotonic()
+                self.last_busy = now
                 self.queue.append(item)
             elif type(item) is m.CancelTasks:
                 self._cancel(item.task_ids, item.force)
@@ -348,7 +349,8 @@ class WorkerAgent:
                 self._forget_functions(item.fn_ids)
 
     def _forget_functions(self, fn_ids: list[int]) -> None:
-        """Processors drop callables no lane task holds, unless the daemon's table has them."""
+        """Processors that have any of these callables drop them, unless the daemon's table
+        still has them (a lane released one the daemon also sent)."""
         ids = [fn_id for fn_id in fn_ids if fn_id not in self.functions]
         if ids:
             forget = msgpack.packb([proc.FORGET, ids])
@@ -376,11 +378,7 @@ class WorkerAgent:
             ids = message.fn_ids  # type: ignore[attr-defined]
             for fn_id in ids:
                 self.functions.pop(fn_id, None)
-            forget = msgpack.packb([proc.FORGET, ids])
-            for p in self.processors.values():
-                if p.eof_at is None:
-                    p.functions.difference_update(ids)
-                    self._to_processor(p, forget)
+            self._forget_functions(ids)  # a lane task still queued gets it again from lanes.functions
         elif kind is m.Welcome:
             self.welcomed = True
             self._reach_store(message.object_store)  # type: ignore[attr-defined]

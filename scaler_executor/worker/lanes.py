@@ -10,7 +10,9 @@ datagram.  The client connects, and its next task submitted alone goes down the 
     client ──[RegisterFunction], SubmitTasks──► lane (this agent) ──RUN──► processor
     client ◄──result datagram── processor (as for any REPLY_DIRECT task)
     client ◄──TaskResults── lane    (a result the datagram cannot carry, a dead processor)
-    lane ──LaneDone──► daemon       (counters: the daemon never held these tasks)
+    lane ──LaneStarted──► daemon    (a task still running LANE_NOTICE after it came: the
+                                     daemon records it, for loads, task counts and monitors)
+    lane ──LaneDone──► daemon       (every task's end: counters, and the record goes)
 
 The lane speaks the client protocol's messages over the ipc transport (a
 ``StreamRouter``); the tasks join the agent's own queue and run like any other, so
