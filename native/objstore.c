@@ -14,7 +14,12 @@
  * update), check every precondition *before* the first write, then begin / write through
  * the journal / commit, and unlock.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
+#endif
 #include <errno.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -308,12 +313,71 @@ objstore_status_t objstore_abort(objstore_t *s, const char *id) {
     return st;
 }
 
+/* Parallel copy of large objects. One thread's memcpy is bound by its core's load/store
+ * throughput, well below the memory bandwidth (measured on a 2-core VM: 100 MB in 19 ms
+ * with one thread, 9.9 ms with two; Ray copies with several threads for the same reason).
+ * Threads live for one call only: nothing outlives it (fork-safe), and a failed
+ * pthread_create only means that slice is copied by the caller. */
+#define OS_COPY_PARALLEL_MIN (8u << 20) /* below this, one memcpy */
+#define OS_COPY_SLICE_MIN (4u << 20)    /* no thread copies less than this */
+#define OS_COPY_THREADS_MAX 4           /* enough to reach memory bandwidth on most hosts */
+
+typedef struct {
+    char *dst;
+    const char *src;
+    uint64_t size;
+} os_copy_slice_t;
+
+static void *os_copy_slice(void *arg) {
+    os_copy_slice_t *c = arg;
+    memcpy(c->dst, c->src, c->size);
+    return NULL;
+}
+
+static int os_copy_threads(uint64_t size) {
+    if (size < OS_COPY_PARALLEL_MIN) return 1;
+    cpu_set_t cpus;
+    int n = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    uint64_t by_size = size / OS_COPY_SLICE_MIN;
+    if ((uint64_t)n > by_size) n = (int)by_size;
+    return n > OS_COPY_THREADS_MAX ? OS_COPY_THREADS_MAX : n;
+}
+
+static void os_copy(void *dst, const void *src, uint64_t size) {
+    int n = os_copy_threads(size);
+    if (n < 2) {
+        memcpy(dst, src, size);
+        return;
+    }
+    uint64_t step = (size / (uint64_t)n) & ~(uint64_t)4095; /* page-aligned slices */
+    os_copy_slice_t slices[OS_COPY_THREADS_MAX];
+    pthread_t threads[OS_COPY_THREADS_MAX];
+    int started[OS_COPY_THREADS_MAX] = {0};
+    for (int i = 0; i < n; i++) {
+        slices[i].dst = (char *)dst + (uint64_t)i * step;
+        slices[i].src = (const char *)src + (uint64_t)i * step;
+        slices[i].size = i == n - 1 ? size - (uint64_t)i * step : step;
+    }
+    /* The helpers block every signal: a signal meant for the process (Python's SIGINT)
+     * goes to a thread that handles it, not to one that vanishes in a few milliseconds. */
+    sigset_t all, old;
+    sigfillset(&all);
+    int masked = pthread_sigmask(SIG_SETMASK, &all, &old) == 0;
+    for (int i = 1; i < n; i++) started[i] = pthread_create(&threads[i], NULL, os_copy_slice, &slices[i]) == 0;
+    if (masked) pthread_sigmask(SIG_SETMASK, &old, NULL);
+    os_copy_slice(&slices[0]);
+    for (int i = 1; i < n; i++) {
+        if (started[i]) pthread_join(threads[i], NULL);
+        else os_copy_slice(&slices[i]);
+    }
+}
+
 objstore_status_t objstore_put(objstore_t *s, const char *id, const void *data, uint64_t size) {
     if (s == NULL || id == NULL || (data == NULL && size > 0)) return OBJSTORE_E_INVALID;
     void *dst;
     objstore_status_t st = objstore_create(s, id, size, &dst);
     if (st != OBJSTORE_OK) return st;
-    if (size > 0) memcpy(dst, data, size); /* outside the lock: only we write here */
+    if (size > 0) os_copy(dst, data, size); /* outside the lock: only we write here */
     st = os_lock(s);
     if (st != OBJSTORE_OK) return st; /* the unsealed object goes with our slot (close/reap) */
     uint32_t e, r;

@@ -850,6 +850,46 @@ static void test_grow_crash(void) {
     }
 }
 
+/* Byte i encodes i itself (a byte of it, chosen by i mod 4), so a slice copied to the
+ * wrong place, or twice, or not at all, fails the check; fill() repeats every 256 bytes. */
+static unsigned char position_byte(uint64_t i, unsigned seed) {
+    return (unsigned char)((i >> ((i & 3u) * 8u)) ^ seed);
+}
+
+/* Large puts are copied by several threads (os_copy): every byte lands where it belongs,
+ * for sizes below, at and past the parallel threshold, odd sizes, an unaligned source. */
+static void test_large_put(void) {
+    char name[256], id[16];
+    objstore_t *s = new_store(name, sizeof name, 96 * MiB, 0);
+    if (s == NULL) return;
+    const uint64_t sizes[] = {8 * MiB - 1, 8 * MiB, 8 * MiB + 4096 + 3, 33 * MiB + 5};
+    unsigned char *src = malloc(33 * MiB + 6);
+    CHECK(src != NULL);
+    if (src == NULL) {
+        drop_store(s);
+        return;
+    }
+    for (unsigned k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        uint64_t n = sizes[k];
+        unsigned char *from = src + (k & 1u); /* odd source addresses too */
+        for (uint64_t i = 0; i < n; i++) from[i] = position_byte(i, k);
+        make_id(id, 900 + k);
+        CHECK_ST(objstore_put(s, id, from, n), OBJSTORE_OK);
+        const void *r;
+        uint64_t size = 0;
+        CHECK_ST(objstore_get(s, id, &r, &size), OBJSTORE_OK);
+        CHECK(size == n);
+        uint64_t bad = 0;
+        for (uint64_t i = 0; i < size; i++) bad += ((const unsigned char *)r)[i] != position_byte(i, k);
+        CHECK(bad == 0);
+        CHECK_ST(objstore_release(s, id), OBJSTORE_OK);
+        CHECK_ST(objstore_delete(s, id, NULL), OBJSTORE_OK);
+    }
+    free(src);
+    VALID(s);
+    drop_store(s);
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: %s NAME_PREFIX FALLBACK_DIR\n", argv[0]);
@@ -860,6 +900,7 @@ int main(int argc, char **argv) {
     test_status_text();
     test_lifecycle();
     test_by_address();
+    test_large_put();
     test_full_and_tables();
     test_allocator();
     test_regions();
