@@ -64,6 +64,8 @@ REFILL_AT = 1
 # processor elsewhere is idle).  A write to a processor and the wake-up it causes cost
 # more than a no-op task; a top-up of 7 instead of 2 raised no-op throughput by ~20 %.
 MAX_DEPTH = 8
+UNTIMED_DEPTH = 2  # see task_depth
+FN_MEANS_MAX = 4096  # callables timed at once (their releases remove them; this bounds a leak)
 QUEUED_WORK_SECONDS = 0.002
 EXIT_STATUS_GRACE = 1.0  # seconds to wait for the zygote's report of how a processor died
 RESPAWN_BACKOFF = (0.0, 0.0, 0.1, 0.5, 2.0)  # after consecutive processors died without a task done
@@ -83,6 +85,21 @@ def processor_depth(mean_task: float | None) -> int:
         return 1  # unknown or long: none behind the running one
     fits = int(QUEUED_WORK_SECONDS / max(mean_task, 1e-6)) + 1
     return min(MAX_DEPTH, max(SHORT_DEPTH, fits))
+
+
+def task_depth(fn_mean: float | None, worker_mean: float | None) -> int:
+    """The depth for a task whose callable's tasks took ``fn_mean`` on this worker (None: not
+    timed here yet) while all its tasks took ``worker_mean``.
+
+    What a callable's earlier tasks took says more than what the worker's last tasks took:
+    after a run of no-ops, a batch of 20 tasks of 12 ms each was dealt 10/10 up front (both
+    processors at MAX_DEPTH), and the processor that lost the most CPU to the worker's own
+    processes set the tail (measured: 10 ms in a 130 ms batch).  An untimed callable gets
+    at most one task queued behind the running one until its first task finishes; not
+    none, since callables made afresh per call (partials, lambdas) are never timed."""
+    if fn_mean is not None:
+        return processor_depth(fn_mean)
+    return min(UNTIMED_DEPTH, processor_depth(worker_mean))
 
 
 class Processor:
@@ -188,6 +205,7 @@ class WorkerAgent:
         self._pending_writes: dict[Processor, list[bytes]] | None = None  # see _to_processor
         self.outbox: list[object] = []
         self.mean_task: float | None = None  # EWMA of task durations; None until one finished
+        self.fn_means: dict[int, float] = {}  # the same per callable (fn_id; 0: inline ones)
         self.welcomed = False
         self.stopping = False
         self.orphaned = False  # the daemon that started us is stopping or gone
@@ -352,6 +370,8 @@ class WorkerAgent:
         """Processors that have any of these callables drop them, unless the daemon's table
         still has them (a lane released one the daemon also sent)."""
         ids = [fn_id for fn_id in fn_ids if fn_id not in self.functions]
+        for fn_id in ids:
+            self.fn_means.pop(fn_id, None)
         if ids:
             forget = msgpack.packb([proc.FORGET, ids])
             for p in self.processors.values():
@@ -616,6 +636,12 @@ class WorkerAgent:
             self._drop_blobs(task)
         duration = finished - started
         self.mean_task = duration if self.mean_task is None else self.mean_task + 0.2 * (duration - self.mean_task)
+        if task is not None:
+            fn_mean = self.fn_means.get(task.fn_id)
+            if fn_mean is not None:
+                self.fn_means[task.fn_id] = fn_mean + 0.2 * (duration - fn_mean)
+            elif len(self.fn_means) < FN_MEANS_MAX:
+                self.fn_means[task.fn_id] = duration
         self.died_in_a_row = 0
 
     def _on_stderr(self, p: Processor) -> None:
@@ -789,9 +815,8 @@ class WorkerAgent:
             return
         # Tasks queued behind a running one only pay off for short tasks, and only once we
         # know they are short: before that, two long tasks would run in series.
-        mean = self.mean_task
-        short = mean is not None and mean < SHORT_TASK_SECONDS
-        depth = processor_depth(mean)
+        fn_means, worker_mean = self.fn_means, self.mean_task
+        short = task_depth(fn_means.get(self.queue[0].fn_id), worker_mean) > 1
         live = [
             p
             for p in self.processors.values()
@@ -803,14 +828,18 @@ class WorkerAgent:
         ]
         self._pending_writes = {}
         try:
-            for level in range(1, depth + 1):
+            for level in range(1, MAX_DEPTH + 1 if short else 2):
                 for p in live:
                     while len(p.outstanding) < level and self.queue:
                         if self.max_tasks is not None and p.sent >= self.max_tasks:
                             break
-                        task = self.queue.popleft()
+                        task = self.queue[0]
                         if self.held.get(task.task_id) is not task:
+                            self.queue.popleft()
                             continue  # cancelled while queued, or superseded by a newer attempt
+                        if level > 1 and level > task_depth(fn_means.get(task.fn_id), worker_mean):
+                            return  # every live processor holds as many as this task's kind may
+                        self.queue.popleft()
                         self._run_on(p, task, now)
                     if not self.queue:
                         return
