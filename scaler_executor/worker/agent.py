@@ -65,6 +65,10 @@ REFILL_AT = 1
 # more than a no-op task; a top-up of 7 instead of 2 raised no-op throughput by ~20 %.
 MAX_DEPTH = 8
 UNTIMED_DEPTH = 2  # see task_depth
+# A processor whose running task has run this long gets nothing queued behind it, and the
+# tasks already queued there are recalled (handed back) when another processor is idle:
+# they were dealt as short work expected to wait at most QUEUED_WORK_SECONDS.
+RECALL_AFTER = 0.02
 FN_MEANS_MAX = 4096  # callables timed at once (their releases remove them; this bounds a leak)
 QUEUED_WORK_SECONDS = 0.002
 EXIT_STATUS_GRACE = 1.0  # seconds to wait for the zygote's report of how a processor died
@@ -122,9 +126,12 @@ class Processor:
         "reader",
         "seceded",
         "retired",
+        "recall_fd",
+        "recalling",
+        "head_since",
     )
 
-    def __init__(self, pid: int, conn: Connection, err_fd: int) -> None:
+    def __init__(self, pid: int, conn: Connection, err_fd: int, recall_fd: int = -1) -> None:
         self.pid = pid
         self.conn = conn
         self.fd = conn.fileno()
@@ -143,6 +150,15 @@ class Processor:
         self.wait_status: int | None = None  # from the zygote
         self.kill: tuple[int, str] | None = None  # (status, reason) when we killed it on purpose
         self.deadline: float | None = None  # task_timeout of the running task
+        self.recall_fd = recall_fd  # write end of its recall pipe (-1 once closed)
+        self.recalling = False  # a recall is out: no task goes to it until RECALLED
+        self.head_since = 0.0  # when the running task (outstanding[0]) was sent or became first
+
+    def close_fds(self) -> None:
+        self.conn.close()
+        if self.recall_fd >= 0:
+            os.close(self.recall_fd)
+            self.recall_fd = -1
 
 
 class WorkerAgent:
@@ -206,6 +222,7 @@ class WorkerAgent:
         self.outbox: list[object] = []
         self.mean_task: float | None = None  # EWMA of task durations; None until one finished
         self.fn_means: dict[int, float] = {}  # the same per callable (fn_id; 0: inline ones)
+        self.straggler_watch = False  # housekeeping every HOUSEKEEPING_SECONDS: see _recall
         self.welcomed = False
         self.stopping = False
         self.orphaned = False  # the daemon that started us is stopping or gone
@@ -249,6 +266,8 @@ class WorkerAgent:
                 timeout = tick * 1000
                 if self.queue and self.starting:
                     timeout = min(timeout, 50)
+                if self.straggler_watch:
+                    timeout = min(timeout, HOUSEKEEPING_SECONDS * 1000)
                 if self.results:  # held back to travel together: at most RESULT_LINGER
                     left = self.results_since + RESULT_LINGER - time.monotonic()
                     timeout = min(timeout, math.ceil(max(0.0, left) * 1000))  # rounded up to whole ms
@@ -549,7 +568,7 @@ class WorkerAgent:
 
     def _on_zygote(self) -> None:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(self.zygote.control, 4096, 2)
+            data, fds, _flags, _addr = socket.recv_fds(self.zygote.control, 4096, 3)
         except OSError:
             data, fds = b"", []
         if not data:
@@ -561,8 +580,9 @@ class WorkerAgent:
         if message[0] == SPAWNED:
             self.starting -= 1
             conn = Connection(fds[0])
-            p = Processor(message[1], conn, fds[1])
+            p = Processor(message[1], conn, fds[1], fds[2])
             os.set_blocking(fds[1], False)
+            os.set_blocking(fds[2], False)
             self.processors[conn.fileno()] = p
             self.stderr_of[fds[1]] = p
             self.by_pid[p.pid] = p
@@ -589,16 +609,25 @@ class WorkerAgent:
             if p.wait_status is not None:
                 self._bury(p)
 
+    def _take_back(self, p: Processor, returned: list[int]) -> None:
+        """Tasks a processor handed back unstarted: to the front of our queue, in order."""
+        given = {back: p.attempts.pop(back, None) for back in returned}
+        for back in returned:
+            p.outstanding.remove(back)
+        p.sent -= len(returned)  # they do not count towards its max_tasks_per_child
+        for back in reversed(returned):
+            task = self.held.get(back)
+            if task is not None and task.attempt == given[back]:
+                self.queue.appendleft(task)
+
     def _on_processor_message(self, p: Processor, message: list) -> None:  # type: ignore[type-arg]
+        if message[0] == proc.RECALLED:
+            p.recalling = False
+            self._take_back(p, message[1])
+            return
         if message[0] == proc.SECEDE:
             _, task_id, returned = message
-            given = {back: p.attempts.pop(back, None) for back in returned}
-            for back in returned:  # queued behind the seceding task: back to our queue, in order
-                p.outstanding.remove(back)
-            for back in reversed(returned):
-                task = self.held.get(back)
-                if task is not None and task.attempt == given[back]:
-                    self.queue.appendleft(task)
+            self._take_back(p, returned)  # queued behind the seceding task
             p.seceded = True
             p.deadline = None  # a task waiting on sub-tasks is timed by its sub-tasks
             self.outbox.append(m.Seceded([task_id]))
@@ -614,6 +643,10 @@ class WorkerAgent:
         p.seceded = False
         expected = p.outstanding.popleft()
         assert expected == task_id, f"processor {p.pid} answered task {task_id:#x}, expected {expected:#x}"
+        if p.outstanding:
+            p.head_since = time.monotonic()  # the next one starts now
+        elif not self.queue:
+            self.straggler_watch = True  # idle: is another holding tasks behind a long one?
         p.attempts.pop(task_id, None)
         p.deadline = None
         if p.peak > peak:
@@ -700,7 +733,7 @@ class WorkerAgent:
             del self.processors[p.fd]
         if self.by_pid.get(p.pid) is p:
             del self.by_pid[p.pid]
-        p.conn.close()
+        p.close_fds()
         if p.err_fd >= 0:
             os.set_blocking(p.err_fd, True)  # it is dead: read what it wrote up to EOF
             self._on_stderr(p)
@@ -824,7 +857,11 @@ class WorkerAgent:
             and p.kill is None
             and not p.seceded
             and not p.retired
-            and (not short or len(p.outstanding) <= REFILL_AT)
+            and not p.recalling
+            and (
+                not short
+                or (len(p.outstanding) <= REFILL_AT and (not p.outstanding or now - p.head_since < RECALL_AFTER))
+            )
         ]
         self._pending_writes = {}
         try:
@@ -858,6 +895,8 @@ class WorkerAgent:
         p.outstanding.append(task.task_id)
         p.attempts[task.task_id] = task.attempt
         p.sent += 1
+        if len(p.outstanding) == 1:
+            p.head_since = now
         if len(p.outstanding) == 1 and task.task_timeout is not None:
             p.deadline = now + task.task_timeout
         self._to_processor(
@@ -884,8 +923,36 @@ class WorkerAgent:
 
     # ------------------------------------------------------------------ timers
 
+    def _recall(self, now: float) -> None:
+        """Processors idle, nothing queued here, and another processor holds tasks queued
+        behind one that has run RECALL_AFTER: ask it for them back (they were dealt as
+        short work; now they would wait for the long one while a processor idles)."""
+        self.straggler_watch = False
+        if self.queue:
+            return
+        idle, holders = False, []
+        for p in self.processors.values():
+            if p.eof_at is not None or p.kill is not None or p.retired or p.seceded or p.recalling:
+                continue
+            if not p.outstanding:
+                idle = idle or self.max_tasks is None or p.sent < self.max_tasks
+            elif len(p.outstanding) > 1:
+                holders.append(p)
+        if not idle:
+            return
+        for p in holders:
+            if now - p.head_since < RECALL_AFTER:
+                self.straggler_watch = True  # look again soon
+            elif p.recall_fd >= 0:
+                try:
+                    os.write(p.recall_fd, b"r")
+                    p.recalling = True
+                except OSError:
+                    pass  # it died: its socket's EOF will be noticed
+
     def _housekeeping(self, now: float) -> None:
         self._sample_memory(now)
+        self._recall(now)
         for p in list(self.processors.values()):
             if p.eof_at is not None and p.wait_status is None and now - p.eof_at > EXIT_STATUS_GRACE:
                 self._bury(p)
@@ -968,7 +1035,7 @@ class WorkerAgent:
                 os.kill(p.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            p.conn.close()
+            p.close_fds()
             if p.err_fd >= 0:
                 os.close(p.err_fd)
         self.zygote.close()  # the zygote reaps its processors, then exits

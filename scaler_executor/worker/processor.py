@@ -11,6 +11,9 @@ It speaks to its worker agent over one stream socket (framed by
     agent ──[FORGET, [fn_id, ...]]──► processor        (drop cached callables)
     agent ◄──[INIT_FAILED, exception payload]── processor (then it exits)
     agent ◄──[SECEDE, task, [task ids handed back]]── processor (the task waits on sub-tasks)
+    agent ──one byte on the recall pipe──► processor's watchdog thread
+    agent ◄──[RECALLED, [task ids handed back]]── processor (tasks queued behind the running
+                                                   one, unstarted; [] between tasks)
 
 Tasks are run in the order received; the agent therefore knows that the first
 task it sent and has not had back is the one running — which is what it blames
@@ -18,7 +21,11 @@ if this process dies.
 
 A watchdog thread waits for the agent's end of the socket to hang up
 (``POLLRDHUP``) and exits at once, so a processor busy in user code never
-outlives its agent.
+outlives its agent. It also answers recalls: the agent gave this processor short
+tasks to queue behind the running one, the running one turned out long, and another
+processor is idle; the watchdog takes the queued tasks out of the socket (under the
+lock that the main thread holds whenever it reads or writes the socket during a task)
+and hands them back.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from scaler_executor.worker.deps import install as install_deps
 from scaler_executor.worker.framing import FrameReader
 from scaler_executor.worker.memory import private_memory
 
-RUN, DONE, FORGET, INIT_FAILED, SECEDE = 1, 2, 3, 4, 5
+RUN, DONE, FORGET, INIT_FAILED, SECEDE, RECALLED = 1, 2, 3, 4, 5, 6
 
 
 
@@ -138,13 +145,25 @@ def _run(
         return Status.ERROR, dump_exception(exc), NO_OBJECTS
 
 
-def _watch_agent(fd: int) -> None:
+def _watch_agent(fd: int, recall_fd: int) -> None:
     poller = select.poll()
     poller.register(fd, select.POLLRDHUP)
+    if recall_fd >= 0:
+        poller.register(recall_fd, select.POLLIN)
     while True:
-        for _fd, events in poller.poll():
-            if events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR):
-                os._exit(0)
+        for ready, events in poller.poll():
+            if ready == fd:
+                if events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR):
+                    os._exit(0)
+                continue
+            try:
+                asked = os.read(recall_fd, 64)
+            except OSError:
+                asked = b""
+            if not asked:  # the agent closed its end: it is going (the socket says so too)
+                poller.unregister(recall_fd)
+            elif STATE is not None:
+                STATE.recall()
 
 
 def _flush_streams() -> None:
@@ -262,6 +281,18 @@ class _ProcessorState:
             self.fn_payloads[fn_id] = fn_payload
         return message
 
+    def recall(self) -> None:
+        """Hand the agent back the tasks queued behind the running one (none between tasks:
+        then the main thread may be reading the socket, and runs them itself)."""
+        with self.lock:
+            returned = []
+            if self.task_id:
+                for raw in self.reader.available():
+                    message = self.take(msgpack.unpackb(raw))
+                    if message is not None:
+                        returned.append(message[1])
+            self.conn.send_bytes(msgpack.packb([RECALLED, returned]))
+
     def secede(self) -> None:
         """Release this task's slot: the agent starts another processor while it waits.
 
@@ -299,8 +330,12 @@ class _Fetched:
             raise LookupError(f"object {object_id.hex()} was not fetched for this task") from None
 
 
-def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None, arrays_in_store: int = 0) -> None:
+def processor_main(
+    fd: int, initializer: bytes | None, max_tasks: int | None, arrays_in_store: int = 0, recall_fd: int = -1
+) -> None:
     """Run tasks from the agent on socket ``fd`` until it hangs up; never returns.
+
+    ``recall_fd``: the read end of the agent's recall pipe (-1: none).
 
     ``arrays_in_store``: NumPy arrays of at least this many bytes that tasks create live
     in the host's object store (0: never), from the first task that starts with NumPy
@@ -309,14 +344,15 @@ def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None, ar
     conn = Connection(fd)
     state = STATE = _ProcessorState(conn)
     state.arrays_in_store = arrays_in_store
-    threading.Thread(target=_watch_agent, args=(fd,), name="scaler-agent-watchdog", daemon=True).start()
+    threading.Thread(target=_watch_agent, args=(fd, recall_fd), name="scaler-agent-watchdog", daemon=True).start()
     if initializer:
         try:
             init, initargs = pickle.loads(initializer)
             init(*initargs)
         except BaseException as exc:
             exc.add_note("while running the executor's initializer in a worker process")
-            conn.send_bytes(msgpack.packb([INIT_FAILED, dump_exception(exc)], use_bin_type=True))
+            with state.lock:  # the watchdog may be answering a recall on this socket
+                conn.send_bytes(msgpack.packb([INIT_FAILED, dump_exception(exc)], use_bin_type=True))
             _flush_streams()
             os._exit(1)
     import gc
@@ -341,7 +377,8 @@ def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None, ar
             except BaseException as exc:
                 exc.add_note("while unpickling the task's function in the worker")
                 started = time.time()
-                conn.send_bytes(packb([DONE, task_id, attempt, Status.ERROR, dump_exception(exc), started, started, 0, [], False]))
+                with state.lock:  # the watchdog may be answering a recall on this socket
+                    conn.send_bytes(packb([DONE, task_id, attempt, Status.ERROR, dump_exception(exc), started, started, 0, [], False]))
                 continue
         state.task_id = task_id
         started = time.time()
@@ -349,7 +386,9 @@ def processor_main(fd: int, initializer: bytes | None, max_tasks: int | None, ar
             state.use_store(store_name, threshold)
         except Exception as exc:  # the agent saw it attach; this should not happen
             exc.add_note("while attaching the object store in the worker")
-            conn.send_bytes(packb([DONE, task_id, attempt, Status.ERROR, dump_exception(exc), started, started, 0, [], False]))
+            with state.lock:
+                state.task_id = 0
+                conn.send_bytes(packb([DONE, task_id, attempt, Status.ERROR, dump_exception(exc), started, started, 0, [], False]))
             continue
         state.blobs = blobs
         writable = bool(flags & TaskFlags.WRITABLE)

@@ -15,8 +15,8 @@ Control channel (a ``SOCK_SEQPACKET`` socketpair, so messages keep their
 boundaries; msgpack bodies)::
 
     agent  ──[SPAWN]──────────────────────────────►  zygote
-    agent  ◄──[SPAWNED, pid] + the processor's socket and the read end of
-              its stderr pipe (SCM_RIGHTS)──  zygote
+    agent  ◄──[SPAWNED, pid] + the processor's socket, the read end of its
+              stderr pipe and the write end of its recall pipe (SCM_RIGHTS)──  zygote
     agent  ◄──[EXITED, pid, wait status]──  zygote (it reaps its children)
     agent  ──[WARM]──►  zygote: import what tasks often need, once (the worker is idle)
 
@@ -151,11 +151,15 @@ def _spawn(
     # The processor's stderr goes through the agent, which forwards it and keeps the last
     # lines to explain a crash ("Fatal Python error: ...", a C library's complaint).
     err_r, err_w = os.pipe()
+    # The agent asks for the tasks queued behind a long-running one back by writing a byte
+    # here; the processor's watchdog thread answers while its main thread runs the task.
+    recall_r, recall_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the processor
         code = 0
         try:
             os.close(err_r)
+            os.close(recall_w)
             sys.stderr.flush()
             os.dup2(err_w, 2)
             os.close(err_w)
@@ -168,7 +172,7 @@ def _spawn(
             agent_end.close()
             from scaler_executor.worker.processor import processor_main
 
-            processor_main(processor_end.detach(), initializer, max_tasks, arrays_in_store)
+            processor_main(processor_end.detach(), initializer, max_tasks, arrays_in_store, recall_r)
         except BaseException:
             import traceback
 
@@ -180,11 +184,13 @@ def _spawn(
             os._exit(code)
     processor_end.close()
     os.close(err_w)
+    os.close(recall_r)
     try:
-        socket.send_fds(control, [msgpack.packb([SPAWNED, pid])], [agent_end.fileno(), err_r])
+        socket.send_fds(control, [msgpack.packb([SPAWNED, pid])], [agent_end.fileno(), err_r, recall_w])
     finally:
         agent_end.close()
         os.close(err_r)
+        os.close(recall_w)
     return pid
 
 
