@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include "os_internal.h"
@@ -322,7 +323,54 @@ objstore_status_t objstore_abort(objstore_t *s, const char *id) {
 #define OS_COPY_SLICE_MIN (4u << 20)    /* no thread copies less than this */
 #define OS_COPY_THREADS_MAX 4           /* enough to reach memory bandwidth on most hosts */
 
+/* Before the first write through this handle's mapping, a range's page-table entries are
+ * filled in one MADV_POPULATE_WRITE call rather than one page fault per 4 KiB page: a
+ * first put of 100 MB took 37 ms with two threads faulting and 26 ms with two threads
+ * populating, then copying (measured on the 2-core VM). A per-handle bitmap of 2 MiB
+ * chunks says which are done, so a put into pages this process has written before costs
+ * nothing more (populating them again took 2 ms per 100 MB). */
+#define OS_POPULATE_MIN (64u << 10) /* fewer pages: the faults cost less than the call */
+
+static void os_populate(objstore_t *s, char *dst, uint64_t size) {
+#ifdef MADV_POPULATE_WRITE
+    if (size < OS_POPULATE_MIN || __atomic_load_n(&s->populate_off, __ATOMIC_RELAXED)) return;
+    unsigned char *done = __atomic_load_n(&s->populated, __ATOMIC_ACQUIRE);
+    if (done == NULL) {
+        unsigned char *fresh = calloc(s->size / OS_POPULATE_CHUNK / 8 + 1, 1);
+        if (fresh == NULL) return;
+        if (__atomic_compare_exchange_n(&s->populated, &done, fresh, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            done = fresh;
+        } else {
+            free(fresh); /* another thread's is there: `done` holds it */
+        }
+    }
+    uint64_t from = (uint64_t)(dst - s->base), to = from + size;
+    for (uint64_t c = from / OS_POPULATE_CHUNK; c * OS_POPULATE_CHUNK < to; c++) {
+        unsigned char bit = (unsigned char)(1u << (c % 8));
+        if (__atomic_load_n(&done[c / 8], __ATOMIC_RELAXED) & bit) continue;
+        uint64_t lo = c * OS_POPULATE_CHUNK, hi = lo + OS_POPULATE_CHUNK;
+        int whole = from <= lo && hi <= to;
+        if (lo < from) lo = from;
+        if (hi > to) hi = to;
+        /* Page-aligned outwards: the object's pages lie below the committed mark, which is
+         * page aligned, so these pages are all in the file. */
+        lo &= ~(uint64_t)(OS_PAGE - 1);
+        hi = (hi + OS_PAGE - 1) & ~(uint64_t)(OS_PAGE - 1);
+        if (madvise(s->base + lo, hi - lo, MADV_POPULATE_WRITE) != 0) {
+            if (errno == EINVAL) __atomic_store_n(&s->populate_off, 1, __ATOMIC_RELAXED); /* kernel < 5.14 */
+            return; /* the page faults will do it */
+        }
+        if (whole) __atomic_fetch_or(&done[c / 8], bit, __ATOMIC_RELAXED);
+    }
+#else
+    (void)s;
+    (void)dst;
+    (void)size;
+#endif
+}
+
 typedef struct {
+    objstore_t *s;
     char *dst;
     const char *src;
     uint64_t size;
@@ -330,6 +378,7 @@ typedef struct {
 
 static void *os_copy_slice(void *arg) {
     os_copy_slice_t *c = arg;
+    os_populate(c->s, c->dst, c->size);
     memcpy(c->dst, c->src, c->size);
     return NULL;
 }
@@ -343,10 +392,11 @@ static int os_copy_threads(uint64_t size) {
     return n > OS_COPY_THREADS_MAX ? OS_COPY_THREADS_MAX : n;
 }
 
-static void os_copy(void *dst, const void *src, uint64_t size) {
+static void os_copy(objstore_t *s, void *dst, const void *src, uint64_t size) {
     int n = os_copy_threads(size);
     if (n < 2) {
-        memcpy(dst, src, size);
+        os_copy_slice_t whole = {s, dst, src, size};
+        os_copy_slice(&whole);
         return;
     }
     uint64_t step = (size / (uint64_t)n) & ~(uint64_t)4095; /* page-aligned slices */
@@ -354,6 +404,7 @@ static void os_copy(void *dst, const void *src, uint64_t size) {
     pthread_t threads[OS_COPY_THREADS_MAX];
     int started[OS_COPY_THREADS_MAX] = {0};
     for (int i = 0; i < n; i++) {
+        slices[i].s = s;
         slices[i].dst = (char *)dst + (uint64_t)i * step;
         slices[i].src = (const char *)src + (uint64_t)i * step;
         slices[i].size = i == n - 1 ? size - (uint64_t)i * step : step;
@@ -377,7 +428,7 @@ objstore_status_t objstore_put(objstore_t *s, const char *id, const void *data, 
     void *dst;
     objstore_status_t st = objstore_create(s, id, size, &dst);
     if (st != OBJSTORE_OK) return st;
-    if (size > 0) os_copy(dst, data, size); /* outside the lock: only we write here */
+    if (size > 0) os_copy(s, dst, data, size); /* outside the lock: only we write here */
     st = os_lock(s);
     if (st != OBJSTORE_OK) return st; /* the unsealed object goes with our slot (close/reap) */
     uint32_t e, r;

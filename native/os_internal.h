@@ -44,6 +44,7 @@
 #define OS_DEFAULT_TIMEOUT_MS 10000u
 #define OS_NAME_MAX 200
 #define OS_PAGE 4096u
+#define OS_POPULATE_CHUNK (2u << 20) /* what a bit of objstore_t.populated covers */
 /* Commitment grows by at least this much at a time: one posix_fallocate of 64 MiB on
  * tmpfs takes ~10 ms under the lock, and amortised over 64 MiB of objects that is noise,
  * while creating a store costs only its tables plus one step. */
@@ -147,6 +148,8 @@ struct objstore {
     int crash_point, crash_action;
     uint32_t crash_countdown;
     uint64_t test_commit_limit; /* tests: growing past this fails as ENOSPC (0: off) */
+    unsigned char *populated;   /* 2 MiB chunks of the mapping written through by puts (bits) */
+    int populate_off;           /* the kernel has no MADV_POPULATE_WRITE */
     char name[OS_NAME_MAX + 2];
     char path[4096];
 };

@@ -413,6 +413,7 @@ static objstore_t *os_handle_new(const char *name) {
 static void os_handle_free(objstore_t *s) {
     if (s->base != NULL) munmap(s->base, s->size);
     if (s->fd >= 0) close(s->fd);
+    free(s->populated);
     free(s);
 }
 
@@ -646,5 +647,7 @@ objstore_status_t objstore_privatize(objstore_t *s) {
         s->last_errno = errno;
         return OBJSTORE_E_SYSTEM;
     }
+    if (s->populated != NULL) /* a new mapping: nothing of it is populated yet */
+        memset(s->populated, 0, s->size / OS_POPULATE_CHUNK / 8 + 1);
     return OBJSTORE_OK;
 }
