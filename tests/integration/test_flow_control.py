@@ -407,7 +407,7 @@ def test_a_quiet_result_that_fails_to_unpickle_fails_its_future_on_a_pool_thread
     ran_on: list[threading.Thread] = []
     future.add_done_callback(lambda f: ran_on.append(threading.current_thread()))
     truncated = m.TaskResult(agent._ids[id(future)], 0, m.Status.OK, b"\x80\x05N", m.NO_FACTS, [])
-    assert agent._complete_quietly(truncated)
+    assert agent._complete_quietly([truncated])
     exc = future.exception(timeout=10)
     assert exc is not None and any("while unpickling the result" in note for note in getattr(exc, "__notes__", [])), exc
     assert wait_until(lambda: bool(ran_on), timeout=10)
