@@ -328,7 +328,9 @@ objstore_status_t objstore_abort(objstore_t *s, const char *id) {
  * first put of 100 MB took 37 ms with two threads faulting and 26 ms with two threads
  * populating, then copying (measured on the 2-core VM). A per-handle bitmap of 2 MiB
  * chunks says which are done, so a put into pages this process has written before costs
- * nothing more (populating them again took 2 ms per 100 MB). */
+ * nothing more (populating them again took 2 ms per 100 MB; a 64 KiB put, 2 us more).
+ * A chunk is populated whole on its first put, so smaller objects that follow into it
+ * find it done. */
 #define OS_POPULATE_MIN (64u << 10) /* fewer pages: the faults cost less than the call */
 
 static void os_populate(objstore_t *s, char *dst, uint64_t size) {
@@ -344,18 +346,17 @@ static void os_populate(objstore_t *s, char *dst, uint64_t size) {
             free(fresh); /* another thread's is there: `done` holds it */
         }
     }
+    /* Whole chunks, up to the committed mark (page aligned; read without the lock, it only
+     * grows): the object lies below it, and so do the pages around it that later puts into
+     * the chunk will write. A chunk the mark cuts is populated up to it and not marked. */
+    uint64_t committed = __atomic_load_n(&os_hdr(s)->committed, __ATOMIC_ACQUIRE);
     uint64_t from = (uint64_t)(dst - s->base), to = from + size;
     for (uint64_t c = from / OS_POPULATE_CHUNK; c * OS_POPULATE_CHUNK < to; c++) {
         unsigned char bit = (unsigned char)(1u << (c % 8));
         if (__atomic_load_n(&done[c / 8], __ATOMIC_RELAXED) & bit) continue;
         uint64_t lo = c * OS_POPULATE_CHUNK, hi = lo + OS_POPULATE_CHUNK;
-        int whole = from <= lo && hi <= to;
-        if (lo < from) lo = from;
-        if (hi > to) hi = to;
-        /* Page-aligned outwards: the object's pages lie below the committed mark, which is
-         * page aligned, so these pages are all in the file. */
-        lo &= ~(uint64_t)(OS_PAGE - 1);
-        hi = (hi + OS_PAGE - 1) & ~(uint64_t)(OS_PAGE - 1);
+        int whole = hi <= committed;
+        if (!whole) hi = committed > to ? committed : (to + OS_PAGE - 1) & ~(uint64_t)(OS_PAGE - 1);
         if (madvise(s->base + lo, hi - lo, MADV_POPULATE_WRITE) != 0) {
             if (errno == EINVAL) __atomic_store_n(&s->populate_off, 1, __ATOMIC_RELAXED); /* kernel < 5.14 */
             return; /* the page faults will do it */
