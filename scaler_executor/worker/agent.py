@@ -641,6 +641,7 @@ class WorkerAgent:
             return
         _, task_id, attempt, status, payload, started, finished, peak, result_objects, delivered = message
         p.seceded = False
+        p.recalling = False  # its head changed; an answer still on its way hands back what it lists
         expected = p.outstanding.popleft()
         assert expected == task_id, f"processor {p.pid} answered task {task_id:#x}, expected {expected:#x}"
         if p.outstanding:

@@ -163,7 +163,10 @@ def _watch_agent(fd: int, recall_fd: int) -> None:
             if not asked:  # the agent closed its end: it is going (the socket says so too)
                 poller.unregister(recall_fd)
             elif STATE is not None:
-                STATE.recall()
+                try:
+                    STATE.recall()
+                except Exception:  # (the agent went away meanwhile) this thread must keep watching
+                    pass
 
 
 def _flush_streams() -> None:
