@@ -284,16 +284,21 @@ class _ProcessorState:
             self.fn_payloads[fn_id] = fn_payload
         return message
 
+    def _take_queued(self) -> list[int]:
+        """The ids of the RUNs waiting in the socket, taken out of it (FORGETs applied).
+        Only while a task runs, under ``lock``: the main thread is not reading then."""
+        returned = []
+        for raw in self.reader.available():
+            message = self.take(msgpack.unpackb(raw))
+            if message is not None:
+                returned.append(message[1])
+        return returned
+
     def recall(self) -> None:
         """Hand the agent back the tasks queued behind the running one (none between tasks:
         then the main thread may be reading the socket, and runs them itself)."""
         with self.lock:
-            returned = []
-            if self.task_id:
-                for raw in self.reader.available():
-                    message = self.take(msgpack.unpackb(raw))
-                    if message is not None:
-                        returned.append(message[1])
+            returned = self._take_queued() if self.task_id else []
             self.conn.send_bytes(msgpack.packb([RECALLED, returned]))
 
     def secede(self) -> None:
@@ -305,11 +310,7 @@ class _ProcessorState:
         with self.lock:
             if self.seceded or not self.task_id:
                 return
-            returned = []
-            for raw in self.reader.available():
-                message = self.take(msgpack.unpackb(raw))
-                if message is not None:
-                    returned.append(message[1])
+            returned = self._take_queued()
             self.seceded = True
             self.conn.send_bytes(msgpack.packb([SECEDE, self.task_id, returned]))
 
