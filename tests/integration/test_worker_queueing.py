@@ -97,3 +97,38 @@ def test_tasks_queued_behind_a_task_that_turned_out_long_are_recalled_to_an_idle
             gate.close()
         stats = ex.statistics()
         assert (stats["finished"], stats["failed"], stats["retried"]) == (314, 0, 0)
+
+
+
+@pytest.mark.timeout(120)
+def test_recalled_tasks_do_not_count_towards_max_tasks_per_child(gate: Gate) -> None:
+    """A processor that handed tasks back still runs its whole quota, then is replaced.
+
+    Counted as run, the recalled tasks would bring it to its quota early in the agent's
+    books: the agent would send it nothing more, and it would sit idle, never replaced,
+    leaving one processor to do the work of two.
+    """
+    quota = 60
+    with ScalerExecutor(max_workers=2, max_tasks_per_child=quota, config=fast_config()) as ex:
+        assert [f.result() for f in [ex.submit(quick_or_held, i, gate.address, False) for i in range(300)]] == list(range(300))
+        try:
+            for burst in range(3):  # each burst may recall tasks from the processor holding the gated one
+                held_id = 200 + burst
+                quick = [ex.submit(quick_or_held, 1, gate.address, False)]
+                held = ex.submit(quick_or_held, held_id, gate.address, True)
+                quick += [ex.submit(quick_or_held, i, gate.address, False) for i in range(2, 14)]
+                gate.wait_started(held_id)
+                assert [f.result(timeout=30) for f in quick] == list(range(1, 14))
+                gate.release(held_id)
+                assert held.result(timeout=30) == held_id
+            # Take every processor alive now past its quota, twice over...
+            assert len([f.result(timeout=60) for f in [ex.submit(quick_or_held, i, "", False) for i in range(4 * quota)]]) == 4 * quota
+            # ...and both processors still take tasks: two gated tasks run at once.
+            both = [ex.submit(quick_or_held, i, gate.address, True) for i in (100, 101)]
+            gate.wait_started(100)
+            gate.wait_started(101)
+            gate.release(100)
+            gate.release(101)
+            assert [f.result(timeout=30) for f in both] == [100, 101]
+        finally:
+            gate.close()  # whatever failed: held tasks return, so the executor can shut down
