@@ -109,10 +109,14 @@ class Contestant:
 
 
 def _version(module: str) -> str:
-    try:
-        from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
         return version(module)
+    except PackageNotFoundError:
+        # e.g. pyzmq in a peers environment: the embedded cluster talks over Unix
+        # sockets and imports zmq only for tcp:// addresses, so it runs without it.
+        return "not installed"
     except Exception:  # noqa: BLE001  (a version is informative, never essential)
         return "?"
 
