@@ -77,27 +77,37 @@ def quick_or_held(i: int, address: str, held: bool) -> int:
     return held_until_told(i, address) if held else i
 
 
+def time_as_short(ex: ScalerExecutor, gate: Gate) -> None:
+    """Run enough quick tasks that the worker deals this callable several deep per processor."""
+    assert [f.result() for f in [ex.submit(quick_or_held, i, gate.address, False) for i in range(300)]] == list(range(300))
+
+
+def burst_behind_a_held_task(ex: ScalerExecutor, gate: Gate, held_id: int) -> None:
+    """One burst of 13 quick tasks and a held one; the quick ones finish while it is held.
+
+    The first goes alone (down the lane), the rest reach the agent in one batch and are
+    dealt at once, several behind the held task on its processor: they finish only if
+    recalled to the idle one."""
+    quick = [ex.submit(quick_or_held, 1, gate.address, False)]
+    held = ex.submit(quick_or_held, held_id, gate.address, True)
+    quick += [ex.submit(quick_or_held, i, gate.address, False) for i in range(2, 14)]
+    gate.wait_started(held_id)
+    assert [f.result(timeout=30) for f in quick] == list(range(1, 14))
+    assert not held.done()
+    gate.release(held_id)
+    assert held.result(timeout=30) == held_id
+
+
 @pytest.mark.timeout(120)
 def test_tasks_queued_behind_a_task_that_turned_out_long_are_recalled_to_an_idle_processor(gate: Gate) -> None:
     with ScalerExecutor(max_workers=2, config=fast_config()) as ex:
-        # Timed as short on this worker: its tasks are dealt several deep per processor.
-        assert [f.result() for f in [ex.submit(quick_or_held, i, gate.address, False) for i in range(300)]] == list(range(300))
-        # One burst: the first goes alone (down the lane), the rest reach the agent in one
-        # batch and are dealt at once, several behind the held task on its processor.
-        quick = [ex.submit(quick_or_held, 1, gate.address, False)]
-        held = ex.submit(quick_or_held, 0, gate.address, True)
-        quick += [ex.submit(quick_or_held, i, gate.address, False) for i in range(2, 14)]
+        time_as_short(ex, gate)
         try:
-            gate.wait_started(0)
-            assert [f.result(timeout=30) for f in quick] == list(range(1, 14))
-            assert not held.done()
-            gate.release(0)
-            assert held.result(timeout=30) == 0
+            burst_behind_a_held_task(ex, gate, 0)
         finally:
             gate.close()
         stats = ex.statistics()
         assert (stats["finished"], stats["failed"], stats["retried"]) == (314, 0, 0)
-
 
 
 @pytest.mark.timeout(120)
@@ -110,17 +120,10 @@ def test_recalled_tasks_do_not_count_towards_max_tasks_per_child(gate: Gate) -> 
     """
     quota = 60
     with ScalerExecutor(max_workers=2, max_tasks_per_child=quota, config=fast_config()) as ex:
-        assert [f.result() for f in [ex.submit(quick_or_held, i, gate.address, False) for i in range(300)]] == list(range(300))
+        time_as_short(ex, gate)
         try:
             for burst in range(3):  # each burst may recall tasks from the processor holding the gated one
-                held_id = 200 + burst
-                quick = [ex.submit(quick_or_held, 1, gate.address, False)]
-                held = ex.submit(quick_or_held, held_id, gate.address, True)
-                quick += [ex.submit(quick_or_held, i, gate.address, False) for i in range(2, 14)]
-                gate.wait_started(held_id)
-                assert [f.result(timeout=30) for f in quick] == list(range(1, 14))
-                gate.release(held_id)
-                assert held.result(timeout=30) == held_id
+                burst_behind_a_held_task(ex, gate, 200 + burst)
             # Take every processor alive now past its quota, twice over...
             assert len([f.result(timeout=60) for f in [ex.submit(quick_or_held, i, "", False) for i in range(4 * quota)]]) == 4 * quota
             # ...and both processors still take tasks: two gated tasks run at once.
