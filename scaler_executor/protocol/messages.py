@@ -23,7 +23,12 @@ SubmitAck              D→C      credit: that many submitted tasks were taken i
                                 outside the client's submit window)
 TasksRunning           D→C      tasks dispatched to a worker (futures turn RUNNING)
 DispatchTasks          D→W      tasks to run (plus callables the worker lacks)
-CancelTasks            C→D→W    drop (or with ``force`` kill) tasks (C→W: a lane task's)
+CancelTasks            C→D→W    drop (or with ``force`` kill) tasks (C→W: a lane task's);
+                                without ``force`` the daemon drops only tasks no worker
+                                holds, and answers with TasksCancelled
+TasksCancelled         D→C      the answer to a CancelTasks without ``force``: which tasks
+                                will never run (dropped) and which may (at a worker,
+                                finished, or unknown): ``Future.cancel()`` waits for it
 TaskResults            W→D→C    outcomes, with attempt number and per-task facts (a
                                 sequential caller's may also go processor→client as a
                                 datagram: protocol/reply.py; then ``delivered`` is set;
@@ -278,6 +283,13 @@ class TaskResults(NamedTuple):
     results: list[TaskResult]
 
 
+class TasksCancelled(NamedTuple):
+    """The daemon's answer to a ``CancelTasks`` without ``force``."""
+
+    cancelled: list[int]  # dropped before any worker held them: they never run
+    refused: list[int]  # at a worker, finished or unknown: they may run (their results come)
+
+
 class ReleaseObjects(NamedTuple):
     object_ids: list[bytes]
 
@@ -363,6 +375,7 @@ MESSAGE_TAGS: dict[type, int] = {
     ObjectData: 22,
     LaneDone: 23,
     LaneStarted: 24,
+    TasksCancelled: 25,
 }
 
 # Which roles may send which messages to the daemon.

@@ -599,10 +599,27 @@ class Scheduler:
         self._result_to(peer, m.TaskResult(spec.task_id, 0, Status.REJECTED, reason.encode(), m.NO_FACTS, m.NO_OBJECTS))
 
     def _on_cancel(self, peer: bytes, message: m.CancelTasks) -> None:
+        """``force``: kill wherever it is.  Without it (``Future.cancel()``): drop only a task
+        no worker holds, and say which were dropped, so ``cancel()`` returns True only for a
+        task that never runs; one at a worker (maybe still in its prefetch queue) runs on."""
+        if message.force:
+            for task_id in message.task_ids:
+                task = self.tasks.get(task_id)
+                if task is not None and task.client == peer:
+                    self._cancel(task, True)
+            return
+        cancelled: list[int] = []
+        refused: list[int] = []
         for task_id in message.task_ids:
             task = self.tasks.get(task_id)
-            if task is not None and task.client == peer:
-                self._cancel(task, message.force)
+            if task is not None and task.client == peer and (
+                task.state in QUEUED_STATES or task.state is TaskState.WAITING
+            ):
+                self._cancel(task, False)
+                cancelled.append(task_id)
+            else:
+                refused.append(task_id)
+        self._send(peer, m.TasksCancelled(cancelled, refused))
 
     def _cancel(self, task: TaskRecord, force: bool) -> None:
         if task.state in QUEUED_STATES or task.state is TaskState.WAITING:

@@ -76,6 +76,7 @@ SAMPLES: dict[type, Any] = {
         ],
     ),
     m.CancelTasks: m.CancelTasks([SPEC.task_id], True),
+    m.TasksCancelled: m.TasksCancelled([SPEC.task_id, 7], [2**40 + 3]),
     m.TaskResults: m.TaskResults(
         [
             m.TaskResult(SPEC.task_id, 0, m.Status.OK, b"\x80\x05result", FACTS, [b"o1", b"o2"]),

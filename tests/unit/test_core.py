@@ -653,7 +653,8 @@ def test_cancel_pending(cluster: Cluster) -> None:
     cid = cluster.client()
     cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, 1)), spec(tid(cid, 2))]))
     out = cluster.send(b"c1", m.CancelTasks([tid(cid, 1)], False))
-    assert not out.peers, "a cancelled pending task is just dropped"
+    assert out.to(b"c1") == [m.TasksCancelled([tid(cid, 1)], [])], "dropped, and the client told so"
+    assert out.peers == {b"c1"}
     assert tid(cid, 1) not in cluster.scheduler.tasks
     out = cluster.worker(b"w1", capacity=4)
     assert [t.task_id for t in out.dispatched(b"w1")] == [tid(cid, 2)]
@@ -669,8 +670,9 @@ def test_cancel_dispatched(cluster: Cluster) -> None:
     assert out.to(b"w1") == [m.CancelTasks([t], True)]
     assert cluster.scheduler.tasks[t].state is TaskState.CANCELLING
     assert cluster.stat("tasks_cancelling") == 1
-    # Cancelling again is harmless.
-    cluster.send(b"c1", m.CancelTasks([t], False))
+    # Cancelling again is harmless: a task a worker holds is not dropped without force.
+    out = cluster.send(b"c1", m.CancelTasks([t], False))
+    assert out.to(b"c1") == [m.TasksCancelled([], [t])]
     answer = result(t, status=Status.CANCELLED, payload=b"")
     out = cluster.send(b"w1", m.TaskResults([answer]))
     assert out.results(b"c1") == [answer]
@@ -682,6 +684,9 @@ def test_cancel_of_someone_elses_or_unknown_task_is_ignored(cluster: Cluster) ->
     cluster.client(b"c2")
     cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, 1))]))
     out = cluster.send(b"c2", m.CancelTasks([tid(cid, 1), tid(cid, 999), 12345], False))
+    assert out.to(b"c2") == [m.TasksCancelled([], [tid(cid, 1), tid(cid, 999), 12345])]
+    assert out.peers == {b"c2"}
+    out = cluster.send(b"c2", m.CancelTasks([tid(cid, 1)], True))
     assert not out.peers
     assert cluster.scheduler.tasks[tid(cid, 1)].state is TaskState.PENDING
 
@@ -880,7 +885,7 @@ def test_worker_goodbye_returns_tasks_without_an_attempt(cluster: Cluster) -> No
     cluster.worker(b"w1", capacity=2)
     ids = [tid(cid, n) for n in (1, 2)]
     cluster.send(b"c1", m.SubmitTasks([spec(t) for t in ids]))
-    cluster.send(b"c1", m.CancelTasks([ids[1]], False))  # CANCELLING when the worker leaves
+    cluster.send(b"c1", m.CancelTasks([ids[1]], True))  # CANCELLING when the worker leaves
     cluster.worker(b"w2", capacity=1)
     out = cluster.send(b"w1", m.Goodbye("scaling down"))
     # A fresh attempt number (a late answer to the old hand-out cannot settle it), but no
@@ -897,7 +902,7 @@ def test_lost_worker_with_a_cancelling_task(cluster: Cluster) -> None:
     cluster.worker(b"w1")
     t = tid(cid, 1)
     cluster.send(b"c1", m.SubmitTasks([spec(t)]))
-    cluster.send(b"c1", m.CancelTasks([t], False))
+    cluster.send(b"c1", m.CancelTasks([t], True))
     out = lose(cluster, b"w1", "unreachable")
     assert t not in cluster.scheduler.tasks, "a cancelled task is not retried"
     assert not out.results(b"c1")
@@ -1118,7 +1123,10 @@ class ClientModel:
     fns: list[int] = field(default_factory=list)  # registered, not released
     options: list[int] = field(default_factory=lambda: [0])
     submitted: set[int] = field(default_factory=set)
-    cancelled: set[int] = field(default_factory=set)
+    cancelled: set[int] = field(default_factory=set)  # asked to cancel (force or not)
+    dropped: set[int] = field(default_factory=set)  # the daemon answered: never runs
+    refused: set[int] = field(default_factory=set)  # the daemon answered: may run
+    forced: set[int] = field(default_factory=set)  # cancelled with force (no answer comes)
     results: Counter[int] = field(default_factory=Counter)
     sent: int = 0
     acked: int = 0
@@ -1173,8 +1181,15 @@ class World:
                     assert r.status != Status.PROCESSOR_DIED
                     if r.status == Status.CANCELLED:
                         assert r.task_id in client.cancelled, "cancelled without being asked"
+                    assert r.task_id not in client.dropped, "a result for a task said dropped"
                     client.results[r.task_id] += 1
                     assert client.results[r.task_id] == 1, f"task {r.task_id:#x} got two results"
+            elif kind is m.TasksCancelled:
+                asked = set(message.cancelled) | set(message.refused)
+                assert asked <= client.cancelled, "an answer to a cancel never asked"
+                assert not set(message.cancelled) & set(client.results), "dropped after its result"
+                client.dropped.update(message.cancelled)
+                client.refused.update(message.refused)
             else:
                 assert kind in (m.Welcome, m.Heartbeat, m.Stats, m.ClusterBroken), message
 
@@ -1266,7 +1281,10 @@ class World:
         if open_:
             chosen = self.rng.sample(open_, min(len(open_), self.rng.randint(1, 3)))
             client.cancelled.update(chosen)  # the client's futures were cancelled
-            self.send(client.peer, m.CancelTasks(chosen, self.rng.random() < 0.3))
+            force = self.rng.random() < 0.3
+            if force:
+                client.forced.update(chosen)
+            self.send(client.peer, m.CancelTasks(chosen, force))
 
     def answer(self, worker: WorkerModel, everything: bool = False) -> None:
         if not worker.held:
@@ -1398,9 +1416,10 @@ def test_randomized_no_task_lost(seed: int) -> None:
         )
         for t in client.submitted:
             outcomes = client.results[t]
-            assert outcomes == 1 or (outcomes == 0 and t in client.cancelled), (
+            assert outcomes == 1 or (outcomes == 0 and t in client.dropped | client.forced), (
                 f"task {t:#x} of {client.peer!r} lost silently"
             )
+            assert t in client.forced or not (t in client.dropped and outcomes), t
     # Functions outlive their tasks only while their client keeps them registered.
     assert set(scheduler.functions) == {fn for c in world.clients.values() for fn in c.fns}
     assert not scheduler.function_refs or not any(scheduler.function_refs.values())
