@@ -154,6 +154,16 @@ class ClusterConfig:
         gt=0,
         metavar="SECONDS",
     )
+    cancel_wait: float = _opt(
+        0.05,
+        "seconds Future.cancel() on a user thread waits for the daemon to say whether a "
+        "submitted task can still be kept from running (False if no answer came by then)",
+        "a task the daemon holds can only be cancelled with its answer: one round trip, well "
+        "under a millisecond on one host; higher rides out a slow network, lower bounds how "
+        "long cancel() may block",
+        ge=0,
+        metavar="SECONDS",
+    )
     client_timeout: float = _opt(
         60.0,
         "seconds without any message after which the daemon drops a client and cancels its tasks",

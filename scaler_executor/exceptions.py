@@ -105,6 +105,11 @@ class TaskTimeout(TaskError):
     """
 
 
+class ResultUnreadable(TaskError):
+    """The client received a task's result but could not read it (its status or payload
+    did not decode); the cause, when there is one, is the error that reading raised."""
+
+
 class TaskCancelled(CancelledError):
     """A running task was cancelled with ``force=True`` and its processor killed."""
 

@@ -59,7 +59,7 @@ from scaler_executor.client import serialization as ser
 from scaler_executor.client.cluster import EmbeddedCluster
 from scaler_executor.client.future import TaskFuture
 from scaler_executor.config import ClusterConfig
-from scaler_executor.exceptions import BrokenScalerExecutor, DaemonLost, InitializerFailed
+from scaler_executor.exceptions import BrokenScalerExecutor, DaemonLost, InitializerFailed, ResultUnreadable
 from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import reply
 from scaler_executor.protocol import messages as m
@@ -157,6 +157,15 @@ class ClientAgent:
         self.broken: BaseException | None = None
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._wake_pending = False
+        # Guards only the wake-up descriptor against its close.  Reentrant: wake() is
+        # reached from finalizers (ObjectRef, MapCache, a cached function's release),
+        # which a garbage collection may run on a thread that is inside wake() already.
+        self._wake_lock = threading.RLock()
+        # Tasks the client holds and the daemon does not know yet (in the outbox, or
+        # parked behind a lane task): cancel() takes them back on the spot.
+        self._unsent: set[int] = set()
+        # Cancels asked of the daemon and not answered yet: n -> its _CancelWait.
+        self._cancel_waits: dict[int, _CancelWait] = {}
         # The connection's lock: held by the agent role's thread for its whole turn (not
         # while it waits in poll), and by a user thread that sends its own submit (_enqueue).
         self._io = threading.Lock()
@@ -185,11 +194,9 @@ class ClientAgent:
         self._finished = threading.Event()  # set once the agent role has torn the connection down
         self._handoff: list[m.TaskResult] | None = None  # results this turn completes itself
         # PENDING -> RUNNING happens on completion threads, from a RUNNING notice or from the
-        # result itself, possibly on two threads at once for one future: check-and-set under
-        # one lock, or the loser's set_running_or_notify_cancel() raises and that future,
-        # already taken out of self.futures, never completes.
-        self._transition = threading.Lock()
-        self._cancel_hook = self._on_cancelled  # bound once, shared by every future
+        # result itself, possibly on two threads at once for one future: TaskFuture's
+        # mark_running() is the check-and-set under the future's own lock.
+        self._cancel_hook = self._on_cancel_requested  # bound once, shared by every future
         self._completer = _Completer(self)
         self._completer.start()  # its first thread takes the agent role
         _live_agents.add(self)
@@ -199,7 +206,7 @@ class ClientAgent:
     def wake(self) -> None:
         if not self._wake_pending:
             self._wake_pending = True
-            with self.lock:
+            with self._wake_lock:
                 if not self._closed:
                     os.eventfd_write(self._wake_fd, 1)
 
@@ -277,6 +284,7 @@ class ClientAgent:
                 if self._lane_submit(item, future):
                     future._on_cancel = self._cancel_hook
                     return
+            self._unsent.add(n)
             self.outbox.append(item)
         future._on_cancel = self._cancel_hook
         if alone and self._direct and self._send_directly():
@@ -301,6 +309,7 @@ class ClientAgent:
             self.futures[n] = future
             self._ids[id(future)] = n
             self._submitted[n] = time.time()
+            self._unsent.add(n)  # held here: a cancel takes it back on the spot
         future._off_daemon = True
         future._on_cancel = self._cancel_hook
         lane_future.add_done_callback(lambda _done: self._unpark(n, future, pack, options_id, note))
@@ -329,11 +338,10 @@ class ClientAgent:
             else:
                 exc.add_note(note())
             if self.futures.pop(n, None) is future:
+                self._unsent.discard(n)
                 self._ids.pop(id(future), None)
                 self._submitted.pop(n, None)
-                with self._transition:
-                    if future.set_running_or_notify_cancel():
-                        future.set_exception(exc)
+                settle(future, False, exc)
             return
         with self.lock:
             if self.futures.get(n) is not future:
@@ -342,7 +350,7 @@ class ClientAgent:
             if pickled.deps:
                 self._repack[n] = (pack, options_id)
             self.outbox.append((SUBMIT, n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects))
-            future._off_daemon = False  # from now on the daemon holds it
+            future._off_daemon = False  # from now on the daemon holds it (once sent)
         self.wake()
 
     def _lane_submit(self, item: tuple[Any, ...], future: TaskFuture[Any]) -> bool:
@@ -378,9 +386,7 @@ class ClientAgent:
                 return False  # the write failed: the worker is gone, nothing of it arrived whole
             if fn_id:
                 self._lane_fns.add(fn_id)
-        with self._transition:  # its result may have been read (and completed it) already
-            if not future.running() and not future.done():
-                future.set_running_or_notify_cancel()
+        future.mark_running()  # (unless its result was read, and completed it, already)
         return True
 
     def _open_lane(self, path: str) -> None:
@@ -491,10 +497,12 @@ class ClientAgent:
             if fn_id and fn_id not in self._fn_payloads and blob is not None:
                 # Its callable was released meanwhile: registered again, for this task only.
                 fn_id = next(self._fn_counter)
+                self._unsent.add(new)
                 self.outbox.append((REGISTER_FN, fn_id, blob))
                 self.outbox.append((SUBMIT, new, fn_id, options_id, flags, payload, deps, objects))
                 self.outbox.append((RELEASE_FN, fn_id))
             else:
+                self._unsent.add(new)
                 self.outbox.append((SUBMIT, new, fn_id, options_id, flags, payload, deps, objects))
 
     def _send_directly(self) -> bool:
@@ -531,21 +539,23 @@ class ClientAgent:
         if entry is None or future is None:
             if future is not None and self.futures.pop(n, None) is not None:
                 self._ids.pop(id(future), None)
-                if future.set_running_or_notify_cancel():
-                    future.set_exception(RuntimeError(f"task {n} lost a dependency it could not send again"))
+                settle(future, False, RuntimeError(f"task {n} lost a dependency it could not send again"))
             return
         repack, options_id = entry
         try:
             fn_id, flags, pickled = repack()
         except DependencyFailed as failed:
-            self.futures.pop(n, None)
-            self._ids.pop(id(future), None)
-            if future.set_running_or_notify_cancel():
-                future.set_exception(failed.args[0])
+            if self.futures.pop(n, None) is not None:
+                self._ids.pop(id(future), None)
+                settle(future, False, failed.args[0])
             return
         with self.lock:
+            if self.futures.get(n) is not future:
+                self.discard_created(pickled)
+                return  # cancelled meanwhile
             if pickled.deps:
                 self._repack[n] = (repack, options_id)
+            self._unsent.add(n)
             self.outbox.append((SUBMIT, n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects))
         self.wake()
 
@@ -741,19 +751,108 @@ class ClientAgent:
         self.wake()
         return future
 
-    def _on_cancelled(self, future: TaskFuture[Any]) -> None:
-        """Every outstanding future's cancel hook (one bound method for all of them: a
-        ``partial`` per future cost ~200 bytes of each pending task)."""
-        if self._picking is future:
-            self._wake_picker()
+    def _on_cancel_requested(self, future: TaskFuture[Any]) -> bool:
+        """``cancel()`` of a PENDING future of ours (the hook every future shares: one
+        bound method, where a ``partial`` per future cost ~200 bytes of each pending task).
+
+        True only if the task will never run.  A task the client still holds (in the
+        outbox, or parked) is taken back on the spot.  One the daemon may hold is asked
+        of the daemon (``CancelTasks``, answered by ``TasksCancelled``), and a user thread
+        waits up to ``cancel_wait`` for the answer; on a thread of the client's own (a
+        done-callback, a ``map`` iterator closed there) it never waits and answers False.
+        """
         n = self._ids.get(id(future))  # outstanding futures are alive, so id() is theirs
-        if n is not None and self.futures.get(n) is future:
-            del self.futures[n]
-            self._ids.pop(id(future), None)
-            self._submitted.pop(n, None)
-            self._repack.pop(n, None)
-            self.outbox.append((CANCEL, n))
+        if n is None:
+            return future.cancel_now()  # not (or no longer) the agent's: the standard rule
+        with self.lock:
+            if self.futures.get(n) is not future:
+                return False  # its result is being completed
+            try:
+                self._unsent.remove(n)  # atomic: the drain's own remove() or this one wins
+            except KeyError:
+                taken = False
+                wait = self._cancel_waits.get(n)
+            else:
+                self._take_back(n, future)
+                taken = True
+        if taken:
+            return future.cancel_now()
+        if self.broken is not None or self._closed:
+            return False  # failing with the executor
+        if threading.current_thread() in self._completer.threads:
+            return False  # never wait on a thread the answer needs
+        if wait is None:
+            wait = _CancelWait(1)
+            with self.lock:
+                if self._cancel_waits.setdefault(n, wait) is wait:
+                    self.outbox.append((CANCEL, n))
+                else:
+                    wait = self._cancel_waits[n]
             self.wake()
+        return wait.result(self.config.cancel_wait, n, future)
+
+    def _take_back(self, n: int, future: TaskFuture[Any]) -> None:
+        """(Holding ``lock``, ``n`` just removed from ``_unsent``) forget a task the daemon
+        never got; the drain skips its item."""
+        del self.futures[n]
+        self._ids.pop(id(future), None)
+        self._submitted.pop(n, None)
+        self._repack.pop(n, None)
+
+    def cancel_many(self, futures: list[Future[Any]], wait: float | None) -> None:
+        """Cancel futures in one go (``shutdown(cancel_futures=True)``, a closed ``map``):
+        every cancel to ask of the daemon travels in one message; waits up to ``wait``
+        seconds (None: ``cancel_wait``) for the answer, on a user thread only."""
+        taken: list[TaskFuture[Any]] = []
+        asked: list[tuple[int, TaskFuture[Any]]] = []
+        group = _CancelWait(0)
+        with self.lock:
+            for future in futures:
+                n = self._ids.get(id(future))
+                if n is None or self.futures.get(n) is not future or future.running() or future.done():
+                    continue
+                try:
+                    self._unsent.remove(n)
+                except KeyError:
+                    pass
+                else:
+                    self._take_back(n, future)  # type: ignore[arg-type]
+                    taken.append(future)  # type: ignore[arg-type]
+                    continue
+                if n not in self._cancel_waits and self.broken is None:
+                    self._cancel_waits[n] = group
+                    group.expected += 1
+                    asked.append((n, future))  # type: ignore[arg-type]
+                    self.outbox.append((CANCEL, n))
+        if asked:
+            self.wake()
+        for future in taken:
+            future.cancel_now()
+        if asked:
+            own = threading.current_thread() in self._completer.threads
+            group.results(0 if own else self.config.cancel_wait if wait is None else wait, asked)
+
+    def _on_cancel_answer(self, message: m.TasksCancelled) -> None:
+        """(Agent thread) The daemon's answer: the futures of dropped tasks are cancelled by
+        the threads that wait for the answer, or on a pool thread if none waits any more."""
+        late: list[TaskFuture[Any]] = []
+        with self.lock:
+            for verdict, task_ids in ((True, message.cancelled), (False, message.refused)):
+                for task_id in task_ids:
+                    n = task_id & TASK_MASK
+                    wait = self._cancel_waits.pop(n, None)
+                    if wait is None:
+                        continue
+                    future = self.futures.get(n) if verdict else None
+                    if future is not None:
+                        del self.futures[n]
+                        self._ids.pop(id(future), None)
+                        self._submitted.pop(n, None)
+                        self._repack.pop(n, None)
+                    if wait.answer(n, verdict) and future is not None:
+                        late.append(future)  # type: ignore[arg-type]
+        for future in late:
+            self._completer.put(CANCELLED, future)
 
     def cancel(self, future: Future[Any], force: bool) -> bool:
         """``Future.cancel()``, plus killing the process running it when ``force``."""
@@ -787,8 +886,7 @@ class ClientAgent:
             self.shutdown_requested = True
         flushed = None
         if cancel_futures:
-            for future in list(self.futures.values()):
-                future.cancel()
+            self.cancel_many(list(self.futures.values()), FLUSH_WAIT)
             # Return once the cancels are written to the daemon's socket: the daemon then
             # reads them before any result produced after we return, so a task cancelled
             # here is never dispatched because a result freed a processor first.
@@ -965,7 +1063,7 @@ class ClientAgent:
     def _drain_outbox(self) -> None:
         if self._pending_frames is not None or not self.outbox:
             return
-        outbox, base = self.outbox, self._base
+        outbox, base, unsent = self.outbox, self._base, self._unsent
         window = self.config.submit_window
         batch: list[Any] = []
         specs: list[m.TaskSpec] = []
@@ -980,6 +1078,10 @@ class ClientAgent:
                     break
                 outbox.popleft()
                 _, n, fn_id, options_id, flags, payload, deps, objects = item
+                try:
+                    unsent.remove(n)  # atomic: a cancel()'s own remove() or this one wins
+                except KeyError:
+                    continue  # cancelled on the spot: the daemon never hears of it
                 specs.append(
                     m.TaskSpec(
                         base | n,
@@ -1071,6 +1173,8 @@ class ClientAgent:
                         self._completer.put(RUNNING, message.task_ids)
                 elif kind is m.SubmitAck:
                     self._unacked -= message.count
+                elif kind is m.TasksCancelled:
+                    self._on_cancel_answer(message)
                 elif kind is m.Welcome:
                     self._welcomed = True
                     self._base = message.peer_id << m.TASK_ID_BITS
@@ -1284,7 +1388,7 @@ class ClientAgent:
                 log.debug("closing the object store %s: %s", name, exc)
         self._completer.put(FAIL_ALL, DaemonLost("the executor shut down before these tasks finished"))
         self._completer.stop()
-        with self.lock:
+        with self._wake_lock:
             self._closed = True
             os.close(self._wake_fd)
         _live_agents.discard(self)
@@ -1325,11 +1429,9 @@ class ClientAgent:
         ``set_exception``, if unpickling failed) keeps ``add_done_callback`` from slipping
         one in between; a future that has callbacks is completed on a pool thread instead.
         """
-        with future._condition:  # type: ignore[attr-defined]
-            if not future._done_callbacks:  # type: ignore[attr-defined]
-                _settle(future, ok, value)
-                self._ids.pop(id(future), None)
-                return
+        if future.settle_if_no_callbacks(ok, value):  # type: ignore[attr-defined]
+            self._ids.pop(id(future), None)
+            return
         self._completer.put(SET_RESULT, (future, ok, value))
 
     def _complete_result(self, result: m.TaskResult, quietly: bool = False) -> None:
@@ -1346,15 +1448,29 @@ class ClientAgent:
             return  # cancelled, or a late duplicate
         self._repack.pop(n, None)
         submitted = self._submitted.pop(n, 0.0)
-        with self._transition:
-            if result.status == Status.CANCELLED and not future.running():
-                future.cancel()  # a dependency was cancelled: so is this, unrun
-                unrun = True
-            else:
-                unrun = not future.running() and not future.set_running_or_notify_cancel()
-        if unrun:
+        try:
+            ok, value = self._outcome(result, submitted, future)
+        except BaseException as exc:  # noqa: BLE001 - nothing may leave a future pending forever
+            ok, value = False, ResultUnreadable(
+                f"the client could not read the result of task {result.task_id:#x} "
+                f"(status {result.status}): {exc!r}"
+            )
+            value.__cause__ = exc
+        if ok is None:
             self._ids.pop(id(future), None)
+            return  # cancelled, unrun (a dependency was cancelled)
+        if quietly:
+            self._set_quietly(future, ok, value)
             return
+        settle(future, ok, value)
+        # Only now: until the future is done, passing it as an argument must make a
+        # dependency (reduce_future), never a "foreign future" error.
+        self._ids.pop(id(future), None)
+
+    def _outcome(self, result: m.TaskResult, submitted: float, future: Future[Any]) -> tuple[Any, Any]:
+        """(ok, value) of a result for ``future``; (None, None) once it was cancelled here."""
+        if result.status == Status.CANCELLED and future.cancel_now():  # type: ignore[attr-defined]
+            return None, None  # a dependency was cancelled: so is this, unrun
         facts = result.facts
         if facts.worker:
             # A plain attribute on the future (built into a TaskInfo only when asked for):
@@ -1365,40 +1481,34 @@ class ClientAgent:
             )
         if result.objects:
             try:
-                ok, value = True, self.load_value(result.payload, result.objects)
+                return True, self.load_value(result.payload, result.objects)
             except Exception as exc:
                 exc.add_note(f"while reading the result of task {result.task_id:#x} from the object store")
-                ok, value = False, exc
-            self.release_objects(result.objects)  # our views keep them alive as long as needed
-        else:
-            ok, value = ser.outcome(result.status, result.payload, result.task_id)
-        if quietly:
-            self._set_quietly(future, ok, value)
-            return
-        _settle(future, ok, value)
-        # Only now: until the future is done, passing it as an argument must make a
-        # dependency (reduce_future), never a "foreign future" error.
-        self._ids.pop(id(future), None)
+                return False, exc
+            finally:
+                self.release_objects(result.objects)  # our views keep them alive as long as needed
+        return ser.outcome(result.status, result.payload, result.task_id)
 
     def _mark_running(self, task_ids: list[int]) -> None:
         futures = self.futures
-        with self._transition:
-            for task_id in task_ids:
-                future = futures.get(task_id & TASK_MASK)
-                if future is not None and not future.running() and not future.done():
-                    future.set_running_or_notify_cancel()
+        for task_id in task_ids:
+            future = futures.get(task_id & TASK_MASK)
+            if future is not None:
+                future.mark_running()  # type: ignore[attr-defined]
 
     def _fail_all(self, exc: BaseException) -> None:
         self._lane_tasks.clear()
         self._ids.clear()
         self._submitted.clear()
         self._repack.clear()
+        self._unsent.clear()
+        with self.lock:
+            waits, self._cancel_waits = self._cancel_waits, {}
+        for wait in waits.values():
+            wait.event.set()  # no answer will come: cancel() returns False at once
         while self.futures:
             _, future = self.futures.popitem()
-            try:
-                future.set_exception(type(exc)(*exc.args) if exc.__cause__ is None else exc)
-            except InvalidStateError:
-                pass  # cancelled meanwhile
+            settle(future, False, type(exc)(*exc.args) if exc.__cause__ is None else exc)
         for waiters in (self._stats_waiters, self._fetch_waiters):
             while waiters:
                 try:
@@ -1408,6 +1518,7 @@ class ClientAgent:
 
 
 RESULTS, RUNNING, FAIL_ALL, AGENT, SET_RESULT = "results", "running", "fail-all", "agent", "set-result"
+CANCELLED = "cancelled"
 STUCK_SECONDS = 0.1  # a completion thread busy this long in one item is presumed in a slow callback
 MAX_COMPLETION_THREADS = 32
 
@@ -1536,9 +1647,11 @@ class _Completer:
                 self.agent._fail_all(data)
             elif kind == SET_RESULT:  # the agent thread found done-callbacks to run: here
                 future, ok, value = data
-                _settle(future, ok, value)
+                settle(future, ok, value)
                 self.agent._ids.pop(id(future), None)
-        except Exception:  # a bug here must not kill a thread that completes futures
+            elif kind == CANCELLED:  # the daemon dropped it after its canceller stopped waiting
+                data.cancel_now()
+        except BaseException:  # noqa: BLE001 - a bug (or SystemExit) must not end a thread that completes futures
             log.exception("client: failed to complete a future")
 
     def _loop(self) -> None:
@@ -1734,11 +1847,61 @@ class _AfterLane(Exception):
     """Raised while pickling a task whose argument is a running lane task's future."""
 
 
-def _settle(future: Future[Any], ok: bool, value: Any) -> None:
-    if ok:
-        future.set_result(value)
-    else:
-        future.set_exception(value)
+def settle(future: Future[Any], ok: bool, value: Any) -> None:
+    """Complete ``future`` (PENDING or RUNNING) with a value or an exception; a future
+    cancelled meanwhile stays cancelled."""
+    if isinstance(future, TaskFuture):
+        future.mark_running()
+    elif not future.running() and not future.set_running_or_notify_cancel():
+        return
+    try:
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+    except InvalidStateError:
+        pass  # cancelled before it was marked running
+
+
+class _CancelWait:
+    """The daemon's answer to cancels (``TasksCancelled``), awaited by the thread(s) that
+    asked: one task's (``Future.cancel()``) or many's (``cancel_many``)."""
+
+    __slots__ = ("lock", "event", "expected", "verdicts", "abandoned")
+
+    def __init__(self, expected: int) -> None:
+        self.lock = threading.Lock()
+        self.event = threading.Event()
+        self.expected = expected
+        self.verdicts: dict[int, bool] = {}
+        self.abandoned = False
+
+    def answer(self, n: int, verdict: bool) -> bool:
+        """Record the daemon's verdict on task ``n``; True if no thread waits for it any
+        more (the caller then cancels a dropped task's future itself)."""
+        with self.lock:
+            self.verdicts[n] = verdict
+            if len(self.verdicts) >= self.expected:
+                self.event.set()
+            return self.abandoned
+
+    def result(self, timeout: float, n: int, future: TaskFuture[Any]) -> bool:
+        self.event.wait(timeout)
+        with self.lock:
+            verdict = self.verdicts.get(n)
+            if verdict is None:
+                self.abandoned = True  # a later answer cancels it on a pool thread
+                return False
+        return future.cancel_now() if verdict else False
+
+    def results(self, timeout: float, asked: list[tuple[int, TaskFuture[Any]]]) -> None:
+        if timeout > 0:
+            self.event.wait(timeout)
+        with self.lock:
+            dropped = [future for n, future in asked if self.verdicts.get(n)]
+            self.abandoned = True
+        for future in dropped:
+            future.cancel_now()
 
 
 def _block_signals() -> None:

@@ -465,8 +465,13 @@ def _map(
                 else:
                     yield _result_or_cancel(fs.pop(), end_time)
         finally:
-            for future in fs:
-                future.cancel()
+            # All of them in one message to the daemon, one wait for its answer.
+            a = agent_ref()
+            if a is not None:
+                a.cancel_many(list(fs), None)
+            else:
+                for future in fs:
+                    future.cancel()
             del keep
 
     return result_iterator()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from concurrent.futures._base import PENDING, RUNNING
+from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, LOGGER, PENDING, RUNNING
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -58,9 +58,14 @@ class _MadeOnFirstUse:
 class TaskFuture(Future[T]):
     """A ``Future`` whose condition and lists are made on first use (see the module doc).
 
-    ``_on_cancel``, when set, is called with the future after each ``cancel()`` that
-    left it cancelled: how the client agent hears of a cancellation without a
-    done-callback (a list and an entry) on every pending future.
+    ``_on_cancel``, when set, decides ``cancel()``: the client agent is asked whether the
+    task can still be kept from running (it may have to ask the daemon) and, if so,
+    cancels the future through ``cancel_now``.  Without it ``cancel()`` is the standard
+    one, plus the notification of ``wait``/``as_completed`` waiters.
+
+    This class is the only code of the client that touches ``Future``'s private fields;
+    the rest uses the small API below (``has_callbacks``, ``add_waiter``,
+    ``remove_waiter``, ``mark_running``, ``settle_if_no_callbacks``, ``cancel_now``).
     """
 
     _condition = _MadeOnFirstUse()
@@ -77,7 +82,7 @@ class TaskFuture(Future[T]):
         self._state = PENDING
         self._result: Any = None
         self._exception: BaseException | None = None
-        self._on_cancel: Callable[[TaskFuture[Any]], None] | None = None
+        self._on_cancel: Callable[[TaskFuture[Any]], bool] | None = None
 
     def result(self, timeout: float | None = None) -> T:
         pickup = self._pickup
@@ -86,9 +91,76 @@ class TaskFuture(Future[T]):
         return super().result(timeout)
 
     def cancel(self) -> bool:
-        if not super().cancel():
+        """``Future.cancel()``, exact: True only if the task will never run; a cancelled
+        future is notified at once (``wait`` and ``as_completed`` count it done)."""
+        state = self._state
+        if state in (CANCELLED, CANCELLED_AND_NOTIFIED):
+            return True
+        if state != PENDING:
             return False
         hook = self._on_cancel
         if hook is not None:
-            hook(self)
+            return hook(self)
+        return self.cancel_now()
+
+    def cancel_now(self) -> bool:
+        """Cancel a future that is still PENDING and notify its waiters; False if it was
+        not PENDING (already running or done; a cancelled one counts as True)."""
+        if not Future.cancel(self):
+            return False
+        with self._condition:
+            if self._state == CANCELLED:
+                Future.set_running_or_notify_cancel(self)  # CANCELLED_AND_NOTIFIED: waiters told
         return True
+
+    def mark_running(self) -> bool:
+        """PENDING -> RUNNING, atomically (several threads may try at once); False if it was
+        not PENDING.  A cancelled future is left to ``cancel_now``'s notification."""
+        with self._condition:
+            if self._state != PENDING:
+                return False
+            return Future.set_running_or_notify_cancel(self)
+
+    def has_callbacks(self) -> bool:
+        return bool(self.__dict__.get("_done_callbacks"))
+
+    def settle_if_no_callbacks(self, ok: bool, value: Any) -> bool:
+        """Complete the future unless that would run a done-callback; False if it has one.
+
+        The check and the completion hold the future's (reentrant) lock, so an
+        ``add_done_callback`` cannot slip in between.
+        """
+        with self._condition:
+            if self._done_callbacks:
+                return False
+            if self._state == PENDING:
+                Future.set_running_or_notify_cancel(self)
+            if self._state == RUNNING:
+                if ok:
+                    self.set_result(value)
+                else:
+                    self.set_exception(value)
+            return True
+
+    def add_waiter(self, waiter: Any) -> bool:
+        """Add a ``concurrent.futures`` waiter; False (not added) if the future is done."""
+        with self._condition:
+            if self._state not in _WAITING:
+                return False
+            self._waiters.append(waiter)
+            return True
+
+    def remove_waiter(self, waiter: Any) -> None:
+        with self._condition:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def _invoke_callbacks(self) -> None:
+        """As ``Future``'s, but a callback raising anything (``SystemExit`` and
+        ``KeyboardInterrupt`` too, which would end the standard library's loop and the
+        completing thread with it) is logged and the other callbacks still run."""
+        for callback in self._done_callbacks:
+            try:
+                callback(self)
+            except BaseException:  # noqa: BLE001 - a user's callback must not end the client's thread
+                LOGGER.exception("exception calling callback for %r", self)

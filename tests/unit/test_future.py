@@ -101,22 +101,123 @@ def test_wait_as_completed_and_asyncio_see_a_normal_future() -> None:
     assert isinstance(futures[0], Future)
 
 
-def test_the_cancel_hook_runs_after_a_cancellation_and_never_for_a_running_future() -> None:
-    heard: list[TaskFuture[Any]] = []
+def test_the_cancel_hook_decides_and_is_never_asked_for_a_running_future() -> None:
+    asked: list[TaskFuture[Any]] = []
     called_back: list[Future[Any]] = []
+
+    def refuse(future: TaskFuture[Any]) -> bool:
+        asked.append(future)
+        return False
+
+    def grant(future: TaskFuture[Any]) -> bool:
+        asked.append(future)
+        return future.cancel_now()
+
+    refused: TaskFuture[int] = TaskFuture()
+    refused._on_cancel = refuse
+    assert not refused.cancel() and not refused.cancelled() and asked == [refused]
+
     pending: TaskFuture[int] = TaskFuture()
-    pending._on_cancel = heard.append
+    pending._on_cancel = grant
     pending.add_done_callback(called_back.append)
     assert pending.cancel()
-    assert heard == [pending] and called_back == [pending]
+    assert asked == [refused, pending] and called_back == [pending]
+    assert pending.cancel(), "cancelling a cancelled future is True, without asking again"
+    assert asked == [refused, pending]
     with pytest.raises(CancelledError):
         pending.result()
 
     running: TaskFuture[int] = TaskFuture()
-    running._on_cancel = heard.append
-    assert running.set_running_or_notify_cancel()
+    running._on_cancel = grant
+    assert running.mark_running() and not running.mark_running()
     assert not running.cancel()
-    assert heard == [pending]
+    assert asked == [refused, pending]
 
     unhooked: TaskFuture[int] = TaskFuture()
     assert unhooked.cancel() and unhooked.cancelled()
+
+
+def test_a_cancelled_future_is_notified_at_once() -> None:
+    """Future.cancel() alone leaves wait() and as_completed() blind to it until someone
+    calls set_running_or_notify_cancel(); TaskFuture's cancel notifies at once."""
+    done: TaskFuture[int] = TaskFuture()
+    done.set_result(1)
+    cancelled: TaskFuture[int] = TaskFuture()
+    waiter = threading.Thread(target=lambda: cancelled.cancel())
+    timer = threading.Timer(0.05, waiter.start)
+    timer.start()
+    finished, not_done = wait([done, cancelled], timeout=10)
+    timer.join()
+    waiter.join()
+    assert not not_done and cancelled in finished
+    assert list(as_completed([cancelled], timeout=10)) == [cancelled]
+
+
+@pytest.mark.parametrize("raised", [SystemExit, KeyboardInterrupt, ValueError])
+def test_a_raising_done_callback_is_logged_and_the_others_run(
+    raised: type[BaseException], caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[int] = []
+    future: TaskFuture[int] = TaskFuture()
+
+    def bad(_: Future[int]) -> None:
+        raise raised("from a callback")
+
+    future.add_done_callback(bad)
+    future.add_done_callback(lambda f: seen.append(f.result()))
+    future.set_result(5)  # must not raise, whatever the callback raised
+    assert seen == [5]
+    assert "exception calling callback" in caplog.text
+
+
+def test_settle_if_no_callbacks() -> None:
+    plain: TaskFuture[int] = TaskFuture()
+    assert plain.settle_if_no_callbacks(True, 3) and plain.result() == 3
+    failing: TaskFuture[int] = TaskFuture()
+    assert failing.settle_if_no_callbacks(False, ValueError("x"))
+    assert isinstance(failing.exception(), ValueError)
+    called: TaskFuture[int] = TaskFuture()
+    called.add_done_callback(lambda f: None)
+    assert called.has_callbacks()
+    assert not called.settle_if_no_callbacks(True, 1) and not called.done()
+    cancelled: TaskFuture[int] = TaskFuture()
+    assert cancelled.cancel()
+    assert cancelled.settle_if_no_callbacks(True, 1) and cancelled.cancelled()
+
+
+def test_a_running_notice_racing_its_result_never_strands_the_future() -> None:
+    """A RUNNING notice and the result of one task can be applied on two threads at once
+    (the agent thread marks running notices, a pool thread completes results). Both go
+    through mark_running(), an atomic check-and-set: neither raises, and the future ends
+    FINISHED with its value. (Before it, a check-then-set on two threads raised
+    InvalidStateError on the loser and stranded the future.)"""
+    from scaler_executor.client.agent import settle
+
+    n = 2000
+    futures: list[TaskFuture[int]] = [TaskFuture() for _ in range(n)]
+    raised: list[BaseException] = []
+    gates = [threading.Barrier(2) for _ in range(n)]
+
+    def notices() -> None:
+        try:
+            for future, gate in zip(futures, gates):
+                gate.wait(10)
+                future.mark_running()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            raised.append(exc)
+
+    def results() -> None:
+        try:
+            for i, (future, gate) in enumerate(zip(futures, gates)):
+                gate.wait(10)
+                settle(future, True, i)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            raised.append(exc)
+
+    threads = [threading.Thread(target=notices), threading.Thread(target=results)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not raised, raised
+    assert [f.result(0) for f in futures] == list(range(n))
