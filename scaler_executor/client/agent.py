@@ -64,7 +64,7 @@ from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import reply
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status, TaskFlags, TaskOptions
-from scaler_executor.worker.deps import dependency, identity, stored
+from scaler_executor.protocol.refs import dependency, identity, stored
 
 log = logging.getLogger("scaler_executor.client")
 

@@ -47,7 +47,7 @@ import msgpack
 
 from scaler_executor.protocol import reply as direct
 from scaler_executor.protocol.messages import TaskFacts, TaskResult, Status, TaskFlags
-from scaler_executor.worker.deps import install as install_deps
+from scaler_executor.protocol.refs import install as install_deps
 from scaler_executor.worker.framing import FrameReader
 from scaler_executor.worker.memory import private_memory
 
