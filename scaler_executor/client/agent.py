@@ -728,7 +728,7 @@ class ClientAgent:
 
         if self.store is not None:
             return packing.unpack(header, object_ids, self.store)
-        from scaler_executor.worker.processor import _Fetched
+        from scaler_executor.objstore.payload import Fetched as _Fetched
 
         return packing.unpack(header, object_ids, _Fetched(self.fetch_objects(object_ids)))
 

@@ -227,7 +227,7 @@ class _ProcessorState:
         if not objects:
             return packing.unpack(header, objects, None)
         if self.blobs is not None:
-            return packing.unpack(header, objects, _Fetched(self.blobs), writable=writable)
+            return packing.unpack(header, objects, packing.Fetched(self.blobs), writable=writable)
         return packing.unpack(header, objects, self.store, writable=writable)
 
     def dump_result(self, value: Any) -> tuple[bytes, list[bytes]]:
@@ -319,19 +319,6 @@ STATE: _ProcessorState | None = None  # set in processor processes only
 _SCALARS = frozenset({type(None), bool, int, float, complex, str, bytes})
 _SIZED = frozenset({str, bytes})
 NO_OBJECTS: list[bytes] = []
-
-
-class _Fetched:
-    """Objects fetched over the network, read like a store (``get``) by the payload codec."""
-
-    def __init__(self, blobs: dict[bytes, bytes]) -> None:
-        self.blobs = blobs
-
-    def get(self, object_id: bytes) -> memoryview:
-        try:
-            return memoryview(self.blobs[object_id])
-        except KeyError:
-            raise LookupError(f"object {object_id.hex()} was not fetched for this task") from None
 
 
 def processor_main(
