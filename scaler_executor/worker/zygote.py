@@ -211,18 +211,3 @@ def _reap(control: socket.socket, children: set[int]) -> None:
             if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
                 return
             raise
-
-
-def describe_wait_status(status: int) -> str:
-    """'exit code 3', 'killed by signal SIGKILL', … from a waitpid status."""
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = str(sig)
-        extra = " (segmentation fault)" if sig == signal.SIGSEGV else ""
-        return f"killed by signal {name}{extra}"
-    if os.WIFEXITED(status):
-        return f"exit code {os.WEXITSTATUS(status)}"
-    return f"wait status {status}"
