@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import signal
+from typing import Any
 
 
 def python_version() -> str:
@@ -19,6 +20,11 @@ def python_version() -> str:
 
 # Set by worker agents for the processes that run tasks: the daemon that get_executor() joins.
 DAEMON_ADDRESS_ENV = "SCALER_DAEMON_ADDRESS"
+
+# In a processor (a worker's child that runs tasks): its state, worker/processor.py's
+# _ProcessorState, which code inside a task asks things of (get_executor secedes through
+# it). None in every other process.
+PROCESSOR: Any = None
 
 
 def describe_wait_status(status: int) -> str:
