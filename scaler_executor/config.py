@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 from scaler_executor.exceptions import ConfigError
+from scaler_executor.sizes import parse_size
 
 __all__ = [
     "CONFIG_DEST",
@@ -492,8 +493,6 @@ def _check_together(values: Mapping[str, Any], sources: Mapping[str, str]) -> No
     for key in ("memory_limit", "object_store_size"):
         if values[key].strip().lower() in ("auto", "none"):
             continue
-        from scaler_executor.worker.memory import parse_size
-
         try:
             parse_size(values[key])
         except ValueError as exc:

@@ -96,7 +96,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import sys
 import threading
 import time
 import weakref
@@ -257,8 +256,9 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 def _in_task() -> bool:
     """True in a scaler-executor processor process (running a task, or its initializer)."""
-    processor = sys.modules.get("scaler_executor.worker.processor")
-    return processor is not None and getattr(processor, "STATE", None) is not None
+    from scaler_executor import _compat
+
+    return _compat.PROCESSOR is not None
 
 
 def _executor_for_nested_call() -> Executor | None:

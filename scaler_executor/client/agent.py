@@ -64,7 +64,7 @@ from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import reply
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status, TaskFlags, TaskOptions
-from scaler_executor.worker.deps import dependency, identity, stored
+from scaler_executor.protocol.refs import dependency, identity, stored
 
 log = logging.getLogger("scaler_executor.client")
 
@@ -738,7 +738,7 @@ class ClientAgent:
 
         if self.store is not None:
             return packing.unpack(header, object_ids, self.store)
-        from scaler_executor.worker.processor import _Fetched
+        from scaler_executor.objstore.payload import Fetched as _Fetched
 
         return packing.unpack(header, object_ids, _Fetched(self.fetch_objects(object_ids)))
 

@@ -26,8 +26,8 @@ import subprocess
 import sys
 import tempfile
 
+from scaler_executor._compat import describe_wait_status
 from scaler_executor.config import ClusterConfig
-from scaler_executor.worker.zygote import describe_wait_status
 
 STOP_TIMEOUT = 5.0  # seconds for the daemon to stop its workers before the group is killed
 

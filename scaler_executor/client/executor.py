@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import cloudpickle
 
+from scaler_executor import _compat
 from scaler_executor._compat import DAEMON_ADDRESS_ENV
 from scaler_executor.client import serialization as ser
 from scaler_executor.client.agent import ClientAgent, MapCache, ObjectRef, Pickled, TaskInfo, task_info_of
@@ -267,15 +268,14 @@ def get_executor() -> ScalerExecutor:
         RuntimeError: outside a task running on a scaler-executor worker.
     """
     global _nested
-    from scaler_executor.worker import processor
-
+    processor = _compat.PROCESSOR
     address = os.environ.get(DAEMON_ADDRESS_ENV)
-    if processor.STATE is None or not address:
+    if processor is None or not address:
         raise RuntimeError(
             "get_executor() works inside a task running on a scaler-executor worker; "
             "outside one, create a ScalerExecutor"
         )
-    processor.STATE.secede()
+    processor.secede()
     with _nested_lock:
         if _nested is None:
             _nested = ScalerExecutor(address=address, config=ClusterConfig())

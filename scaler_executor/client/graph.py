@@ -29,7 +29,7 @@ from typing import Any
 from scaler_executor.client.agent import ClientAgent
 from scaler_executor.client.future import TaskFuture
 from scaler_executor.protocol.messages import TaskFlags
-from scaler_executor.worker.deps import Key, call_node, evaluate
+from scaler_executor.protocol.refs import Key, call_node, evaluate
 
 _UNSET = object()
 

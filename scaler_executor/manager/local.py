@@ -18,8 +18,8 @@ import subprocess
 import sys
 import time
 
+from scaler_executor._compat import describe_wait_status
 from scaler_executor.config import ClusterConfig
-from scaler_executor.worker.zygote import describe_wait_status
 
 log = logging.getLogger("scaler_executor.manager")
 

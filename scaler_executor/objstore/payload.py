@@ -78,6 +78,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
 
 __all__ = [
     "DEFAULT_THRESHOLD",
+    "Fetched",
     "Packed",
     "SharedBuffers",
     "add_readonly_hint",
@@ -357,10 +358,24 @@ def delete_objects(store: ObjectStore, object_ids: Iterable[bytes]) -> None:
 # ------------------------------------------------------------------ unpack
 
 
+class Fetched:
+    """Objects fetched over the network, read like a store (``get``) by :func:`unpack`:
+    for a client or worker that cannot map the store the objects live in."""
+
+    def __init__(self, blobs: dict[bytes, bytes]) -> None:
+        self.blobs = blobs
+
+    def get(self, object_id: bytes) -> memoryview:
+        try:
+            return memoryview(self.blobs[object_id])
+        except KeyError:
+            raise LookupError(f"object {object_id.hex()} was not fetched for this task") from None
+
+
 def unpack(
     header: bytes,
     object_ids: Sequence[bytes],
-    store: ObjectStore | None,
+    store: ObjectStore | Fetched | None,
     *,
     writable: bool = False,
 ) -> Any:

@@ -27,10 +27,10 @@ from typing import Any
 
 
 from scaler_executor.config import ClusterConfig
-from scaler_executor.manager import CapacityAdapter
 from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.scheduler import core
+from scaler_executor.scheduler.capacity import CapacityAdapter
 from scaler_executor.scheduler.core import (
     DeleteObjects,
     LocalWorkers,

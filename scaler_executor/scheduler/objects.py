@@ -16,6 +16,7 @@ import tempfile
 from typing import Any
 
 from scaler_executor.config import ClusterConfig
+from scaler_executor.sizes import parse_size, total_memory
 
 log = logging.getLogger("scaler_executor.daemon")
 
@@ -24,8 +25,6 @@ DEFAULT_SHARE = 0.25  # of RAM, for object_store_size = auto
 
 
 def store_size(config: ClusterConfig) -> int | None:
-    from scaler_executor.worker.memory import parse_size, total_memory
-
     setting = config.object_store_size.strip().lower()
     if setting == "none":
         return None

@@ -38,7 +38,7 @@ from multiprocessing.connection import Connection
 import cloudpickle
 import msgpack
 
-from scaler_executor._compat import DAEMON_ADDRESS_ENV, python_version
+from scaler_executor._compat import DAEMON_ADDRESS_ENV, describe_wait_status, python_version
 from scaler_executor._version import __version__
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import channel, codec
@@ -48,7 +48,7 @@ from scaler_executor.worker import processor as proc
 from scaler_executor.worker.memory import OomCounter, private_memory
 from scaler_executor.worker.framing import FrameReader
 from scaler_executor.worker.lanes import Lane, Lanes
-from scaler_executor.worker.zygote import EXITED, SPAWNED, ZygoteHandle, describe_wait_status, start_zygote
+from scaler_executor.worker.zygote import EXITED, SPAWNED, ZygoteHandle, start_zygote
 
 log = logging.getLogger("scaler_executor.worker")
 

@@ -11,13 +11,9 @@ from __future__ import annotations
 import os
 import re
 
+from scaler_executor.sizes import parse_size, total_memory
+
 _RSS_ANON = re.compile(rb"RssAnon:\s+(\d+) kB")
-# Binary multiples whatever the spelling: 4G, 4GB and 4GiB are all 4 * 2**30 bytes.
-_UNITS = {"": 1, "B": 1}
-for _power, _letter in enumerate("KMGT", start=1):
-    for _suffix in ("", "B", "IB"):
-        _UNITS[_letter + _suffix] = 1 << (10 * _power)
-_SIZE_HELP = "write bytes or a number with K, M, G or T (KB/KiB... alike), e.g. 4G or 512MiB"
 
 
 def private_memory(pid: int | str = "self") -> int:
@@ -28,24 +24,6 @@ def private_memory(pid: int | str = "self") -> int:
     except OSError:
         return 0
     return int(match.group(1)) * 1024 if match else 0
-
-
-def total_memory() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def parse_size(text: str) -> int:
-    """'4G', '512MB', '1.5e9' -> bytes; ValueError naming the format otherwise."""
-    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Z]*)\s*", text.upper())
-    if not match or match.group(2) not in _UNITS:
-        raise ValueError(f"cannot read {text!r} as a size: {_SIZE_HELP}")
-    try:
-        value = float(match.group(1)) * _UNITS[match.group(2)]
-    except ValueError:
-        raise ValueError(f"cannot read {text!r} as a size: {_SIZE_HELP}") from None
-    if value <= 0:
-        raise ValueError(f"a memory limit must be positive, got {text!r}")
-    return int(value)
 
 
 def memory_limit(setting: str, workers_on_host: int, reserved: int = 0) -> int | None:

@@ -45,9 +45,10 @@ from typing import Any, Callable
 import cloudpickle
 import msgpack
 
+from scaler_executor import _compat
 from scaler_executor.protocol import reply as direct
 from scaler_executor.protocol.messages import TaskFacts, TaskResult, Status, TaskFlags
-from scaler_executor.worker.deps import install as install_deps
+from scaler_executor.protocol.refs import install as install_deps
 from scaler_executor.worker.framing import FrameReader
 from scaler_executor.worker.memory import private_memory
 
@@ -162,9 +163,9 @@ def _watch_agent(fd: int, recall_fd: int) -> None:
                 asked = b""
             if not asked:  # the agent closed its end: it is going (the socket says so too)
                 poller.unregister(recall_fd)
-            elif STATE is not None:
+            elif _compat.PROCESSOR is not None:
                 try:
-                    STATE.recall()
+                    _compat.PROCESSOR.recall()
                 except Exception:  # (the agent went away meanwhile) this thread must keep watching
                     pass
 
@@ -227,7 +228,7 @@ class _ProcessorState:
         if not objects:
             return packing.unpack(header, objects, None)
         if self.blobs is not None:
-            return packing.unpack(header, objects, _Fetched(self.blobs), writable=writable)
+            return packing.unpack(header, objects, packing.Fetched(self.blobs), writable=writable)
         return packing.unpack(header, objects, self.store, writable=writable)
 
     def dump_result(self, value: Any) -> tuple[bytes, list[bytes]]:
@@ -315,23 +316,9 @@ class _ProcessorState:
             self.conn.send_bytes(msgpack.packb([SECEDE, self.task_id, returned]))
 
 
-STATE: _ProcessorState | None = None  # set in processor processes only
 _SCALARS = frozenset({type(None), bool, int, float, complex, str, bytes})
 _SIZED = frozenset({str, bytes})
 NO_OBJECTS: list[bytes] = []
-
-
-class _Fetched:
-    """Objects fetched over the network, read like a store (``get``) by the payload codec."""
-
-    def __init__(self, blobs: dict[bytes, bytes]) -> None:
-        self.blobs = blobs
-
-    def get(self, object_id: bytes) -> memoryview:
-        try:
-            return memoryview(self.blobs[object_id])
-        except KeyError:
-            raise LookupError(f"object {object_id.hex()} was not fetched for this task") from None
 
 
 def processor_main(
@@ -344,9 +331,8 @@ def processor_main(
     ``arrays_in_store``: NumPy arrays of at least this many bytes that tasks create live
     in the host's object store (0: never), from the first task that starts with NumPy
     imported."""
-    global STATE
     conn = Connection(fd)
-    state = STATE = _ProcessorState(conn)
+    state = _compat.PROCESSOR = _ProcessorState(conn)
     state.arrays_in_store = arrays_in_store
     threading.Thread(target=_watch_agent, args=(fd, recall_fd), name="scaler-agent-watchdog", daemon=True).start()
     if initializer:

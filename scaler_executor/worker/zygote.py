@@ -26,6 +26,7 @@ The zygote exits when the agent's end closes.
 from __future__ import annotations
 
 import errno
+import importlib
 import os
 import select
 import signal
@@ -36,6 +37,10 @@ from dataclasses import dataclass
 import msgpack
 
 SPAWN, SPAWNED, EXITED, WARM = 1, 2, 3, 4
+
+# What WARM imports: get_executor's client (~13 ms of CPU), which nested tasks need.
+# Named, not imported here: the worker does not import the client (see tests/unit/test_layers.py).
+WARM_MODULES = ("scaler_executor.client.executor",)
 
 
 @dataclass
@@ -120,10 +125,11 @@ def _zygote_main(
                     # so every later processor starts with it.  The agent asks only once its
                     # worker has been idle: on a busy 2-core host these milliseconds delayed
                     # a few dozen tasks in a row.
-                    try:
-                        import scaler_executor.client.executor  # noqa: F401
-                    except Exception:
-                        pass
+                    for module in WARM_MODULES:
+                        try:
+                            importlib.import_module(module)
+                        except Exception:
+                            pass
 
 
 def _kill_all(children: set[int]) -> None:
@@ -211,18 +217,3 @@ def _reap(control: socket.socket, children: set[int]) -> None:
             if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
                 return
             raise
-
-
-def describe_wait_status(status: int) -> str:
-    """'exit code 3', 'killed by signal SIGKILL', … from a waitpid status."""
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        try:
-            name = signal.Signals(sig).name
-        except ValueError:
-            name = str(sig)
-        extra = " (segmentation fault)" if sig == signal.SIGSEGV else ""
-        return f"killed by signal {name}{extra}"
-    if os.WIFEXITED(status):
-        return f"exit code {os.WEXITSTATUS(status)}"
-    return f"wait status {status}"

@@ -129,7 +129,7 @@ def test_what_dask_hands_the_scheduler(record_property: Any) -> None:
 @pytest.mark.timeout(90)
 def test_package_does_not_import_dask() -> None:
     code = (
-        "import sys, scaler_executor, scaler_executor.client.graph, scaler_executor.worker.deps;"
+        "import sys, scaler_executor, scaler_executor.client.graph, scaler_executor.protocol.refs;"
         "bad = sorted(m for m in sys.modules if m == 'dask' or m.startswith('dask.'));"
         "assert not bad, bad"
     )

@@ -471,12 +471,12 @@ def test_large_results_are_views_valid_after_shutdown(fresh_executor: Any) -> No
 def made_in_task(n: int, keep: bool = False) -> tuple[np.ndarray, int | None]:
     """A large array built by the task, and the offset of its bytes in the host's store
     as the processor sees it (None: the task built it in private memory)."""
-    from scaler_executor.worker import processor
+    from scaler_executor import _compat
 
     a = np.full(n, 7.0)
     if keep:
         KEPT.append(a)
-    store = processor.STATE.store if processor.STATE is not None else None
+    store = _compat.PROCESSOR.store if _compat.PROCESSOR is not None else None
     if store is None:
         return a, None
     base, size = store.mapping

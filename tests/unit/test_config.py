@@ -369,7 +369,7 @@ def test_worker_resources_are_parsed_and_checked() -> None:
 
 
 def test_sizes_read_every_common_spelling_as_binary_multiples() -> None:
-    from scaler_executor.worker.memory import parse_size
+    from scaler_executor.sizes import parse_size
 
     assert parse_size("4G") == parse_size("4GB") == parse_size("4GiB") == 4 << 30
     assert parse_size("512mib") == parse_size(" 512 MB ") == 512 << 20

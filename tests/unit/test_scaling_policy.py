@@ -86,7 +86,7 @@ def test_the_local_manager_is_a_capacity_adapter() -> None:
     """The daemon loop types its manager as ``CapacityAdapter``; the shipped adapter has every
     method of that contract (a renamed or missing one fails here, not in a cluster)."""
     from scaler_executor.config import ClusterConfig
-    from scaler_executor.manager import CapacityAdapter
+    from scaler_executor.scheduler.capacity import CapacityAdapter
     from scaler_executor.manager.local import LocalWorkerManager
 
     # minimum=0 (autoscaling): nothing starts until the core asks for workers.

@@ -6,6 +6,10 @@ once every dependency has finished, and hands the worker their pickled results
 (``TaskDispatch.deps``); :func:`install` makes them available to the unpickling of the
 task's arguments, where :func:`dependency` (the reference's reconstructor) returns the
 value — unpickled once per task even when referenced many times.
+
+These references are part of the wire format: the client's pickles name
+``scaler_executor.protocol.refs.dependency`` (``identity``, ``stored``) and the worker's
+unpickling calls them, so they live here, below both.
 """
 
 from __future__ import annotations
