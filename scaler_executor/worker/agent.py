@@ -372,8 +372,11 @@ class WorkerAgent:
             self._frames_of_last_message = buffers
             for message in messages:
                 self._on_message(message)
-            if type(message) is not m.DispatchTasks:
+            # By the batch's last message, not the loop variable: an empty batch (which the
+            # codec accepts) left that unbound, and the UnboundLocalError stopped the worker.
+            if messages and type(messages[-1]) is not m.DispatchTasks:
                 self.next_housekeeping = 0.0
+
     def _on_lane(self, lane: Lane) -> None:
         now = time.monotonic()
         for item in self.lanes.receive(lane, self.held, now):
