@@ -32,6 +32,7 @@ import tempfile
 import time
 import struct
 from typing import Any
+from collections.abc import Callable
 from collections import deque
 from multiprocessing.connection import Connection
 
@@ -220,6 +221,16 @@ class WorkerAgent:
         self._frames_of_last_message: list[object] = []
         self._pending_writes: dict[Processor, list[bytes]] | None = None  # see _to_processor
         self.outbox: list[object] = []
+        self._daemon_handlers: dict[type, Callable[[Any], None]] = {
+            m.DispatchTasks: self._on_dispatch,
+            m.ObjectData: self._on_object_data,
+            m.CancelTasks: self._on_cancel_tasks,
+            m.ReleaseFunctions: self._on_release_functions,
+            m.Welcome: self._on_welcome,
+            m.Refused: self._on_refused,
+            m.Goodbye: self._on_goodbye,
+            m.Heartbeat: self._on_heartbeat,
+        }
         self.mean_task: float | None = None  # EWMA of task durations; None until one finished
         self.fn_means: dict[int, float] = {}  # the same per callable (fn_id; 0: inline ones)
         self.straggler_watch = False  # housekeeping every HOUSEKEEPING_SECONDS: see _recall
@@ -357,7 +368,7 @@ class WorkerAgent:
         self.last_send = time.monotonic()
 
     def _on_daemon(self) -> None:
-        sock = self.sock
+        sock, handlers = self.sock, self._daemon_handlers
         while sock.readable():
             try:
                 frames = sock.recv()
@@ -371,7 +382,11 @@ class WorkerAgent:
                 continue
             self._frames_of_last_message = buffers
             for message in messages:
-                self._on_message(message)
+                handler = handlers.get(type(message))
+                if handler is None:
+                    self._on_unexpected(message)
+                else:
+                    handler(message)
             # By the batch's last message, not the loop variable: an empty batch (which the
             # codec accepts) left that unbound, and the UnboundLocalError stopped the worker.
             if messages and type(messages[-1]) is not m.DispatchTasks:
@@ -401,54 +416,65 @@ class WorkerAgent:
                     p.functions.difference_update(ids)
                     self._to_processor(p, forget)
 
-    def _on_message(self, message: object) -> None:
-        kind = type(message)
-        if kind is m.DispatchTasks:
-            self.last_busy = self.last_recv
-            for blob in message.functions:  # type: ignore[attr-defined]
-                self.functions[blob.fn_id] = blob.payload
-            for task in message.tasks:  # type: ignore[attr-defined]
-                self.held[task.task_id] = task
-                if self.fetch_objects and self._needs_fetch(task):
-                    continue  # parked until its objects arrive
-                self.queue.append(task)
-        elif kind is m.ObjectData:
-            self._on_object_data(message)
-        elif kind is m.CancelTasks:
-            self._cancel(message.task_ids, message.force)  # type: ignore[attr-defined]
-        elif kind is m.ReleaseFunctions:
-            ids = message.fn_ids  # type: ignore[attr-defined]
-            for fn_id in ids:
-                self.functions.pop(fn_id, None)
-            self._forget_functions(ids)  # a lane task still queued gets it again from lanes.functions
-        elif kind is m.Welcome:
-            self.welcomed = True
-            self._reach_store(message.object_store)  # type: ignore[attr-defined]
-            # Send at least as often as the daemon expects; judge its silence by its own pace.
-            self.heartbeat_interval = min(self.config.heartbeat_interval, message.heartbeat_interval)  # type: ignore[attr-defined]
-            self.daemon_silence_limit = max(
-                self.config.heartbeat_interval * self.config.heartbeat_liveness,
-                message.heartbeat_interval * message.heartbeat_liveness,  # type: ignore[attr-defined]
-                self.config.daemon_loss_timeout,  # a daemon holding 10^6 tasks may pause to collect garbage
-            )
-            log.info("worker %s joined the daemon at %s as worker %d", self.name, self.address, message.peer_id)  # type: ignore[attr-defined]
-        elif kind is m.Refused:
-            reason = message.reason  # type: ignore[attr-defined]
-            if reason.startswith("unknown peer"):
-                log.warning("worker %s: the daemon does not know this worker (restarted?); joining again", self.name)
-                self._forget_daemon_state()
-                self._hello()
-            else:
-                log.error("worker %s: the daemon refused it: %s", self.name, reason)
-                self.exit_code = 2
-                self.stopping = True
-        elif kind is m.Goodbye:
-            log.info("worker %s: the daemon is stopping (%s)", self.name, message.reason)  # type: ignore[attr-defined]
-            if self.lifeline_fd is not None:
-                self.stopping = True
-            else:
-                self._forget_daemon_state()
-        # Heartbeat and anything else only count as signs of life.
+    # One handler per message type the daemon sends a worker (_on_daemon looks them up in
+    # self._daemon_handlers, filled in __init__); any other type is dropped (_on_unexpected).
+
+    def _on_dispatch(self, message: m.DispatchTasks) -> None:
+        self.last_busy = self.last_recv
+        for blob in message.functions:
+            self.functions[blob.fn_id] = blob.payload
+        for task in message.tasks:
+            self.held[task.task_id] = task
+            if self.fetch_objects and self._needs_fetch(task):
+                continue  # parked until its objects arrive
+            self.queue.append(task)
+
+    def _on_cancel_tasks(self, message: m.CancelTasks) -> None:
+        self._cancel(message.task_ids, message.force)
+
+    def _on_release_functions(self, message: m.ReleaseFunctions) -> None:
+        ids = message.fn_ids
+        for fn_id in ids:
+            self.functions.pop(fn_id, None)
+        self._forget_functions(ids)  # a lane task still queued gets it again from lanes.functions
+
+    def _on_welcome(self, message: m.Welcome) -> None:
+        self.welcomed = True
+        self._reach_store(message.object_store)
+        # Send at least as often as the daemon expects; judge its silence by its own pace.
+        self.heartbeat_interval = min(self.config.heartbeat_interval, message.heartbeat_interval)
+        self.daemon_silence_limit = max(
+            self.config.heartbeat_interval * self.config.heartbeat_liveness,
+            message.heartbeat_interval * message.heartbeat_liveness,
+            self.config.daemon_loss_timeout,  # a daemon holding 10^6 tasks may pause to collect garbage
+        )
+        log.info("worker %s joined the daemon at %s as worker %d", self.name, self.address, message.peer_id)
+
+    def _on_refused(self, message: m.Refused) -> None:
+        reason = message.reason
+        if reason.startswith("unknown peer"):
+            log.warning("worker %s: the daemon does not know this worker (restarted?); joining again", self.name)
+            self._forget_daemon_state()
+            self._hello()
+        else:
+            log.error("worker %s: the daemon refused it: %s", self.name, reason)
+            self.exit_code = 2
+            self.stopping = True
+
+    def _on_goodbye(self, message: m.Goodbye) -> None:
+        log.info("worker %s: the daemon is stopping (%s)", self.name, message.reason)
+        if self.lifeline_fd is not None:
+            self.stopping = True
+        else:
+            self._forget_daemon_state()
+
+    def _on_heartbeat(self, message: m.Heartbeat) -> None:
+        pass  # only a sign of life: _on_daemon noted the time the transmission came
+
+    def _on_unexpected(self, message: object) -> None:
+        """A message the codec decodes but a worker has no use for (one meant for a client or
+        the daemon): logged and dropped, a sign of life only, never a reason to stop."""
+        log.warning("worker %s: dropped a %s from the daemon: not a message for a worker", self.name, type(message).__name__)
 
     # ------------------------------------------------------------------ objects
 
