@@ -46,6 +46,7 @@ from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status
 from scaler_executor.worker import processor as proc
+from scaler_executor.worker.dealing import MAX_DEPTH, recall_due, takes_more, task_depth
 from scaler_executor.worker.memory import OomCounter, private_memory
 from scaler_executor.worker.framing import FrameReader
 from scaler_executor.worker.lanes import Lane, Lanes
@@ -55,23 +56,7 @@ log = logging.getLogger("scaler_executor.worker")
 
 _FRAME_LEN = struct.Struct("!i")  # multiprocessing.connection's framing (worker/framing.py)
 _FRAME_LONG = struct.Struct("!Q")
-SHORT_TASK_SECONDS = 0.005  # below this mean duration a processor gets tasks queued ahead
-# Short tasks: a processor holds up to SHORT_DEPTH and is topped up once it is down to
-# REFILL_AT, so each top-up is one write (and one wake-up) carrying two tasks, not one each.
-SHORT_DEPTH = 3
-REFILL_AT = 1
-# Sub-millisecond tasks: deeper, up to MAX_DEPTH while the tasks queued behind the running
-# one add up to at most QUEUED_WORK_SECONDS (what one can wait behind the others while a
-# processor elsewhere is idle).  A write to a processor and the wake-up it causes cost
-# more than a no-op task; a top-up of 7 instead of 2 raised no-op throughput by ~20 %.
-MAX_DEPTH = 8
-UNTIMED_DEPTH = 2  # see task_depth
-# A processor whose running task has run this long gets nothing queued behind it, and the
-# tasks already queued there are recalled (handed back) when another processor is idle:
-# they were dealt as short work expected to wait at most QUEUED_WORK_SECONDS.
-RECALL_AFTER = 0.02
 FN_MEANS_MAX = 4096  # callables timed at once (their releases remove them; this bounds a leak)
-QUEUED_WORK_SECONDS = 0.002
 EXIT_STATUS_GRACE = 1.0  # seconds to wait for the zygote's report of how a processor died
 RESPAWN_BACKOFF = (0.0, 0.0, 0.1, 0.5, 2.0)  # after consecutive processors died without a task done
 
@@ -82,29 +67,6 @@ RESULT_LINGER = 0.001  # most a result waits for others when the worker is satur
 RESULT_BATCH = 64  # results that go at once, saturated or not
 HOUSEKEEPING_SECONDS = 0.005  # timers' resolution under load (deadlines, respawns, silence)
 ZYGOTE_WARM_IDLE = 0.2  # seconds without a task before the zygote may spend CPU on imports
-
-
-def processor_depth(mean_task: float | None) -> int:
-    """How many tasks a processor may hold (the running one included) for this mean duration."""
-    if mean_task is None or mean_task >= SHORT_TASK_SECONDS:
-        return 1  # unknown or long: none behind the running one
-    fits = int(QUEUED_WORK_SECONDS / max(mean_task, 1e-6)) + 1
-    return min(MAX_DEPTH, max(SHORT_DEPTH, fits))
-
-
-def task_depth(fn_mean: float | None, worker_mean: float | None) -> int:
-    """The depth for a task whose callable's tasks took ``fn_mean`` on this worker (None: not
-    timed here yet) while all its tasks took ``worker_mean``.
-
-    What a callable's earlier tasks took says more than what the worker's last tasks took:
-    after a run of no-ops, a batch of 20 tasks of 12 ms each was dealt 10/10 up front (both
-    processors at MAX_DEPTH), and the processor that lost the most CPU to the worker's own
-    processes set the tail (measured: 10 ms in a 130 ms batch).  An untimed callable gets
-    at most one task queued behind the running one until its first task finishes; not
-    none, since callables made afresh per call (partials, lambdas) are never timed."""
-    if fn_mean is not None:
-        return processor_depth(fn_mean)
-    return min(UNTIMED_DEPTH, processor_depth(worker_mean))
 
 
 class Processor:
@@ -888,10 +850,7 @@ class WorkerAgent:
             and not p.seceded
             and not p.retired
             and not p.recalling
-            and (
-                not short
-                or (len(p.outstanding) <= REFILL_AT and (not p.outstanding or now - p.head_since < RECALL_AFTER))
-            )
+            and (not short or takes_more(len(p.outstanding), now - p.head_since))
         ]
         self._pending_writes = {}
         try:
@@ -971,7 +930,7 @@ class WorkerAgent:
         if not idle:
             return
         for p in holders:
-            if now - p.head_since < RECALL_AFTER:
+            if not recall_due(now - p.head_since):
                 self.straggler_watch = True  # look again soon
             elif p.recall_fd >= 0:
                 try:
