@@ -28,16 +28,16 @@ import math
 import os
 import signal
 import socket
+import struct
 import tempfile
 import time
-import struct
-from typing import Any
-from collections.abc import Callable
 from collections import deque
+from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import Any
 
-import cloudpickle
-import msgpack
+import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
+import msgpack  # type: ignore[import-untyped]  # no stubs or py.typed
 
 from scaler_executor._compat import DAEMON_ADDRESS_ENV, python_version
 from scaler_executor._version import __version__
@@ -47,10 +47,16 @@ from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status
 from scaler_executor.worker import processor as proc
 from scaler_executor.worker.dealing import MAX_DEPTH, recall_due, takes_more, task_depth
-from scaler_executor.worker.memory import OomCounter, private_memory
 from scaler_executor.worker.framing import FrameReader
 from scaler_executor.worker.lanes import Lane, Lanes
-from scaler_executor.worker.zygote import EXITED, SPAWNED, ZygoteHandle, describe_wait_status, start_zygote
+from scaler_executor.worker.memory import OomCounter, private_memory
+from scaler_executor.worker.zygote import (
+    EXITED,
+    SPAWNED,
+    ZygoteHandle,
+    describe_wait_status,
+    start_zygote,
+)
 
 log = logging.getLogger("scaler_executor.worker")
 
@@ -71,27 +77,27 @@ ZYGOTE_WARM_IDLE = 0.2  # seconds without a task before the zygote may spend CPU
 
 class Processor:
     __slots__ = (
-        "pid",
+        "attempts",
         "conn",
+        "deadline",
+        "eof_at",
         "err_fd",
         "err_tail",
-        "outstanding",
-        "attempts",
-        "functions",
-        "sent",
-        "eof_at",
-        "wait_status",
-        "kill",
-        "deadline",
-        "memory",
-        "peak",
         "fd",
+        "functions",
+        "head_since",
+        "kill",
+        "memory",
+        "outstanding",
+        "peak",
+        "pid",
         "reader",
-        "seceded",
-        "retired",
         "recall_fd",
         "recalling",
-        "head_since",
+        "retired",
+        "seceded",
+        "sent",
+        "wait_status",
     )
 
     def __init__(self, pid: int, conn: Connection, err_fd: int, recall_fd: int = -1) -> None:
@@ -180,7 +186,7 @@ class WorkerAgent:
         self.functions: dict[int, bytes] = {}
         self.results: list[m.TaskResult] = []
         self.results_since = 0.0  # when the oldest result in self.results was ready
-        self._frames_of_last_message: list[object] = []
+        self._frames_of_last_message: list[Any] = []  # codec.decode's out-of-band buffers
         self._pending_writes: dict[Processor, list[bytes]] | None = None  # see _to_processor
         self.outbox: list[object] = []
         self._daemon_handlers: dict[type, Callable[[Any], None]] = {
@@ -272,11 +278,11 @@ class WorkerAgent:
             self._shutdown()
         return self.exit_code
 
-    def _on_ready(self, target: object) -> None:
+    def _on_ready(self, target: Any) -> None:  # an fd or a channel's pollable, as Poller.poll gives them
         if target == self.sock.pollable:
             self._on_daemon()
             return
-        p = self.processors.get(target)  # type: ignore[call-overload]
+        p = self.processors.get(target)
         if p is not None:
             self._on_processor(p)
             return
@@ -297,7 +303,7 @@ class WorkerAgent:
             self.stopping = True
             self.orphaned = True
         else:
-            p = self.stderr_of.get(target)  # type: ignore[call-overload]
+            p = self.stderr_of.get(target)
             if p is not None:
                 self._on_stderr(p)
 
@@ -449,7 +455,7 @@ class WorkerAgent:
             from scaler_executor.objstore import ObjectStore
 
             store = ObjectStore.attach(name, fallback_dir=tempfile.gettempdir())
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  (whatever keeps us from mapping it, the network path works)
             log.info("worker %s cannot map the object store %s (%s): fetching objects over the network", self.name, name, exc)
             self.fetch_objects = True
             return
@@ -580,11 +586,11 @@ class WorkerAgent:
             self.poller.register(conn.fileno())
             self.poller.register(fds[1])
         elif message[0] == EXITED:
-            p = self.by_pid.get(message[1])
-            if p is not None:
-                p.wait_status = message[2]
-                if p.eof_at is not None:
-                    self._bury(p)
+            exited = self.by_pid.get(message[1])
+            if exited is not None:
+                exited.wait_status = message[2]
+                if exited.eof_at is not None:
+                    self._bury(exited)
 
     def _on_processor(self, p: Processor) -> None:
         # Everything available in one read (FrameReader): results that arrived together
@@ -611,7 +617,7 @@ class WorkerAgent:
             if task is not None and task.attempt == given[back]:
                 self.queue.appendleft(task)
 
-    def _on_processor_message(self, p: Processor, message: list) -> None:  # type: ignore[type-arg]
+    def _on_processor_message(self, p: Processor, message: list[Any]) -> None:
         if message[0] == proc.RECALLED:
             p.recalling = False
             self._take_back(p, message[1])
@@ -641,8 +647,7 @@ class WorkerAgent:
             self.straggler_watch = True  # idle: is another holding tasks behind a long one?
         p.attempts.pop(task_id, None)
         p.deadline = None
-        if p.peak > peak:
-            peak = p.peak
+        peak = max(peak, p.peak)
         p.peak = 0
         task = self.held.get(task_id)
         if task is None or task.attempt != attempt:
@@ -730,12 +735,16 @@ class WorkerAgent:
             os.set_blocking(p.err_fd, True)  # it is dead: read what it wrote up to EOF
             self._on_stderr(p)
         how = describe_wait_status(p.wait_status) if p.wait_status is not None else "exit status unknown"
-        if p.kill is None and p.wait_status is not None and os.WIFSIGNALED(p.wait_status):
-            if os.WTERMSIG(p.wait_status) == signal.SIGKILL:
-                if self.oom.killed_since_last():
-                    how += " by the kernel's out-of-memory killer (the cgroup's memory.events counted an oom_kill)"
-                elif self.memory_limit is not None:
-                    how += f", last private memory {_size(p.memory)} of the worker's limit {_size(self.memory_limit)}"
+        if (
+            p.kill is None
+            and p.wait_status is not None
+            and os.WIFSIGNALED(p.wait_status)
+            and os.WTERMSIG(p.wait_status) == signal.SIGKILL
+        ):
+            if self.oom.killed_since_last():
+                how += " by the kernel's out-of-memory killer (the cgroup's memory.events counted an oom_kill)"
+            elif self.memory_limit is not None:
+                how += f", last private memory {_size(p.memory)} of the worker's limit {_size(self.memory_limit)}"
         tail = _last_lines(p.err_tail)
         if tail:
             how += "; its last stderr lines:\n    " + "\n    ".join(tail)
@@ -744,7 +753,7 @@ class WorkerAgent:
             # arrays it had made, unsealed writes), rather than at the next process's attach.
             try:
                 self.store.reap()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001  (a failed reap must not keep the processor unburied)
                 log.warning("worker %s: reaping the object store after processor %d: %s", self.name, p.pid, exc)
         if p.outstanding:
             running = p.outstanding.popleft()
@@ -1042,7 +1051,7 @@ class WorkerAgent:
                 from scaler_executor.objstore import ObjectStore
 
                 ObjectStore.unlink_name(self.store_name, tempfile.gettempdir())
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001  (best effort while stopping: the rest of the shutdown must run)
                 log.debug("worker %s: removing the object store %s: %s", self.name, self.store_name, exc)
         os.close(self._signal_r)
         os.close(self._signal_w)
@@ -1064,11 +1073,11 @@ def _last_lines(tail: bytearray, count: int = 6) -> list[str]:
     return [line for line in lines if line.strip()][-count:]
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
+        n /= 1024
     return f"{n} B"
 
 
