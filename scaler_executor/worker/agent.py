@@ -28,15 +28,16 @@ import math
 import os
 import signal
 import socket
+import struct
 import tempfile
 import time
-import struct
-from typing import Any
 from collections import deque
+from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import Any
 
-import cloudpickle
-import msgpack
+import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
+import msgpack  # type: ignore[import-untyped]  # no stubs or py.typed
 
 from scaler_executor._compat import DAEMON_ADDRESS_ENV, describe_wait_status, python_version
 from scaler_executor._version import __version__
@@ -45,32 +46,17 @@ from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status
 from scaler_executor.worker import processor as proc
-from scaler_executor.worker.memory import OomCounter, private_memory
+from scaler_executor.worker.dealing import MAX_DEPTH, recall_due, takes_more, task_depth
 from scaler_executor.worker.framing import FrameReader
 from scaler_executor.worker.lanes import Lane, Lanes
+from scaler_executor.worker.memory import OomCounter, private_memory
 from scaler_executor.worker.zygote import EXITED, SPAWNED, ZygoteHandle, start_zygote
 
 log = logging.getLogger("scaler_executor.worker")
 
 _FRAME_LEN = struct.Struct("!i")  # multiprocessing.connection's framing (worker/framing.py)
 _FRAME_LONG = struct.Struct("!Q")
-SHORT_TASK_SECONDS = 0.005  # below this mean duration a processor gets tasks queued ahead
-# Short tasks: a processor holds up to SHORT_DEPTH and is topped up once it is down to
-# REFILL_AT, so each top-up is one write (and one wake-up) carrying two tasks, not one each.
-SHORT_DEPTH = 3
-REFILL_AT = 1
-# Sub-millisecond tasks: deeper, up to MAX_DEPTH while the tasks queued behind the running
-# one add up to at most QUEUED_WORK_SECONDS (what one can wait behind the others while a
-# processor elsewhere is idle).  A write to a processor and the wake-up it causes cost
-# more than a no-op task; a top-up of 7 instead of 2 raised no-op throughput by ~20 %.
-MAX_DEPTH = 8
-UNTIMED_DEPTH = 2  # see task_depth
-# A processor whose running task has run this long gets nothing queued behind it, and the
-# tasks already queued there are recalled (handed back) when another processor is idle:
-# they were dealt as short work expected to wait at most QUEUED_WORK_SECONDS.
-RECALL_AFTER = 0.02
 FN_MEANS_MAX = 4096  # callables timed at once (their releases remove them; this bounds a leak)
-QUEUED_WORK_SECONDS = 0.002
 EXIT_STATUS_GRACE = 1.0  # seconds to wait for the zygote's report of how a processor died
 RESPAWN_BACKOFF = (0.0, 0.0, 0.1, 0.5, 2.0)  # after consecutive processors died without a task done
 
@@ -83,52 +69,29 @@ HOUSEKEEPING_SECONDS = 0.005  # timers' resolution under load (deadlines, respaw
 ZYGOTE_WARM_IDLE = 0.2  # seconds without a task before the zygote may spend CPU on imports
 
 
-def processor_depth(mean_task: float | None) -> int:
-    """How many tasks a processor may hold (the running one included) for this mean duration."""
-    if mean_task is None or mean_task >= SHORT_TASK_SECONDS:
-        return 1  # unknown or long: none behind the running one
-    fits = int(QUEUED_WORK_SECONDS / max(mean_task, 1e-6)) + 1
-    return min(MAX_DEPTH, max(SHORT_DEPTH, fits))
-
-
-def task_depth(fn_mean: float | None, worker_mean: float | None) -> int:
-    """The depth for a task whose callable's tasks took ``fn_mean`` on this worker (None: not
-    timed here yet) while all its tasks took ``worker_mean``.
-
-    What a callable's earlier tasks took says more than what the worker's last tasks took:
-    after a run of no-ops, a batch of 20 tasks of 12 ms each was dealt 10/10 up front (both
-    processors at MAX_DEPTH), and the processor that lost the most CPU to the worker's own
-    processes set the tail (measured: 10 ms in a 130 ms batch).  An untimed callable gets
-    at most one task queued behind the running one until its first task finishes; not
-    none, since callables made afresh per call (partials, lambdas) are never timed."""
-    if fn_mean is not None:
-        return processor_depth(fn_mean)
-    return min(UNTIMED_DEPTH, processor_depth(worker_mean))
-
-
 class Processor:
     __slots__ = (
-        "pid",
+        "attempts",
         "conn",
+        "deadline",
+        "eof_at",
         "err_fd",
         "err_tail",
-        "outstanding",
-        "attempts",
-        "functions",
-        "sent",
-        "eof_at",
-        "wait_status",
-        "kill",
-        "deadline",
-        "memory",
-        "peak",
         "fd",
+        "functions",
+        "head_since",
+        "kill",
+        "memory",
+        "outstanding",
+        "peak",
+        "pid",
         "reader",
-        "seceded",
-        "retired",
         "recall_fd",
         "recalling",
-        "head_since",
+        "retired",
+        "seceded",
+        "sent",
+        "wait_status",
     )
 
     def __init__(self, pid: int, conn: Connection, err_fd: int, recall_fd: int = -1) -> None:
@@ -217,9 +180,19 @@ class WorkerAgent:
         self.functions: dict[int, bytes] = {}
         self.results: list[m.TaskResult] = []
         self.results_since = 0.0  # when the oldest result in self.results was ready
-        self._frames_of_last_message: list[object] = []
+        self._frames_of_last_message: list[Any] = []  # codec.decode's out-of-band buffers
         self._pending_writes: dict[Processor, list[bytes]] | None = None  # see _to_processor
         self.outbox: list[object] = []
+        self._daemon_handlers: dict[type, Callable[[Any], None]] = {
+            m.DispatchTasks: self._on_dispatch,
+            m.ObjectData: self._on_object_data,
+            m.CancelTasks: self._on_cancel_tasks,
+            m.ReleaseFunctions: self._on_release_functions,
+            m.Welcome: self._on_welcome,
+            m.Refused: self._on_refused,
+            m.Goodbye: self._on_goodbye,
+            m.Heartbeat: self._on_heartbeat,
+        }
         self.mean_task: float | None = None  # EWMA of task durations; None until one finished
         self.fn_means: dict[int, float] = {}  # the same per callable (fn_id; 0: inline ones)
         self.straggler_watch = False  # housekeeping every HOUSEKEEPING_SECONDS: see _recall
@@ -299,11 +272,11 @@ class WorkerAgent:
             self._shutdown()
         return self.exit_code
 
-    def _on_ready(self, target: object) -> None:
+    def _on_ready(self, target: Any) -> None:  # an fd or a channel's pollable, as Poller.poll gives them
         if target == self.sock.pollable:
             self._on_daemon()
             return
-        p = self.processors.get(target)  # type: ignore[call-overload]
+        p = self.processors.get(target)
         if p is not None:
             self._on_processor(p)
             return
@@ -324,7 +297,7 @@ class WorkerAgent:
             self.stopping = True
             self.orphaned = True
         else:
-            p = self.stderr_of.get(target)  # type: ignore[call-overload]
+            p = self.stderr_of.get(target)
             if p is not None:
                 self._on_stderr(p)
 
@@ -357,7 +330,7 @@ class WorkerAgent:
         self.last_send = time.monotonic()
 
     def _on_daemon(self) -> None:
-        sock = self.sock
+        sock, handlers = self.sock, self._daemon_handlers
         while sock.readable():
             try:
                 frames = sock.recv()
@@ -371,9 +344,16 @@ class WorkerAgent:
                 continue
             self._frames_of_last_message = buffers
             for message in messages:
-                self._on_message(message)
-            if type(message) is not m.DispatchTasks:
+                handler = handlers.get(type(message))
+                if handler is None:
+                    self._on_unexpected(message)
+                else:
+                    handler(message)
+            # By the batch's last message, not the loop variable: an empty batch (which the
+            # codec accepts) left that unbound, and the UnboundLocalError stopped the worker.
+            if messages and type(messages[-1]) is not m.DispatchTasks:
                 self.next_housekeeping = 0.0
+
     def _on_lane(self, lane: Lane) -> None:
         now = time.monotonic()
         for item in self.lanes.receive(lane, self.held, now):
@@ -398,54 +378,65 @@ class WorkerAgent:
                     p.functions.difference_update(ids)
                     self._to_processor(p, forget)
 
-    def _on_message(self, message: object) -> None:
-        kind = type(message)
-        if kind is m.DispatchTasks:
-            self.last_busy = self.last_recv
-            for blob in message.functions:  # type: ignore[attr-defined]
-                self.functions[blob.fn_id] = blob.payload
-            for task in message.tasks:  # type: ignore[attr-defined]
-                self.held[task.task_id] = task
-                if self.fetch_objects and self._needs_fetch(task):
-                    continue  # parked until its objects arrive
-                self.queue.append(task)
-        elif kind is m.ObjectData:
-            self._on_object_data(message)
-        elif kind is m.CancelTasks:
-            self._cancel(message.task_ids, message.force)  # type: ignore[attr-defined]
-        elif kind is m.ReleaseFunctions:
-            ids = message.fn_ids  # type: ignore[attr-defined]
-            for fn_id in ids:
-                self.functions.pop(fn_id, None)
-            self._forget_functions(ids)  # a lane task still queued gets it again from lanes.functions
-        elif kind is m.Welcome:
-            self.welcomed = True
-            self._reach_store(message.object_store)  # type: ignore[attr-defined]
-            # Send at least as often as the daemon expects; judge its silence by its own pace.
-            self.heartbeat_interval = min(self.config.heartbeat_interval, message.heartbeat_interval)  # type: ignore[attr-defined]
-            self.daemon_silence_limit = max(
-                self.config.heartbeat_interval * self.config.heartbeat_liveness,
-                message.heartbeat_interval * message.heartbeat_liveness,  # type: ignore[attr-defined]
-                self.config.daemon_loss_timeout,  # a daemon holding 10^6 tasks may pause to collect garbage
-            )
-            log.info("worker %s joined the daemon at %s as worker %d", self.name, self.address, message.peer_id)  # type: ignore[attr-defined]
-        elif kind is m.Refused:
-            reason = message.reason  # type: ignore[attr-defined]
-            if reason.startswith("unknown peer"):
-                log.warning("worker %s: the daemon does not know this worker (restarted?); joining again", self.name)
-                self._forget_daemon_state()
-                self._hello()
-            else:
-                log.error("worker %s: the daemon refused it: %s", self.name, reason)
-                self.exit_code = 2
-                self.stopping = True
-        elif kind is m.Goodbye:
-            log.info("worker %s: the daemon is stopping (%s)", self.name, message.reason)  # type: ignore[attr-defined]
-            if self.lifeline_fd is not None:
-                self.stopping = True
-            else:
-                self._forget_daemon_state()
-        # Heartbeat and anything else only count as signs of life.
+    # One handler per message type the daemon sends a worker (_on_daemon looks them up in
+    # self._daemon_handlers, filled in __init__); any other type is dropped (_on_unexpected).
+
+    def _on_dispatch(self, message: m.DispatchTasks) -> None:
+        self.last_busy = self.last_recv
+        for blob in message.functions:
+            self.functions[blob.fn_id] = blob.payload
+        for task in message.tasks:
+            self.held[task.task_id] = task
+            if self.fetch_objects and self._needs_fetch(task):
+                continue  # parked until its objects arrive
+            self.queue.append(task)
+
+    def _on_cancel_tasks(self, message: m.CancelTasks) -> None:
+        self._cancel(message.task_ids, message.force)
+
+    def _on_release_functions(self, message: m.ReleaseFunctions) -> None:
+        ids = message.fn_ids
+        for fn_id in ids:
+            self.functions.pop(fn_id, None)
+        self._forget_functions(ids)  # a lane task still queued gets it again from lanes.functions
+
+    def _on_welcome(self, message: m.Welcome) -> None:
+        self.welcomed = True
+        self._reach_store(message.object_store)
+        # Send at least as often as the daemon expects; judge its silence by its own pace.
+        self.heartbeat_interval = min(self.config.heartbeat_interval, message.heartbeat_interval)
+        self.daemon_silence_limit = max(
+            self.config.heartbeat_interval * self.config.heartbeat_liveness,
+            message.heartbeat_interval * message.heartbeat_liveness,
+            self.config.daemon_loss_timeout,  # a daemon holding 10^6 tasks may pause to collect garbage
+        )
+        log.info("worker %s joined the daemon at %s as worker %d", self.name, self.address, message.peer_id)
+
+    def _on_refused(self, message: m.Refused) -> None:
+        reason = message.reason
+        if reason.startswith("unknown peer"):
+            log.warning("worker %s: the daemon does not know this worker (restarted?); joining again", self.name)
+            self._forget_daemon_state()
+            self._hello()
+        else:
+            log.error("worker %s: the daemon refused it: %s", self.name, reason)
+            self.exit_code = 2
+            self.stopping = True
+
+    def _on_goodbye(self, message: m.Goodbye) -> None:
+        log.info("worker %s: the daemon is stopping (%s)", self.name, message.reason)
+        if self.lifeline_fd is not None:
+            self.stopping = True
+        else:
+            self._forget_daemon_state()
+
+    def _on_heartbeat(self, message: m.Heartbeat) -> None:
+        pass  # only a sign of life: _on_daemon noted the time the transmission came
+
+    def _on_unexpected(self, message: object) -> None:
+        """A message the codec decodes but a worker has no use for (one meant for a client or
+        the daemon): logged and dropped, a sign of life only, never a reason to stop."""
+        log.warning("worker %s: dropped a %s from the daemon: not a message for a worker", self.name, type(message).__name__)
 
     # ------------------------------------------------------------------ objects
 
@@ -458,7 +449,7 @@ class WorkerAgent:
             from scaler_executor.objstore import ObjectStore
 
             store = ObjectStore.attach(name, fallback_dir=tempfile.gettempdir())
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  (whatever keeps us from mapping it, the network path works)
             log.info("worker %s cannot map the object store %s (%s): fetching objects over the network", self.name, name, exc)
             self.fetch_objects = True
             return
@@ -589,11 +580,11 @@ class WorkerAgent:
             self.poller.register(conn.fileno())
             self.poller.register(fds[1])
         elif message[0] == EXITED:
-            p = self.by_pid.get(message[1])
-            if p is not None:
-                p.wait_status = message[2]
-                if p.eof_at is not None:
-                    self._bury(p)
+            exited = self.by_pid.get(message[1])
+            if exited is not None:
+                exited.wait_status = message[2]
+                if exited.eof_at is not None:
+                    self._bury(exited)
 
     def _on_processor(self, p: Processor) -> None:
         # Everything available in one read (FrameReader): results that arrived together
@@ -620,7 +611,7 @@ class WorkerAgent:
             if task is not None and task.attempt == given[back]:
                 self.queue.appendleft(task)
 
-    def _on_processor_message(self, p: Processor, message: list) -> None:  # type: ignore[type-arg]
+    def _on_processor_message(self, p: Processor, message: list[Any]) -> None:
         if message[0] == proc.RECALLED:
             p.recalling = False
             self._take_back(p, message[1])
@@ -650,8 +641,7 @@ class WorkerAgent:
             self.straggler_watch = True  # idle: is another holding tasks behind a long one?
         p.attempts.pop(task_id, None)
         p.deadline = None
-        if p.peak > peak:
-            peak = p.peak
+        peak = max(peak, p.peak)
         p.peak = 0
         task = self.held.get(task_id)
         if task is None or task.attempt != attempt:
@@ -739,12 +729,16 @@ class WorkerAgent:
             os.set_blocking(p.err_fd, True)  # it is dead: read what it wrote up to EOF
             self._on_stderr(p)
         how = describe_wait_status(p.wait_status) if p.wait_status is not None else "exit status unknown"
-        if p.kill is None and p.wait_status is not None and os.WIFSIGNALED(p.wait_status):
-            if os.WTERMSIG(p.wait_status) == signal.SIGKILL:
-                if self.oom.killed_since_last():
-                    how += " by the kernel's out-of-memory killer (the cgroup's memory.events counted an oom_kill)"
-                elif self.memory_limit is not None:
-                    how += f", last private memory {_size(p.memory)} of the worker's limit {_size(self.memory_limit)}"
+        if (
+            p.kill is None
+            and p.wait_status is not None
+            and os.WIFSIGNALED(p.wait_status)
+            and os.WTERMSIG(p.wait_status) == signal.SIGKILL
+        ):
+            if self.oom.killed_since_last():
+                how += " by the kernel's out-of-memory killer (the cgroup's memory.events counted an oom_kill)"
+            elif self.memory_limit is not None:
+                how += f", last private memory {_size(p.memory)} of the worker's limit {_size(self.memory_limit)}"
         tail = _last_lines(p.err_tail)
         if tail:
             how += "; its last stderr lines:\n    " + "\n    ".join(tail)
@@ -753,7 +747,7 @@ class WorkerAgent:
             # arrays it had made, unsealed writes), rather than at the next process's attach.
             try:
                 self.store.reap()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001  (a failed reap must not keep the processor unburied)
                 log.warning("worker %s: reaping the object store after processor %d: %s", self.name, p.pid, exc)
         if p.outstanding:
             running = p.outstanding.popleft()
@@ -859,10 +853,7 @@ class WorkerAgent:
             and not p.seceded
             and not p.retired
             and not p.recalling
-            and (
-                not short
-                or (len(p.outstanding) <= REFILL_AT and (not p.outstanding or now - p.head_since < RECALL_AFTER))
-            )
+            and (not short or takes_more(len(p.outstanding), now - p.head_since))
         ]
         self._pending_writes = {}
         try:
@@ -942,7 +933,7 @@ class WorkerAgent:
         if not idle:
             return
         for p in holders:
-            if now - p.head_since < RECALL_AFTER:
+            if not recall_due(now - p.head_since):
                 self.straggler_watch = True  # look again soon
             elif p.recall_fd >= 0:
                 try:
@@ -1054,7 +1045,7 @@ class WorkerAgent:
                 from scaler_executor.objstore import ObjectStore
 
                 ObjectStore.unlink_name(self.store_name, tempfile.gettempdir())
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001  (best effort while stopping: the rest of the shutdown must run)
                 log.debug("worker %s: removing the object store %s: %s", self.name, self.store_name, exc)
         os.close(self._signal_r)
         os.close(self._signal_w)
@@ -1076,11 +1067,11 @@ def _last_lines(tail: bytearray, count: int = 6) -> list[str]:
     return [line for line in lines if line.strip()][-count:]
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
+        n /= 1024
     return f"{n} B"
 
 

@@ -1,0 +1,159 @@
+"""What a real worker agent (``python -m scaler_executor.cli.worker``) does with daemon
+transmissions it has no use for: an empty batch (the codec accepts one) and messages of a
+type meant for someone else.  Neither may stop it; it keeps running tasks.
+
+The daemon here is the test: it binds the ipc socket (``channel.bind``, the daemon's own
+transport), answers the worker's Hello, and speaks the wire protocol through ``codec``.
+"""
+
+from __future__ import annotations
+
+import operator
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import psutil
+import pytest
+from scaler_testing import child_env
+
+from scaler_executor.protocol import channel, codec
+from scaler_executor.protocol import messages as m
+from scaler_executor.protocol.messages import Status, TaskFlags
+
+pytestmark = pytest.mark.timeout(60)
+
+WAIT = 20.0  # seconds for a worker on a loaded 2-core machine to answer
+
+
+class FakeDaemon:
+    """The daemon's side of one worker's connection, driven by the test."""
+
+    def __init__(self, directory: str) -> None:
+        self.address = f"ipc://{directory}/d.sock"
+        self.router = channel.bind(self.address, hwm=1000)
+        self.peer: bytes | None = None
+        self.worker: subprocess.Popen[bytes] | None = None  # its exit ends a wait at once
+        self.log: Path | None = None  # its stderr, quoted when it exits
+
+    def next_batch(self, timeout: float = WAIT) -> list[Any]:
+        """The next transmission from the worker, decoded (its identity remembered)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.worker is not None and self.worker.poll() is not None:
+                said = self.log.read_text(errors="replace")[-3000:] if self.log is not None else ""
+                raise AssertionError(f"the worker exited with code {self.worker.returncode}:\n{said}")
+            self.router.poll_timeout(10)
+            if self.router.readable():
+                identity, *frames = self.router.recv()
+                self.peer = identity
+                messages, _buffers = codec.decode(frames)
+                return messages
+            time.sleep(0.002)
+        raise AssertionError(f"the worker sent nothing for {timeout} s")
+
+    def wait_for(self, kind: type, timeout: float = WAIT) -> Any:
+        """The first message of ``kind`` the worker sends (heartbeats and others skipped)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for message in self.next_batch(max(0.0, deadline - time.monotonic())):
+                if type(message) is kind:
+                    return message
+
+    def send(self, batch: list[Any]) -> None:
+        assert self.peer is not None, "the worker has not said Hello yet"
+        self.router.send([self.peer, *codec.encode(batch)])
+
+    def close(self) -> None:
+        self.router.close()
+
+
+@pytest.fixture
+def directory() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="fakedaemon-", dir="/tmp")  # short: sun_path is 108 bytes
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _stop(worker: subprocess.Popen[bytes]) -> None:
+    """Stop the worker and every process under it (its zygote and processors)."""
+    try:
+        family = [psutil.Process(worker.pid), *psutil.Process(worker.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        family = []
+    if worker.poll() is None:
+        worker.send_signal(signal.SIGTERM)  # an orderly stop: it reaps its zygote and processors
+        try:
+            worker.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    for p in family:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    worker.wait(timeout=10)
+    psutil.wait_procs(family, timeout=10)
+
+
+def _add_task(task_id: int, a: int, b: int) -> m.TaskDispatch:
+    payload = cloudpickle.dumps((operator.add, (a, b), {}))
+    return m.TaskDispatch(task_id, 1, 0, TaskFlags.INLINE_FN, payload, [], None, [])
+
+
+def test_an_empty_batch_and_a_message_for_someone_else_do_not_stop_the_worker(directory: str) -> None:
+    daemon = FakeDaemon(directory)
+    log_path = Path(directory) / "worker.log"
+    with open(log_path, "wb") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "scaler_executor.cli.worker", daemon.address, "--processors", "1", "--lifeline"],
+            stdin=subprocess.PIPE,  # --lifeline: it stops when this closes, whatever happens to the test
+            stderr=log,
+            env=child_env(),
+        )
+    daemon.worker, daemon.log = worker, log_path
+    try:
+        hello = daemon.wait_for(m.Hello)
+        assert hello.role == m.Role.WORKER and hello.pid == worker.pid
+        daemon.send([m.Welcome(1, 0.1, 50, "")])
+        # A worker heartbeats only once welcomed: the Welcome has been handled, so the empty
+        # batch is the first transmission the worker reads in its next turn (an agent that
+        # read its loop variable after the loop failed on exactly that).
+        daemon.wait_for(m.Heartbeat)
+        daemon.send([])  # the codec accepts an empty batch
+        daemon.send([m.SubmitAck(3)])  # a client's message
+        daemon.send([m.Heartbeat(0, 0), m.Stats({"tasks": 1}), m.TasksRunning([7])])
+        daemon.send([])
+        daemon.send([m.DispatchTasks([], [_add_task(1, 2, 3)])])
+
+        results = daemon.wait_for(m.TaskResults)
+        assert [(r.task_id, r.attempt, r.status) for r in results.results] == [(1, 1, Status.OK)]
+        assert pickle.loads(results.results[0].payload) == 5
+        assert worker.poll() is None
+
+        daemon.send([m.DispatchTasks([], [_add_task(2, 40, 2)]), m.SubmitAck(1)])  # one in a batch with tasks
+        results = daemon.wait_for(m.TaskResults)
+        assert [(r.task_id, r.status) for r in results.results] == [(2, Status.OK)]
+        assert pickle.loads(results.results[0].payload) == 42
+        assert worker.poll() is None
+
+        daemon.send([m.Goodbye("test over")])  # with --lifeline a daemon's Goodbye stops the worker
+        daemon.worker = None
+        assert worker.wait(timeout=WAIT) == 0
+    finally:
+        _stop(worker)
+        assert worker.stdin is not None
+        worker.stdin.close()
+        daemon.close()
+    text = log_path.read_text(errors="replace")
+    for kind in ("SubmitAck", "Stats", "TasksRunning"):
+        assert f"dropped a {kind} from the daemon" in text, text
+    assert "Traceback" not in text, text
