@@ -320,10 +320,7 @@ def offline_agent(tmp_path: Any) -> Iterator[Any]:
 def _forget_submits(agent: Any) -> None:
     """Drop what earlier rounds queued, so that each round starts from the same state."""
     with agent.lock:
-        agent.outbox.clear()
-        agent.futures.clear()
-        agent._ids.clear()
-        agent._submitted.clear()
+        agent.core.forget_all()
 
 
 def test_client_submit(benchmark: Any, offline_agent: Any) -> None:
@@ -337,7 +334,7 @@ def test_client_submit(benchmark: Any, offline_agent: Any) -> None:
             submit(noop, (i,), {}, 0)
 
     benchmark.pedantic(run, setup=lambda: _forget_submits(agent), rounds=2000, warmup_rounds=50)
-    assert len(agent.futures) == BATCH and len(agent.outbox) == BATCH
+    assert len(agent.core.records) == BATCH and len(agent.core.outbox) == BATCH
     _per_task(benchmark)
 
 

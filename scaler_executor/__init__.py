@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from scaler_executor._version import __version__
 
 if TYPE_CHECKING:
-    from scaler_executor.client.agent import ObjectRef, TaskInfo
+    from scaler_executor.client.completion import TaskInfo
+    from scaler_executor.client.pickling import ObjectRef
     from scaler_executor.objstore.errors import ObjectStoreFull
     from scaler_executor.client.executor import ScalerExecutor, get_executor, task_info
     from scaler_executor.config import ClusterConfig
@@ -37,8 +38,8 @@ if TYPE_CHECKING:
 _LAZY = {
     "ScalerExecutor": "scaler_executor.client.executor",
     "ClusterConfig": "scaler_executor.config",
-    "TaskInfo": "scaler_executor.client.agent",
-    "ObjectRef": "scaler_executor.client.agent",
+    "TaskInfo": "scaler_executor.client.completion",
+    "ObjectRef": "scaler_executor.client.pickling",
     "ObjectStoreFull": "scaler_executor.objstore.errors",
     "task_info": "scaler_executor.client.executor",
     "get_executor": "scaler_executor.client.executor",

@@ -24,7 +24,9 @@ import cloudpickle
 from scaler_executor import _compat
 from scaler_executor._compat import DAEMON_ADDRESS_ENV
 from scaler_executor.client import serialization as ser
-from scaler_executor.client.agent import ClientAgent, MapCache, ObjectRef, Pickled, TaskInfo, task_info_of
+from scaler_executor.client.agent import ClientAgent
+from scaler_executor.client.completion import TaskInfo, task_info_of
+from scaler_executor.client.pickling import MapCache, ObjectRef, Pickled
 from scaler_executor.client.cluster import EmbeddedCluster
 from scaler_executor.client.future import TaskFuture
 from scaler_executor.config import ClusterConfig
@@ -426,12 +428,12 @@ def _map(
         if flags & TaskFlags.CHUNK:
 
             def pack() -> tuple[int, int, Pickled]:
-                return fn_id, flags, agent.pickle_obj(item, shared)
+                return fn_id, flags, agent.packer.pickle_obj(item, shared)
 
         else:
 
             def pack() -> tuple[int, int, Pickled]:
-                return fn_id, flags, agent.pickle_args(item, {}, shared)
+                return fn_id, flags, agent.packer.pickle_args(item, {}, shared)
 
         return agent.submit_with(
             TaskFuture(), pack, options_id, lambda: ser.pickling_note(fn, () if flags & TaskFlags.CHUNK else item, {})

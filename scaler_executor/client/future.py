@@ -74,9 +74,8 @@ class TaskFuture(Future[T]):
     # Set (per instance) on a sequential caller's future whose result may come to the
     # client's reply socket: result() then reads that socket on the waiting thread.
     _pickup: Callable[[TaskFuture[Any], float | None], float | None] | None = None
-    # Set on a future whose task the daemon never held (sent down a worker's lane, or
-    # waiting in the client for such a task): its value can only travel inline.
-    _off_daemon = False
+    # The client core's record of its task (client/state.py), set when it is submitted.
+    _record: Any = None
 
     def __init__(self) -> None:  # Future.__init__ without LAZY_MEMBERS
         self._state = PENDING

@@ -206,7 +206,7 @@ def run_graph(agent: ClientAgent, dsk: Mapping[Hashable, Any], keys: Any, option
             continue
         else:
             expr = substitute(value)
-        pickled = agent.pickle_args_waiting((expr,), {})
+        pickled = agent.packer.pickle_args_waiting((expr,), {})
         dep_numbers = sorted({number[resolve(d)] for d in deps if resolve(d) in number} | set(pickled.deps))
         pickled = pickled._replace(deps=dep_numbers)
         if key in wanted_targets:

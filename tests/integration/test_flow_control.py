@@ -164,7 +164,7 @@ def test_a_failure_while_a_user_thread_sends_breaks_the_executor_and_fails_the_f
 
     def failing_drain() -> None:
         if threading.current_thread() is user:
-            agent.outbox.popleft()  # taken, as the real drain does, then the failure
+            agent.core.outbox.popleft()  # taken, as the real drain does, then the failure
             raise RuntimeError("injected failure in the direct send")
         original()
 
@@ -218,7 +218,7 @@ def test_a_lone_plain_result_is_completed_by_the_agent_and_user_code_never_runs_
     (Futures are waited on with ``wait()``: ``result()`` would read them itself.)"""
     ex = fresh_executor(max_workers=1, config=fast_config())
     agent = ex._agent
-    completer = agent._completer
+    completer = agent.completer
     hand_overs = [0]
     original_hand_over = completer.hand_over
 
@@ -273,18 +273,20 @@ def test_a_quiet_result_that_fails_to_unpickle_fails_its_future_on_a_pool_thread
 ) -> None:
     """The agent thread's own completion path (a lone plain result) settles failures
     too: a payload that cannot be unpickled fails the future, and the future's
-    done-callback runs on a pool thread, never on the caller of _complete_quietly."""
+    done-callback runs on a pool thread, never on the thread that read the result."""
+    from scaler_executor.client.completion import settles_here
     from scaler_executor.protocol import messages as m
 
     ex = fresh_executor(max_workers=1, config=fast_config())
     agent = ex._agent
     release = tmp_path / "release-1"
     future = ex.submit(when_released, 1, str(release))  # pending until we complete it by hand
-    assert wait_until(lambda: id(future) in agent._ids, timeout=10)
+    assert wait_until(lambda: future._record is not None and future._record.where == "sent", timeout=10)
     ran_on: list[threading.Thread] = []
     future.add_done_callback(lambda f: ran_on.append(threading.current_thread()))
-    truncated = m.TaskResult(agent._ids[id(future)], 0, m.Status.OK, b"\x80\x05N", m.NO_FACTS, [])
-    assert agent._complete_quietly([truncated])
+    truncated = m.TaskResult(future._record.n, 0, m.Status.OK, b"\x80\x05N", m.NO_FACTS, [])
+    assert settles_here([truncated]), "a small plain result is completed on the reading thread"
+    agent.completion.complete(truncated, quietly=True)
     exc = future.exception(timeout=10)
     assert exc is not None and any("while unpickling the result" in note for note in getattr(exc, "__notes__", [])), exc
     assert wait_until(lambda: bool(ran_on), timeout=10)
@@ -318,7 +320,7 @@ def test_a_sequential_callers_results_come_straight_from_the_processor(
     ex = fresh_executor(max_workers=2, config=fast_config())
     agent = ex._agent
     assert ex.submit(echo, -1).result(timeout=30) == -1
-    assert agent._reply_to and os.path.exists(agent._reply_to), "the embedded client binds a reply socket"
+    assert agent.inbox.path and os.path.exists(agent.inbox.path), "the embedded client binds a reply socket"
 
     def delivered() -> int:
         return int(ex.statistics()["delivered_direct"])
@@ -390,7 +392,7 @@ def test_results_take_the_daemons_path_when_the_reply_socket_cannot_be_written(
     before = ex.statistics()["delivered_direct"]
     quick = [f for f in lone if (info := task_info(f)) is not None and info.duration < reply.DIRECT_SECONDS]
     assert before == start + len(quick) and quick, "the reply socket works before it is removed"
-    os.unlink(agent._reply_to)
+    os.unlink(agent.inbox.path)
     for i in range(20):
         assert ex.submit(echo, i).result(timeout=30) == i
     with pytest.raises(ValueError, match="boom 7"):
@@ -400,7 +402,7 @@ def test_results_take_the_daemons_path_when_the_reply_socket_cannot_be_written(
 
 
 def _in_pick_up(agent: Any, future: Future[Any]) -> Callable[[], bool]:
-    return lambda: agent._picking is future
+    return lambda: agent.inbox.picking is future
 
 
 @pytest.mark.timeout(60)
@@ -422,14 +424,14 @@ def test_a_caller_reads_only_up_to_its_own_result_and_the_agent_reads_the_rest(
     other = ex.submit(when_released, 2, str(release))  # queued behind it on the one processor
     assert future._pickup is not None
     reads: list[tuple[str, int]] = []
-    original_read = agent._read_replies
+    original_read = agent.inbox.read
 
-    def recording_read(sock: Any, *wanted: Any) -> Any:
-        results = original_read(sock, *wanted)
+    def recording_read(*wanted: Any) -> Any:
+        results = original_read(*wanted)
         reads.append((threading.current_thread().name, len(results)))
         return results
 
-    agent._read_replies = recording_read
+    agent.inbox.read = recording_read
     got: list[Any] = []
     caller = threading.Thread(target=lambda: got.append(future.result(timeout=30)), name="caller")
     now = time.time()
@@ -438,9 +440,9 @@ def test_a_caller_reads_only_up_to_its_own_result_and_the_agent_reads_the_rest(
     with agent._io:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
             for f, value in ((future, 98), (other, 99)):
-                task_id = agent._base | agent._ids[id(f)]
+                task_id = agent.core.base | f._record.n
                 result = m.TaskResult(task_id, 0, m.Status.OK, pickle.dumps(value), m.TaskFacts("w", now, now, 0), [])
-                sender.sendto(reply.encode(result), agent._reply_to)
+                sender.sendto(reply.encode(result), agent.inbox.path)
         caller.start()
         caller.join(timeout=30)
         assert got == [98], got
@@ -471,13 +473,13 @@ def test_a_waiting_caller_reads_its_result_from_the_reply_socket_itself(
     future = ex.submit(when_released, 1, str(release))  # alone: it may be picked up
     assert future._pickup is not None
     readers: list[str] = []
-    original_read = agent._read_replies
+    original_read = agent.inbox.read
 
-    def recording_read(sock: Any, *wanted: Any) -> Any:
+    def recording_read(*wanted: Any) -> Any:
         readers.append(threading.current_thread().name)
-        return original_read(sock, *wanted)
+        return original_read(*wanted)
 
-    agent._read_replies = recording_read
+    agent.inbox.read = recording_read
     got: list[Any] = []
     callback_threads: list[threading.Thread] = []
     future.add_done_callback(lambda f: callback_threads.append(threading.current_thread()))
@@ -485,17 +487,17 @@ def test_a_waiting_caller_reads_its_result_from_the_reply_socket_itself(
     caller.start()
     assert wait_until(_in_pick_up(agent, future), timeout=10), "result() did not take the reply socket"
     # What a processor sends: a datagram with the result (the real task is still running).
-    task_id = agent._base | agent._ids[id(future)]
+    task_id = agent.core.base | future._record.n
     now = time.time()
     datagram = reply.encode(m.TaskResult(task_id, 0, m.Status.OK, pickle.dumps(99), m.TaskFacts("w", now, now, 0), []))
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
-        sender.sendto(datagram, agent._reply_to)
+        sender.sendto(datagram, agent.inbox.path)
     caller.join(timeout=30)
     assert got == [99], got
     assert readers == ["caller"], readers
     assert wait_until(lambda: bool(callback_threads), timeout=10)
     assert callback_threads[0].name.startswith("scaler-client-"), callback_threads
-    assert agent._picking is None
+    assert agent.inbox.picking is None
     release.touch()  # the real result finds the future settled and is dropped
     # The agent watches the socket again: a result it reads completes a future nobody waits on.
     follow = ex.submit(echo, 5)
@@ -520,7 +522,7 @@ def test_a_caller_picking_up_is_woken_by_every_other_ending(
     slow = ex.submit(slow_echo, 4, 1.0)
     with pytest.raises(concurrent.futures.TimeoutError):
         slow.result(timeout=0.05)
-    assert agent._picking is None
+    assert agent.inbox.picking is None
     assert slow.result(timeout=30) == 4
     # A cancel: a task no worker can take stays pending in the daemon.
     pending = ex.options(tags=["nowhere"]).submit(echo, 6)
@@ -578,9 +580,9 @@ def test_a_caller_spins_only_while_results_come_within_the_spin_window(
     import select
     import types
 
-    import scaler_executor.client.agent as agent_module
+    import scaler_executor.client.routes as agent_module
 
-    if not agent_module._SPIN_WORTHWHILE:
+    if not agent_module.SPIN_WORTHWHILE:
         pytest.skip("one CPU: the caller never spins")
     calls: list[Any] = []
     monkeypatch.setattr(
@@ -591,7 +593,7 @@ def test_a_caller_spins_only_while_results_come_within_the_spin_window(
     # A window longer than any wait here: every wait below spins from start to end.
     monkeypatch.setattr(agent_module, "PICKUP_SPIN_SECONDS", 60.0)
     assert ex.submit(echo, 0).result(timeout=30) == 0
-    assert agent._pickup_spin
+    assert agent.inbox.spin
     calls.clear()
     assert ex.submit(echo, 1).result(timeout=30) == 1  # from the reply socket
     assert calls and set(calls) == {0}, calls
@@ -607,13 +609,13 @@ def test_a_caller_spins_only_while_results_come_within_the_spin_window(
     # A window shorter than a 0.2 s task: that wait turns spinning off ...
     monkeypatch.setattr(agent_module, "PICKUP_SPIN_SECONDS", 0.05)
     assert ex.submit(slow_echo, 4, 0.2).result(timeout=30) == 4
-    assert not agent._pickup_spin
+    assert not agent.inbox.spin
     # ... so the next caller blocks in poll at once; its short wait turns spinning back on.
     monkeypatch.setattr(agent_module, "PICKUP_SPIN_SECONDS", 60.0)
     calls.clear()
     assert ex.submit(echo, 5).result(timeout=30) == 5
     assert calls and 0 not in calls, calls
-    assert agent._pickup_spin
+    assert agent.inbox.spin
     calls.clear()
     assert ex.submit(echo, 6).result(timeout=30) == 6
     assert calls and set(calls) == {0}, calls

@@ -66,7 +66,7 @@ def lane_open(ex: ScalerExecutor) -> int:
     daemon has counted every warm-up task; returns how many ran (0: no lane)."""
     for i in range(20):
         assert ex.submit(echo, i).result(timeout=30) == i
-        if ex._agent._lane is not None:
+        if ex._agent.lane.dealer is not None:
             # A lone task's result reaches us before the daemon's bookkeeping of it.
             assert wait_until(lambda: ex.statistics()["finished"] >= i + 1, timeout=10), ex.statistics()
             return i + 1
@@ -74,7 +74,7 @@ def lane_open(ex: ScalerExecutor) -> int:
 
 
 def lane_worker_pid(ex: ScalerExecutor) -> int:
-    path = ex._agent._lane.path
+    path = ex._agent.lane.dealer.path
     return int(os.path.basename(path)[len("lane-") : -len(".sock")])
 
 
@@ -90,7 +90,7 @@ def test_sequential_tasks_take_the_lane_and_the_daemon_counts_them(fresh_executo
     assert after["lane"] - before["lane"] == 100, after
     assert after["submitted"] - before["submitted"] == 100, after
     assert after["delivered_direct"] - before["delivered_direct"] >= 90, after
-    assert after["tasks"] == 0 and not ex._agent._lane_tasks, after
+    assert after["tasks"] == 0 and not ex._agent.lane.tasks, after
 
 
 @pytest.mark.timeout(120)
@@ -98,7 +98,7 @@ def test_worker_lanes_off_sends_every_task_through_the_daemon(fresh_executor: Ca
     ex = fresh_executor(max_workers=2, config=fast_config(worker_lanes=False))
     for i in range(30):
         assert ex.submit(echo, i).result(timeout=30) == i
-    assert ex._agent._lane is None
+    assert ex._agent.lane.dealer is None
     assert wait_until(lambda: ex.statistics()["finished"] == 30, timeout=10), ex.statistics()
     assert ex.statistics()["lane"] == 0
 
@@ -117,7 +117,7 @@ def test_errors_long_tasks_and_large_results_come_back_whole(fresh_executor: Cal
     # 8 MB: the processor writes it to the store; the client pins it, reads it, releases it.
     big = ex.submit(ones, 1_000_000).result(timeout=30)
     assert big.shape == (1_000_000,) and big.sum() == 1_000_000
-    assert ex._agent._lane is not None, "the lane closed"
+    assert ex._agent.lane.dealer is not None, "the lane closed"
     del big
     assert wait_until(lambda: (gc.collect() or True) and store.stats().objects == baseline, timeout=20), (
         f"a lane result's store object outlived its reader: {store.stats()}"
@@ -136,7 +136,7 @@ def test_a_task_whose_processor_dies_on_the_lane_runs_again_through_the_daemon(
     future = ex.submit(die_once, str(tmp_path / "died"))
     pid = future.result(timeout=60)
     assert isinstance(pid, int) and (tmp_path / "died").exists()
-    assert not ex._agent._lane_tasks
+    assert not ex._agent.lane.tasks
     info = scaler_executor.task_info(future)
     assert info is not None and info.attempts == 2, info  # the lane's attempt counts
     assert wait_until(lambda: ex.statistics()["retried"] > before["retried"], timeout=10), ex.statistics()
@@ -150,10 +150,10 @@ def test_a_lane_whose_worker_is_killed_gives_its_task_to_the_daemon(fresh_execut
     worker = lane_worker_pid(ex)
     future = ex.submit(nap, 2.0, 11)
     assert future.running(), "a lane task is RUNNING once sent"
-    assert wait_until(lambda: bool(ex._agent._lane_tasks), timeout=5)
+    assert wait_until(lambda: bool(ex._agent.lane.tasks), timeout=5)
     os.kill(worker, signal.SIGKILL)
     assert future.result(timeout=60) == 11
-    assert wait_until(lambda: ex._agent._lane is None or lane_worker_pid(ex) != worker, timeout=10)
+    assert wait_until(lambda: ex._agent.lane.dealer is None or lane_worker_pid(ex) != worker, timeout=10)
     assert ex.submit(echo, 3).result(timeout=60) == 3
 
 

@@ -1,0 +1,356 @@
+"""The ways a task and its result travel besides the daemon's socket.
+
+Three routes carry a client's tasks and results (``docs/architecture.rst``, "a result's
+way back"): the daemon's socket (``agent.py``), a worker's *lane* and the *reply inbox*.
+
+* ``LaneRoute``: a worker on this host offers a lane (``worker/lanes.py``); a task
+  submitted alone goes down it to the worker, and its result comes back on it (or as
+  a reply datagram).  The daemon never holds such a task.
+* ``ReplyInbox``: the Unix datagram socket where local processors send a sequential
+  caller's result (``protocol/reply.py``), read by the agent thread — or by the caller
+  itself while it waits in ``result()`` (``pick_up``), which saves the thread wake-up
+  between a result and its waiting caller.
+
+Lock order (outermost first; take none of them in code a finalizer can reach):
+``ClientAgent._io`` → ``LaneRoute.lock``; ``ReplyInbox.pickup_lock`` →
+``ReplyInbox.fd_lock``; ``ClientAgent.lock`` is never held while taking these.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from scaler_executor.client.future import TaskFuture
+from scaler_executor.client.state import TASK_MASK, TaskItem, TaskRecord
+from scaler_executor.protocol import channel, codec, reply
+from scaler_executor.protocol import messages as m
+from scaler_executor.protocol.messages import Status
+
+if TYPE_CHECKING:
+    from scaler_executor.client.agent import ClientAgent
+
+log = logging.getLogger("scaler_executor.client")
+
+RECV_BURST = 1024
+# A sequential caller polls its reply socket without sleeping for up to this long before it
+# blocks (ReplyInbox.pick_up): a blocked caller leaves its vCPU idle, and waking an idle
+# vCPU of a VM costs ~0.2-1 ms, most of the slowest 1 % of round trips.  Spinning only
+# while the last pick-up came within the window bounds the waste to one window per change
+# to longer tasks; it yields the CPU on every empty poll, so the processes it waits on run.
+PICKUP_SPIN_SECONDS = 0.002
+SPIN_WORTHWHILE = len(os.sched_getaffinity(0)) > 1  # on one CPU the work waited on needs it
+
+
+class LaneRoute:
+    """The client's end of one worker's lane (at most one open at a time)."""
+
+    def __init__(self, agent: ClientAgent, enabled: bool, hwm: int) -> None:
+        self.agent = agent
+        self.enabled = enabled
+        self.hwm = hwm
+        self.lock = threading.Lock()  # serializes sends (user threads) and reads (agent thread)
+        self.dealer: Any = None  # a channel.StreamDealer, once a result named a lane
+        self.refused: set[str] = set()  # lanes that could not be connected
+        self.fns: set[int] = set()  # callables sent down the current lane
+        self.tasks: dict[int, TaskRecord] = {}  # what is on the lane now, by task number
+
+    @property
+    def open(self) -> bool:
+        return self.dealer is not None
+
+    def submit(self, record: TaskRecord, item: TaskItem) -> bool:
+        """Send a task submitted alone down the lane; False: it goes to the daemon instead.
+        The caller marks the future RUNNING: the worker has it, a cancel could no longer
+        keep it from running."""
+        core = self.agent.core
+        with self.lock:
+            dealer = self.dealer
+            if dealer is None or dealer.conn is None:
+                return False
+            base = core.base
+            messages: list[Any] = []
+            blob = None
+            if item.fn_id:
+                blob = core.fn_payloads.get(item.fn_id)
+                if blob is None:
+                    return False  # released meanwhile (its callable is gone): the daemon's path
+                if item.fn_id not in self.fns:
+                    messages.append(m.RegisterFunction(base | item.fn_id, blob))
+            spec = m.TaskSpec(base | item.n, base | item.fn_id if item.fn_id else 0, 0, item.flags, item.payload, [], [], 0)
+            messages.append(m.SubmitTasks([spec]))
+            record.item, record.blob = item, blob
+            self.tasks[item.n] = record  # first: its result may be read before send returns
+            try:
+                dealer.send(codec.encode(messages))
+            except channel.SendError:
+                del self.tasks[item.n]
+                return False
+            if dealer.conn is None:
+                del self.tasks[item.n]
+                return False  # the write failed: the worker is gone, nothing of it arrived whole
+            if item.fn_id:
+                self.fns.add(item.fn_id)
+        return True
+
+    def connect(self, path: str, reply_to: str, poller: channel.Poller, closing: bool) -> None:
+        """Connect to the lane a result named, unless one is open (or this one failed)."""
+        with self.lock:
+            if self.dealer is not None or path in self.refused or closing:
+                return
+            if not self.enabled or not path.startswith(os.path.dirname(reply_to) + os.sep):
+                self.refused.add(path)  # off, or not beside our reply socket: not a lane of ours
+                return
+            try:
+                dealer = channel.StreamDealer(path, hwm=self.hwm, linger=0)
+            except OSError as exc:
+                dealer = None
+                log.info("client: cannot connect to the lane %s (%s)", path, exc)
+            if dealer is None or dealer.conn is None:
+                if dealer is not None:
+                    dealer.close(linger=0)
+                self.refused.add(path)
+                return
+            self.fns.clear()
+            poller.register(dealer.pollable)
+            self.dealer = dealer
+
+    def receive(self, poller: channel.Poller) -> tuple[list[m.TaskResult], list[TaskRecord]]:
+        """(Agent thread) What came back: results, and the tasks to send again through the
+        daemon (their processor died, or the lane closed with them on it)."""
+        results: list[m.TaskResult] = []
+        with self.lock:
+            dealer = self.dealer
+            if dealer is None:
+                return [], []
+            while dealer.conn is not None and dealer.readable():
+                try:
+                    frames = dealer.recv()
+                except channel.Again:
+                    break
+                try:
+                    messages, _ = codec.decode(frames)
+                except codec.DecodeError as exc:
+                    log.error("client: dropped a bad transmission from the lane %s: %s", dealer.path, exc)
+                    continue
+                for message in messages:
+                    if type(message) is m.TaskResults:
+                        results.extend(message.results)
+            lost = dealer.conn is None
+            if lost:
+                self._close(poller)
+            again = []
+            for result in results:
+                record = self.tasks.pop(result.task_id & TASK_MASK, None)
+                if result.status == Status.PROCESSOR_DIED and record is not None:
+                    again.append(record)
+            if lost:
+                again.extend(self.tasks.values())
+                self.tasks.clear()
+        return [r for r in results if r.status != Status.PROCESSOR_DIED], again
+
+    def delivered(self, n: int) -> None:
+        """A lane task's result came another way (a reply datagram)."""
+        if self.tasks:
+            self.tasks.pop(n, None)
+
+    def release(self, fn_id: int) -> None:
+        """(Agent thread) The worker may drop a callable it had down the lane: after the
+        tasks sent before, which it keeps it for."""
+        with self.lock:
+            dealer = self.dealer
+            if dealer is None or fn_id not in self.fns:
+                return
+            self.fns.discard(fn_id)
+            try:
+                dealer.send(codec.encode([m.ReleaseFunctions([self.agent.core.base | fn_id])]))
+            except channel.SendError:
+                pass  # the lane is closing: its worker forgets everything of it
+
+    def kill(self, n: int) -> bool:
+        """Kill a running lane task (``force``); False if the lane closed (the task goes to
+        the daemon, which can be told)."""
+        with self.lock:
+            dealer = self.dealer
+            if dealer is None or dealer.conn is None or n not in self.tasks:
+                return False
+            try:
+                dealer.send(codec.encode([m.CancelTasks([self.agent.core.base | n], True)]))
+            except channel.SendError:
+                return False
+            return dealer.conn is not None
+
+    def holds(self, n: int) -> bool:
+        return n in self.tasks
+
+    def close(self, poller: channel.Poller) -> None:
+        with self.lock:
+            self._close(poller)
+
+    def _close(self, poller: channel.Poller) -> None:
+        dealer, self.dealer = self.dealer, None
+        if dealer is not None:
+            self.fns.clear()
+            try:
+                poller.unregister(dealer.pollable)
+            except (KeyError, ValueError, OSError):
+                pass
+            dealer.close(linger=0)
+
+
+class ReplyInbox:
+    """The socket where local processors send sequential callers' results (reply.py)."""
+
+    def __init__(self, sock: socket.socket, path: str, poller: channel.Poller,
+                 on_lane: Callable[[str], None]) -> None:
+        self.sock = sock
+        self.path = path
+        self.poller = poller
+        self.on_lane = on_lane  # a datagram named the lane of the worker that sent it
+        self.fd = sock.fileno()
+        # A caller waiting in result() reads the socket itself (pick_up): one at a time
+        # (pickup_lock), woken by pickup_fd when its future is completed another way;
+        # fd_lock keeps a write off a closed descriptor.
+        self.pickup_lock = threading.Lock()
+        self.fd_lock = threading.Lock()
+        self.pickup_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.picking: TaskFuture[Any] | None = None
+        self.spin = SPIN_WORTHWHILE  # the last pick-up came within PICKUP_SPIN_SECONDS
+        self.tearing = False
+        poller.register(self.fd)
+
+    @classmethod
+    def bind(cls, directory: str, poller: channel.Poller, on_lane: Callable[[str], None]) -> ReplyInbox | None:
+        """In the embedded cluster's own directory (mode 0700): only this user's processes
+        can write to it, and it goes with the directory.  None: results take the daemon."""
+        path = os.path.join(directory, reply.SOCKET_NAME)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+        try:
+            sock.bind(path)
+        except OSError as exc:
+            sock.close()
+            log.warning("client: no reply socket at %s (%s); results take the daemon's path", path, exc)
+            return None
+        return cls(sock, path, poller, on_lane)
+
+    def read(self, wanted: int | None = None) -> list[m.TaskResult]:
+        """Datagrams until none is left, or until one has the result of task ``wanted``
+        (a caller picking up its own: one more ``recv`` would only fail, ~20 us of its
+        round trip for the system call and the exception; the agent reads any rest)."""
+        results: list[m.TaskResult] = []
+        sock = self.sock
+        for _ in range(RECV_BURST):
+            try:
+                datagram = sock.recv(reply.DATAGRAM_LIMIT)
+            except BlockingIOError:
+                break
+            try:
+                result, lane = reply.decode(datagram)
+            except codec.DecodeError as exc:  # only a bug sends one: the daemon has no copy to send
+                log.error("client: dropped a bad result datagram (%d bytes): %s", len(datagram), exc)
+                continue
+            results.append(result)
+            if lane:
+                self.on_lane(lane)
+            if wanted is not None and result.task_id & TASK_MASK == wanted:
+                break
+        return results
+
+    def pick_up(self, future: TaskFuture[Any], timeout: float | None, n: int) -> list[m.TaskResult]:
+        """``future.result()`` of a sequential caller's task (number ``n``): read this socket
+        on the waiting thread until its result (or others) came; [] if the future was
+        completed another way (the daemon's path, a cancel, a broken executor: each wakes
+        it through ``pickup_fd``), the timeout passed, another thread is picking up, or
+        the inbox is closing.  It polls without sleeping for the first
+        ``PICKUP_SPIN_SECONDS`` while results have been coming that fast."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self.pickup_lock.acquire(blocking=False):
+            return []
+        try:
+            if self.tearing:
+                return []
+            return self._await(future, deadline, n)
+        finally:
+            self.pickup_lock.release()
+
+    def _await(self, future: TaskFuture[Any], deadline: float | None, n: int) -> list[m.TaskResult]:
+        waiter = _PickupWaiter(self)
+        if not future.add_waiter(waiter):
+            return []  # done already
+        fd = self.fd
+        started = time.monotonic()
+        self.poller.unregister(fd)  # the agent thread stops watching it (epoll is thread-safe)
+        self.picking = future  # only now: the socket is this thread's (tests wait for this)
+        try:
+            try:
+                os.eventfd_read(self.pickup_fd)  # a wake-up meant for an earlier pick-up
+            except BlockingIOError:
+                pass
+            poll = select.poll()
+            poll.register(fd, select.POLLIN)
+            poll.register(self.pickup_fd, select.POLLIN)
+            spin_until = started + PICKUP_SPIN_SECONDS if self.spin else started
+            if deadline is not None:
+                spin_until = min(spin_until, deadline)
+            while not future.done() and not self.tearing:
+                now = time.monotonic()
+                if now < spin_until:
+                    ready = poll.poll(0)
+                    if not ready:
+                        os.sched_yield()  # the daemon, worker or processor may be waiting for this CPU
+                        continue
+                elif deadline is None:
+                    ready = poll.poll()
+                else:
+                    left = deadline - now
+                    if left <= 0:
+                        return []
+                    ready = poll.poll(math.ceil(left * 1000))
+                if any(ready_fd == fd for ready_fd, _ in ready):
+                    results = self.read(n)
+                    if results:
+                        return results
+            return []
+        finally:
+            # However the wait ended (a result either way, a timeout, a cancel): spin next
+            # time only if this one was short enough for spinning to have paid.
+            self.spin = SPIN_WORTHWHILE and time.monotonic() - started <= PICKUP_SPIN_SECONDS
+            self.picking = None
+            future.remove_waiter(waiter)
+            if not self.tearing:
+                self.poller.register(fd)  # level-triggered: anything that came meanwhile wakes the agent
+
+    def wake_picker(self) -> None:
+        with self.fd_lock:
+            if self.pickup_fd >= 0:
+                os.eventfd_write(self.pickup_fd, 1)
+
+    def close(self) -> None:
+        self.tearing = True
+        self.wake_picker()
+        with self.pickup_lock:  # a caller picking up leaves once woken
+            self.sock.close()  # its file goes with the cluster's directory
+        with self.fd_lock:
+            os.close(self.pickup_fd)
+            self.pickup_fd = -1
+
+
+class _PickupWaiter:
+    """A ``concurrent.futures`` waiter that wakes a thread in ``ReplyInbox.pick_up``."""
+
+    __slots__ = ("inbox",)
+
+    def __init__(self, inbox: ReplyInbox) -> None:
+        self.inbox = inbox
+
+    def add_result(self, future: Any) -> None:
+        self.inbox.wake_picker()
+
+    add_exception = add_cancelled = add_result
