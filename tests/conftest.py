@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import glob
 import os
+
+# The client's lock order is checked in every test (scaler_executor/_locks.py): set before
+# the package is imported.
+os.environ.setdefault("SCALER_DEBUG_LOCKS", "1")
 import tempfile
 import time
 from collections.abc import Callable, Iterator

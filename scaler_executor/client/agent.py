@@ -55,10 +55,12 @@ from typing import Any
 import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
 
 from scaler_executor._compat import python_version
+from scaler_executor._locks import ranked_lock
 from scaler_executor._version import __version__
 from scaler_executor.client import serialization as ser
 from scaler_executor.client.cluster import EmbeddedCluster
 from scaler_executor.client.completion import (
+    CANCEL_MANY,
     CANCELLED,
     FAIL_ALL,
     RUNNING,
@@ -111,6 +113,14 @@ TURN_SECONDS = 0.02  # most a turn spends receiving, so heartbeats and submissio
 # the agent thread is not held up by a long loop.
 RUNNING_INLINE = 64
 
+# The lock order of the module doc, as ranks (scaler_executor/_locks.py checks it in tests).
+LOCK_RANK_IO, LOCK_RANK_CORE, LOCK_RANK_WAKE = 10, 20, 90
+# Fast paths, each on by default; bench/fastpaths.py turns one off at a time to measure
+# what it gains with all the others on (docs/performance.rst has the figures).
+DIRECT_SEND = True  # a lone submit is written by its own thread (_send_directly)
+REPLY_INBOX = True  # the embedded client binds a reply socket (routes.ReplyInbox)
+PICK_UP = True  # a caller waiting on a lone task reads the reply inbox itself
+
 _live_agents: weakref.WeakSet[ClientAgent] = weakref.WeakSet()
 
 Pack = Callable[[], tuple[int, int, Pickled]]
@@ -129,7 +139,7 @@ class ClientAgent:
         self.address = address
         self.cluster = cluster
         self.name = f"{socket.gethostname()}:{os.getpid()}"
-        self.lock = threading.Lock()  # the core, and the shutdown and broken flags
+        self.lock = ranked_lock("ClientAgent.lock", LOCK_RANK_CORE)  # the core, and the shutdown and broken flags
         self.core = ClientCore(config.submit_window)
         self.packer = Packer(self, config)
         self.completion = Completion(self)
@@ -142,8 +152,8 @@ class ClientAgent:
         # Guards only the wake-up descriptor against its close.  Reentrant: wake() is
         # reached from finalizers (ObjectRef, MapCache, a cached function's release),
         # which a garbage collection may run on a thread that is inside wake() already.
-        self._wake_lock = threading.RLock()
-        self._io = threading.Lock()  # the connection (see the module doc)
+        self._wake_lock = ranked_lock("ClientAgent._wake_lock", LOCK_RANK_WAKE, reentrant=True)
+        self._io = ranked_lock("ClientAgent._io", LOCK_RANK_IO)  # the connection (see the module doc)
         self._direct = False  # the channel takes a send while another thread polls it (ipc)
         self.lane = LaneRoute(self, config.worker_lanes, config.send_hwm)
         self.inbox: ReplyInbox | None = None  # processors' results of sequential tasks
@@ -241,7 +251,7 @@ class ClientAgent:
                 record.repack = (repack, options_id)
             if alone:
                 flags |= TaskFlags.REPLY_DIRECT  # a sequential caller's: its result may come straight back
-                if self.inbox is not None:
+                if self.inbox is not None and PICK_UP:
                     future._pickup = self._pickup_hook
             item = TaskItem(record.n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects)
             future._on_cancel = self.cancel_hook
@@ -251,7 +261,7 @@ class ClientAgent:
                     future.mark_running()  # (unless its result was read, and completed it, already)
                     return
             core.queue(record, item)
-        if alone and self._direct and self._send_directly():
+        if alone and self._direct and DIRECT_SEND and self._send_directly():
             return
         self.wake()
 
@@ -520,9 +530,17 @@ class ClientAgent:
 
     # ------------------------------------------------------------------ shutdown
 
+    def cancel_later(self, futures: list[Future[Any]]) -> None:
+        """``cancel_many`` on a pool thread: for code a finalizer may run (a ``map``
+        iterator closed by the garbage collector), which must take no lock: the thread it
+        runs on may hold the agent's lock already."""
+        self.completer.put(CANCEL_MANY, futures)
+
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        with self.lock:
-            self.shutdown_requested = True
+        # No lock: the executor's finalizer calls this, maybe on a thread inside the lock.
+        # The agent decides to stop under the lock (_turns) and _enqueue checks the flag
+        # under it, so a submit racing this either lands before the agent stops or raises.
+        self.shutdown_requested = True
         own = threading.current_thread() in self.completer.threads
         if cancel_futures:
             # All pending tasks asked of the daemon in one message; returns once it
@@ -554,7 +572,7 @@ class ClientAgent:
         self._poller = poller = channel.Poller()
         poller.register(sock.pollable)
         poller.register(self._wake_fd)
-        if self.cluster is not None:
+        if self.cluster is not None and REPLY_INBOX:
             self.inbox = ReplyInbox.bind(self.cluster.directory, poller, self._open_lane)
         self._sock = sock
         self._welcomed = False
@@ -615,9 +633,10 @@ class ClientAgent:
                 self._retry_pending()
             elif now - self._last_send >= self._heartbeat_interval:
                 self._send([m.Heartbeat(0, 0)])
-            if self.shutdown_requested and not self.core.records and self._pending_frames is None:
-                if not self.core.has_tasks_to_send():
-                    return None
+            if self.shutdown_requested and self._pending_frames is None:
+                with self.lock:
+                    if not self.core.records and not self.core.has_tasks_to_send():
+                        return None
             handoff = self._handoff
             if handoff is not None:
                 self._handoff = None

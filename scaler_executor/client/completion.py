@@ -42,6 +42,9 @@ log = logging.getLogger("scaler_executor.client")
 
 QUIET_PAYLOAD = 4096  # most bytes of a result the agent thread completes itself
 QUIET_RESULTS = 4  # most results that came together the agent thread completes itself
+# The leader/follower hand-off (Completer.hand_over), on by default; bench/fastpaths.py
+# turns it off to measure what it gains with the other fast paths on.
+HAND_OFF = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +239,7 @@ class CancelWait:
 
 RESULTS, RUNNING, FAIL_ALL, AGENT, SET_RESULT = "results", "running", "fail-all", "agent", "set-result"
 CANCELLED = "cancelled"  # a future whose task the daemon dropped after its canceller stopped waiting
+CANCEL_MANY = "cancel-many"  # futures to cancel, handed over by code a finalizer may run
 STUCK_SECONDS = 0.1  # a completion thread busy this long in one item is presumed in a slow callback
 MAX_COMPLETION_THREADS = 32
 
@@ -305,7 +309,7 @@ class Completer:
     def hand_over(self) -> bool:
         """Give the agent role to an idle thread; False (keep it) if none is idle."""
         with self.cond:
-            if not self.idle or self.stopping:
+            if not self.idle or self.stopping or not HAND_OFF:
                 return False
             self.work.appendleft((AGENT, None))
             self.cond.notify()
@@ -369,6 +373,8 @@ class Completer:
                 settle(future, ok, value)
             elif kind == CANCELLED:
                 data.cancel_now()
+            elif kind == CANCEL_MANY:
+                self.agent.cancel_many(data, 0)
             else:
                 raise ValueError(f"unknown completion item {kind!r}")
         except BaseException:  # noqa: BLE001 - a bug (or SystemExit) must not end a thread that completes futures

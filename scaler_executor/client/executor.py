@@ -467,10 +467,12 @@ def _map(
                 else:
                     yield _result_or_cancel(fs.pop(), end_time)
         finally:
-            # All of them in one message to the daemon, one wait for its answer.
+            # All of them in one message to the daemon, from a pool thread: this may run
+            # as the garbage collector finalizes the iterator, on a thread that holds the
+            # agent's lock (a closing map iterator never waits for the daemon's answer).
             a = agent_ref()
             if a is not None:
-                a.cancel_many(list(fs), None)
+                a.cancel_later(list(fs))
             else:
                 for future in fs:
                     future.cancel()

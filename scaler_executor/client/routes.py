@@ -12,8 +12,9 @@ way back"): the daemon's socket (``agent.py``), a worker's *lane* and the *reply
   between a result and its waiting caller.
 
 Lock order (outermost first; take none of them in code a finalizer can reach):
-``ClientAgent._io`` → ``LaneRoute.lock``; ``ReplyInbox.pickup_lock`` →
-``ReplyInbox.fd_lock``; ``ClientAgent.lock`` is never held while taking these.
+``ClientAgent._io`` (10) → ``ClientAgent.lock`` (20) → ``ReplyInbox.pickup_lock`` (25;
+a datagram read by a picking-up caller may name a lane, which it then connects) →
+``LaneRoute.lock`` (30) → ``ReplyInbox.fd_lock`` (50) → ``ClientAgent._wake_lock`` (90).  The ranks are checked while the tests run (``scaler_executor/_locks.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from scaler_executor._locks import ranked_lock
 from scaler_executor.client.future import TaskFuture
 from scaler_executor.client.state import TASK_MASK, TaskItem, TaskRecord
 from scaler_executor.protocol import channel, codec, reply
@@ -56,7 +58,7 @@ class LaneRoute:
         self.agent = agent
         self.enabled = enabled
         self.hwm = hwm
-        self.lock = threading.Lock()  # serializes sends (user threads) and reads (agent thread)
+        self.lock = ranked_lock("LaneRoute.lock", 30)  # serializes sends (user threads) and reads (agent thread)
         self.dealer: Any = None  # a channel.StreamDealer, once a result named a lane
         self.refused: set[str] = set()  # lanes that could not be connected
         self.fns: set[int] = set()  # callables sent down the current lane
@@ -218,8 +220,8 @@ class ReplyInbox:
         # A caller waiting in result() reads the socket itself (pick_up): one at a time
         # (pickup_lock), woken by pickup_fd when its future is completed another way;
         # fd_lock keeps a write off a closed descriptor.
-        self.pickup_lock = threading.Lock()
-        self.fd_lock = threading.Lock()
+        self.pickup_lock = ranked_lock("ReplyInbox.pickup_lock", 25)
+        self.fd_lock = ranked_lock("ReplyInbox.fd_lock", 50)
         self.pickup_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.picking: TaskFuture[Any] | None = None
         self.spin = SPIN_WORTHWHILE  # the last pick-up came within PICKUP_SPIN_SECONDS
@@ -258,7 +260,10 @@ class ReplyInbox:
                 continue
             results.append(result)
             if lane:
-                self.on_lane(lane)
+                try:
+                    self.on_lane(lane)
+                except Exception:  # noqa: BLE001 - the results read so far must still be completed
+                    log.exception("client: could not connect to the lane %s", lane)
             if wanted is not None and result.task_id & TASK_MASK == wanted:
                 break
         return results
