@@ -72,4 +72,25 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_LAZY])
 
 
-__all__ = ["__version__", *_LAZY]
+# Spelled out rather than built from _LAZY: type checkers only read a literal
+# list, and without it they treat the TYPE_CHECKING imports above as private
+# (mypy --strict: 'Module "scaler_executor" does not explicitly export ...').
+# tests/unit/test_package.py keeps it and _LAZY in step.
+__all__ = [
+    "BrokenScalerExecutor",
+    "ClusterConfig",
+    "DaemonLost",
+    "InitializerFailed",
+    "ObjectRef",
+    "ObjectStoreFull",
+    "RemoteError",
+    "ScalerExecutor",
+    "TaskCancelled",
+    "TaskError",
+    "TaskInfo",
+    "TaskTimeout",
+    "WorkerLost",
+    "__version__",
+    "get_executor",
+    "task_info",
+]
