@@ -17,7 +17,6 @@ from scaler_executor._version import __version__
 
 if TYPE_CHECKING:
     from scaler_executor.client.agent import ObjectRef, TaskInfo
-    from scaler_executor.objstore.errors import ObjectStoreFull
     from scaler_executor.client.executor import ScalerExecutor, get_executor, task_info
     from scaler_executor.config import ClusterConfig
     from scaler_executor.exceptions import (
@@ -30,6 +29,7 @@ if TYPE_CHECKING:
         TaskTimeout,
         WorkerLost,
     )
+    from scaler_executor.objstore.errors import ObjectStoreFull
 
 # Imported on first use (PEP 562): the daemon and worker processes import this
 # package too, and must not pay for the client's modules at start-up.

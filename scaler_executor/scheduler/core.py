@@ -18,20 +18,26 @@ everything to do comes back as commands, so tests drive it with plain calls
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import cloudpickle
 import msgpack
 
 from scaler_executor._compat import python_version
 from scaler_executor._version import __version__
-from scaler_executor.config import ClusterConfig
+from scaler_executor.config import ClusterConfig, parse_resources, parse_tags
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS as DEFAULT
 from scaler_executor.protocol.messages import Role, Status, TaskFlags
-from scaler_executor.scheduler.policies import LeastLoaded, ScalingView, WorkerSlot, desired_workers, prefetch_window
-from scaler_executor.config import parse_resources, parse_tags
+from scaler_executor.scheduler.policies import (
+    LeastLoaded,
+    ScalingView,
+    WorkerSlot,
+    desired_workers,
+    prefetch_window,
+)
 from scaler_executor.scheduler.state import (
     AT_WORKER_STATES,
     QUEUED_STATES,

@@ -16,15 +16,14 @@ reads clocks and starts or stops processes.
 
 from __future__ import annotations
 
-import math
 import logging
+import math
 import os
 import signal
 import socket
 import time
 from collections import deque
 from typing import Any
-
 
 from scaler_executor.config import ClusterConfig
 from scaler_executor.manager import CapacityAdapter

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS, TaskOptions
 
-
 # What a constrained task needs: ((resource, quantity), ...) and (tag, ...), both sorted.
 ConstraintKey = tuple[tuple[tuple[str, float], ...], tuple[str, ...]]
 
