@@ -246,7 +246,7 @@ def decode(frames: Sequence[Any]) -> tuple[list[Message], list[Any]]:
     check_version(bytes(frames[0]))
     try:
         raw = msgpack.unpackb(frames[1], raw=False, use_list=True, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several types for garbage
+    except Exception as exc:  # noqa: BLE001 - msgpack raises many types for garbage; all are DecodeError
         raise DecodeError(f"body is not msgpack: {exc}") from None
     if type(raw) is not list:
         raise DecodeError("body is not a batch (array) of messages")
