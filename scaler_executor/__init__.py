@@ -41,9 +41,8 @@ _LAZY = {
     "ObjectStoreFull": "scaler_executor.objstore.errors",
     "task_info": "scaler_executor.client.executor",
     "get_executor": "scaler_executor.client.executor",
-    **{
-        name: "scaler_executor.exceptions"
-        for name in (
+    **dict.fromkeys(
+        (
             "BrokenScalerExecutor",
             "DaemonLost",
             "InitializerFailed",
@@ -52,8 +51,9 @@ _LAZY = {
             "TaskError",
             "TaskTimeout",
             "WorkerLost",
-        )
-    },
+        ),
+        "scaler_executor.exceptions",
+    ),
 }
 
 

@@ -160,7 +160,7 @@ def _record(cls: type) -> _Validator:
             env[f"V{i}"] = inner
             lines.append(f"    a{i} = V{i}(a{i})")
     lines.append(f"    return _new(cls, ({', '.join(names)}{',' if arity == 1 else ''}))")
-    exec("\n".join(lines), env)  # noqa: S102 - source built above from type hints only
+    exec("\n".join(lines), env)  # source built above from type hints only
     return env["check"]  # type: ignore[no-any-return]
 
 
@@ -265,12 +265,12 @@ def decode(frames: Sequence[Any]) -> tuple[list[Message], list[Any]]:
 
 
 __all__ = [
-    "DecodeError",
     "VERSION_FRAME",
+    "DecodeError",
     "VersionMismatch",
+    "_m",
     "check_version",
     "decode",
     "encode",
     "encode_one",
-    "_m",
 ]

@@ -361,7 +361,7 @@ class Scheduler:
             and not w.inflight
             and now - w.idle_since >= config.scale_down_idle
         ]
-        stop = [w for w in sorted(idle, key=lambda w: w.idle_since)][:surplus]
+        stop = sorted(idle, key=lambda w: w.idle_since)[:surplus]
         if stop:
             for w in stop:
                 w.draining = True  # no task may land on it between this decision and its exit
@@ -856,7 +856,8 @@ class Scheduler:
         if self.ready.live:
             workers = [w for w in self.workers.values() if w.broken is None and not w.draining]
             slots = [WorkerSlot(w.capacity, len(w.inflight) - len(w.seceded), w.mean_task_seconds) for w in workers]
-            for worker, count in zip(workers, self.policy.allocate(self.ready.live, slots)):
+            counts = self.policy.allocate(self.ready.live, slots)  # one per slot, same order
+            for worker, count in zip(workers, counts, strict=False):
                 for _ in range(count):
                     task = self.ready.pop()
                     if task is None:
