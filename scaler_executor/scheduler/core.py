@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import cloudpickle
+import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
 import msgpack
 
 from scaler_executor._compat import python_version
@@ -1235,5 +1235,5 @@ def _pack_lost(text: str, failures: list[str]) -> bytes:
 
 
 def _packb(value: Any) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)  # type: ignore[no-any-return]
+    return msgpack.packb(value, use_bin_type=True)
 
