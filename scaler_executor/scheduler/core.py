@@ -57,7 +57,7 @@ EWMA_WEIGHT = 0.2  # weight of the newest task duration in a worker's mean
 NOTICE_DELAY = 0.002  # longest a submit ack or running notice waits to travel with results
 # What a task without store objects or dependencies records: one shared empty tuple, not
 # the two empty lists the codec decoded (112 bytes of each pending task).
-NONE: tuple[Any, ...] = ()
+NONE: tuple[()] = ()
 
 # --------------------------------------------------------------------------- events / commands
 
@@ -1195,9 +1195,9 @@ class Scheduler:
         for worker in self.workers.values():
             used: dict[str, float] = {}
             for task_id in worker.inflight:
-                task = self.tasks.get(task_id)
-                assert task is not None and task.worker == worker.peer, f"{worker!r} holds stray task {task_id:#x}"
-                for name, quantity in (task.queue_key or ((), ()))[0]:
+                record = self.tasks.get(task_id)
+                assert record is not None and record.worker == worker.peer, f"{worker!r} holds stray task {task_id:#x}"
+                for name, quantity in (record.queue_key or ((), ()))[0]:
                     used[name] = used.get(name, 0.0) + quantity
             assert worker.seceded <= set(worker.inflight), f"{worker!r} has seceded tasks it does not hold"
             for name in set(used) | set(worker.used):

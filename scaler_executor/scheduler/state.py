@@ -137,7 +137,7 @@ class TaskRecord:
         options: TaskOptions,
         flags: int,
         payload: bytes,
-        objects: Sequence[bytes],
+        objects: list[bytes] | tuple[()],  # as decoded, or the shared empty tuple
         deps: Sequence[int],
         parent: int,
         counts: dict[TaskState, int] | None = None,
