@@ -18,7 +18,6 @@ from scaler_executor._version import __version__
 if TYPE_CHECKING:
     from scaler_executor.client.completion import TaskInfo
     from scaler_executor.client.pickling import ObjectRef
-    from scaler_executor.objstore.errors import ObjectStoreFull
     from scaler_executor.client.executor import ScalerExecutor, get_executor, task_info
     from scaler_executor.config import ClusterConfig
     from scaler_executor.exceptions import (
@@ -32,6 +31,7 @@ if TYPE_CHECKING:
         TaskTimeout,
         WorkerLost,
     )
+    from scaler_executor.objstore.errors import ObjectStoreFull
 
 # Imported on first use (PEP 562): the daemon and worker processes import this
 # package too, and must not pay for the client's modules at start-up.
@@ -43,9 +43,8 @@ _LAZY = {
     "ObjectStoreFull": "scaler_executor.objstore.errors",
     "task_info": "scaler_executor.client.executor",
     "get_executor": "scaler_executor.client.executor",
-    **{
-        name: "scaler_executor.exceptions"
-        for name in (
+    **dict.fromkeys(
+        (
             "BrokenScalerExecutor",
             "DaemonLost",
             "InitializerFailed",
@@ -55,8 +54,9 @@ _LAZY = {
             "TaskError",
             "TaskTimeout",
             "WorkerLost",
-        )
-    },
+        ),
+        "scaler_executor.exceptions",
+    ),
 }
 
 
@@ -75,4 +75,26 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_LAZY])
 
 
-__all__ = ["__version__", *_LAZY]
+# Spelled out rather than built from _LAZY: type checkers only read a literal
+# list, and without it they treat the TYPE_CHECKING imports above as private
+# (mypy --strict: 'Module "scaler_executor" does not explicitly export ...').
+# tests/unit/test_package.py keeps it and _LAZY in step.
+__all__ = [
+    "BrokenScalerExecutor",
+    "ClusterConfig",
+    "DaemonLost",
+    "InitializerFailed",
+    "ObjectRef",
+    "ObjectStoreFull",
+    "RemoteError",
+    "ResultUnreadable",
+    "ScalerExecutor",
+    "TaskCancelled",
+    "TaskError",
+    "TaskInfo",
+    "TaskTimeout",
+    "WorkerLost",
+    "__version__",
+    "get_executor",
+    "task_info",
+]

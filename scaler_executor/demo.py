@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with ScalerExecutor(max_workers=args.workers) as ex:
         started = time.perf_counter() - t0
-        parallel = sum(ex.map(count_primes, *zip(*blocks)))
+        parallel = sum(ex.map(count_primes, *zip(*blocks, strict=True)))
         stats = ex.statistics()
     parallel_s = time.perf_counter() - t0
 

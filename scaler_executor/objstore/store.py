@@ -448,7 +448,7 @@ class ObjectStore:
         if st in (lib.OBJSTORE_E_NOT_FOUND, lib.OBJSTORE_E_SEALED, lib.OBJSTORE_E_NOT_HELD):
             return None
         self._check(st, "seal_at")
-        return ffi.buffer(oid, 16)[:]
+        return bytes(ffi.buffer(oid, 16))
 
     def object_at(self, address: int) -> tuple[bytes, int, ObjectState] | None:
         """``(id, size, state)`` of the object whose bytes start at ``address`` in this

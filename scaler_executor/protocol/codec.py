@@ -160,7 +160,7 @@ def _record(cls: type) -> _Validator:
             env[f"V{i}"] = inner
             lines.append(f"    a{i} = V{i}(a{i})")
     lines.append(f"    return _new(cls, ({', '.join(names)}{',' if arity == 1 else ''}))")
-    exec("\n".join(lines), env)  # noqa: S102 - source built above from type hints only
+    exec("\n".join(lines), env)  # source built above from type hints only
     return env["check"]  # type: ignore[no-any-return]
 
 
@@ -246,7 +246,7 @@ def decode(frames: Sequence[Any]) -> tuple[list[Message], list[Any]]:
     check_version(bytes(frames[0]))
     try:
         raw = msgpack.unpackb(frames[1], raw=False, use_list=True, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several types for garbage
+    except Exception as exc:  # noqa: BLE001 - msgpack raises many types for garbage; all are DecodeError
         raise DecodeError(f"body is not msgpack: {exc}") from None
     if type(raw) is not list:
         raise DecodeError("body is not a batch (array) of messages")
@@ -265,12 +265,12 @@ def decode(frames: Sequence[Any]) -> tuple[list[Message], list[Any]]:
 
 
 __all__ = [
-    "DecodeError",
     "VERSION_FRAME",
+    "DecodeError",
     "VersionMismatch",
+    "_m",
     "check_version",
     "decode",
     "encode",
     "encode_one",
-    "_m",
 ]

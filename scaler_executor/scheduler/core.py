@@ -18,20 +18,26 @@ everything to do comes back as commands, so tests drive it with plain calls
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-import cloudpickle
+import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
 import msgpack
 
 from scaler_executor._compat import python_version
 from scaler_executor._version import __version__
-from scaler_executor.config import ClusterConfig
+from scaler_executor.config import ClusterConfig, parse_resources, parse_tags
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS as DEFAULT
 from scaler_executor.protocol.messages import Role, Status, TaskFlags
-from scaler_executor.scheduler.policies import LeastLoaded, ScalingView, WorkerSlot, desired_workers, prefetch_window
-from scaler_executor.config import parse_resources, parse_tags
+from scaler_executor.scheduler.policies import (
+    LeastLoaded,
+    ScalingView,
+    WorkerSlot,
+    desired_workers,
+    prefetch_window,
+)
 from scaler_executor.scheduler.state import (
     AT_WORKER_STATES,
     QUEUED_STATES,
@@ -51,7 +57,7 @@ EWMA_WEIGHT = 0.2  # weight of the newest task duration in a worker's mean
 NOTICE_DELAY = 0.002  # longest a submit ack or running notice waits to travel with results
 # What a task without store objects or dependencies records: one shared empty tuple, not
 # the two empty lists the codec decoded (112 bytes of each pending task).
-NONE: tuple[Any, ...] = ()
+NONE: tuple[()] = ()
 
 # --------------------------------------------------------------------------- events / commands
 
@@ -355,7 +361,7 @@ class Scheduler:
             and not w.inflight
             and now - w.idle_since >= config.scale_down_idle
         ]
-        stop = [w for w in sorted(idle, key=lambda w: w.idle_since)][:surplus]
+        stop = sorted(idle, key=lambda w: w.idle_since)[:surplus]
         if stop:
             for w in stop:
                 w.draining = True  # no task may land on it between this decision and its exit
@@ -867,7 +873,8 @@ class Scheduler:
         if self.ready.live:
             workers = [w for w in self.workers.values() if w.broken is None and not w.draining]
             slots = [WorkerSlot(w.capacity, len(w.inflight) - len(w.seceded), w.mean_task_seconds) for w in workers]
-            for worker, count in zip(workers, self.policy.allocate(self.ready.live, slots)):
+            counts = self.policy.allocate(self.ready.live, slots)  # one per slot, same order
+            for worker, count in zip(workers, counts, strict=False):
                 for _ in range(count):
                     task = self.ready.pop()
                     if task is None:
@@ -1205,9 +1212,9 @@ class Scheduler:
         for worker in self.workers.values():
             used: dict[str, float] = {}
             for task_id in worker.inflight:
-                task = self.tasks.get(task_id)
-                assert task is not None and task.worker == worker.peer, f"{worker!r} holds stray task {task_id:#x}"
-                for name, quantity in (task.queue_key or ((), ()))[0]:
+                record = self.tasks.get(task_id)
+                assert record is not None and record.worker == worker.peer, f"{worker!r} holds stray task {task_id:#x}"
+                for name, quantity in (record.queue_key or ((), ()))[0]:
                     used[name] = used.get(name, 0.0) + quantity
             assert worker.seceded <= set(worker.inflight), f"{worker!r} has seceded tasks it does not hold"
             for name in set(used) | set(worker.used):
@@ -1245,5 +1252,5 @@ def _pack_lost(text: str, failures: list[str]) -> bytes:
 
 
 def _packb(value: Any) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)  # type: ignore[no-any-return]
+    return msgpack.packb(value, use_bin_type=True)
 

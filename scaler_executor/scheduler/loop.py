@@ -16,15 +16,14 @@ reads clocks and starts or stops processes.
 
 from __future__ import annotations
 
-import math
 import logging
+import math
 import os
 import signal
 import socket
 import time
 from collections import deque
 from typing import Any
-
 
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import channel, codec
@@ -70,8 +69,9 @@ class RateLimitedLog:
             return
         held = self.suppressed.pop(key, 0)
         self.last[key] = now
-        suffix = f" ({held} similar lines suppressed)" if held else ""
-        self.logger.warning(text + suffix, *args)
+        if held:
+            text, args = f"{text} (%d similar lines suppressed)", (*args, held)
+        self.logger.warning(text, *args)
 
 
 class Daemon:
@@ -137,10 +137,13 @@ class Daemon:
                     self._receive(events, now)
                 if self._signal_r in ready:
                     self._drain_signal_pipe()
-                if self.lifeline_fd is not None and self.lifeline_fd in ready:
-                    if not os.read(self.lifeline_fd, 4096):
-                        log.info("daemon: the client that started it is gone; stopping")
-                        self.stopping = True
+                if (
+                    self.lifeline_fd is not None
+                    and self.lifeline_fd in ready
+                    and not os.read(self.lifeline_fd, 4096)  # EOF: the client's end closed
+                ):
+                    log.info("daemon: the client that started it is gone; stopping")
+                    self.stopping = True
                 if now >= next_tick:
                     next_tick = now + tick_every
                     events.append(Tick(now))

@@ -21,7 +21,7 @@ import math
 from typing import NamedTuple, Protocol
 
 # Assumed refill round trip (daemon → worker → daemon) before one is observed.
-# A local round trip measures 0.2–1 ms under load; erring high only prefetches more.
+# A local round trip measures 0.2 to 1 ms under load; erring high only prefetches more.
 DEFAULT_REFILL_SECONDS = 0.002
 
 

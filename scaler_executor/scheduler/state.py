@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS, TaskOptions
 
-
 # What a constrained task needs: ((resource, quantity), ...) and (tag, ...), both sorted.
 ConstraintKey = tuple[tuple[tuple[str, float], ...], tuple[str, ...]]
 
@@ -138,7 +137,7 @@ class TaskRecord:
         options: TaskOptions,
         flags: int,
         payload: bytes,
-        objects: Sequence[bytes],
+        objects: list[bytes] | tuple[()],  # as decoded, or the shared empty tuple
         deps: Sequence[int],
         parent: int,
         counts: dict[TaskState, int] | None = None,
