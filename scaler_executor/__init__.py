@@ -17,8 +17,8 @@ from scaler_executor._version import __version__
 
 if TYPE_CHECKING:
     from scaler_executor.client.completion import TaskInfo
-    from scaler_executor.client.pickling import ObjectRef
     from scaler_executor.client.executor import ScalerExecutor, get_executor, task_info
+    from scaler_executor.client.pickling import ObjectRef
     from scaler_executor.config import ClusterConfig
     from scaler_executor.exceptions import (
         BrokenScalerExecutor,
