@@ -377,7 +377,7 @@ class Completer:
                 self.agent.cancel_many(data, 0)
             else:
                 raise ValueError(f"unknown completion item {kind!r}")
-        except BaseException:  # noqa: BLE001 - a bug (or SystemExit) must not end a thread that completes futures
+        except BaseException:  # a bug (or SystemExit) must not end a thread that completes futures
             log.exception("client: failed to complete a future")
 
     def _loop(self) -> None:

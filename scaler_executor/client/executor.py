@@ -25,10 +25,10 @@ from scaler_executor import _compat
 from scaler_executor._compat import DAEMON_ADDRESS_ENV
 from scaler_executor.client import serialization as ser
 from scaler_executor.client.agent import ClientAgent
-from scaler_executor.client.completion import TaskInfo, task_info_of
-from scaler_executor.client.pickling import MapCache, ObjectRef, Pickled
 from scaler_executor.client.cluster import EmbeddedCluster
+from scaler_executor.client.completion import TaskInfo, task_info_of
 from scaler_executor.client.future import TaskFuture
+from scaler_executor.client.pickling import MapCache, ObjectRef, Pickled
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS, TaskFlags, TaskOptions
 

@@ -18,12 +18,20 @@ import pickle
 import pickletools
 import re
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import cloudpickle
 import msgpack
 
-from scaler_executor.exceptions import RemoteError, RemoteTraceback, TaskCancelled, TaskError, TaskTimeout, WorkerLost
+from scaler_executor.exceptions import (
+    RemoteError,
+    RemoteTraceback,
+    TaskCancelled,
+    TaskError,
+    TaskTimeout,
+    WorkerLost,
+)
 from scaler_executor.protocol.messages import Status
 
 _PLAIN = frozenset({int, float, str, bytes, bool, type(None), complex})

@@ -35,19 +35,20 @@ import pickle
 import select
 import socket
 import sys
+import tempfile
 import threading
 import time
-import tempfile
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
 import cloudpickle
 import msgpack
 
 from scaler_executor import _compat
 from scaler_executor.protocol import reply as direct
-from scaler_executor.protocol.messages import TaskFacts, TaskResult, Status, TaskFlags
+from scaler_executor.protocol.messages import Status, TaskFacts, TaskFlags, TaskResult
 from scaler_executor.protocol.refs import install as install_deps
 from scaler_executor.worker.framing import FrameReader
 from scaler_executor.worker.memory import private_memory
