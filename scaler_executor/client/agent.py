@@ -791,9 +791,9 @@ class ClientAgent:
     def _on_object_data(self, message: m.ObjectData, buffers: list[Any]) -> None:
         if self.fetch_waiters:
             data = iter(buffers)
-            got = {oid: bytes(next(data)) for oid, ok in zip(message.object_ids, message.found) if ok}
+            got = {oid: bytes(next(data)) for oid, ok in zip(message.object_ids, message.found, strict=False) if ok}
             waiter = self.fetch_waiters.popleft()
-            missing = [oid.hex() for oid, ok in zip(message.object_ids, message.found) if not ok]
+            missing = [oid.hex() for oid, ok in zip(message.object_ids, message.found, strict=False) if not ok]
             if missing:
                 waiter.set_exception(LookupError(f"objects no longer in the store: {missing}"))
             else:

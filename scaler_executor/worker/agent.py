@@ -478,7 +478,7 @@ class WorkerAgent:
 
     def _on_object_data(self, message: m.ObjectData) -> None:
         buffers = iter(self._frames_of_last_message)
-        for object_id, found in zip(message.object_ids, message.found):
+        for object_id, found in zip(message.object_ids, message.found, strict=False):
             waiting = self.fetching.pop(object_id, [])
             if found:
                 self.blobs[object_id] = bytes(next(buffers))
