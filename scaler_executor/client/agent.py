@@ -228,7 +228,7 @@ class ClientAgent:
         except DependencyFailed as failed:
             future.set_exception(failed.args[0])
             return future
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever pickling the call raises fails its future, with a note
             exc.add_note(note())
             future.set_exception(exc)
             return future

@@ -165,7 +165,7 @@ class Completion:
         if result.objects:
             try:
                 return True, self.agent.packer.load_value(result.payload, result.objects)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever reading the result raises is the future's exception
                 exc.add_note(f"while reading the result of task {result.task_id:#x} from the object store")
                 return False, exc
             finally:

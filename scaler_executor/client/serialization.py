@@ -68,17 +68,17 @@ def pickling_note(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str
     target = describe_callable(fn)
     try:
         cloudpickle.dumps(fn, protocol=5)
-    except Exception:
+    except Exception:  # noqa: BLE001 - error path: whatever pickling raises points at the culprit
         return f"while pickling the function {target} ({type(fn).__module__}.{type(fn).__qualname__})"
     for i, a in enumerate(args):
         try:
             cloudpickle.dumps(a, protocol=5)
-        except Exception:
+        except Exception:  # noqa: BLE001 - error path: whatever pickling raises points at the culprit
             return f"while pickling args[{i}] ({type(a).__module__}.{type(a).__qualname__}) for {target}"
     for k, v in kwargs.items():
         try:
             cloudpickle.dumps(v, protocol=5)
-        except Exception:
+        except Exception:  # noqa: BLE001 - error path: whatever pickling raises points at the culprit
             return f"while pickling kwargs[{k!r}] ({type(v).__module__}.{type(v).__qualname__}) for {target}"
     return f"while pickling the call to {target}"
 
@@ -100,7 +100,7 @@ def rebuild_exception(payload: bytes) -> BaseException:
             exc = pickle.loads(pickled)
             if not isinstance(exc, BaseException):
                 raise TypeError(f"unpickled a {type(exc).__name__}, not an exception")
-        except Exception as unpickling_error:
+        except Exception as unpickling_error:  # noqa: BLE001 - whatever unpickling raises, the caller gets a RemoteError
             exc = RemoteError(type_name, message, tb_text)
             exc.add_note(f"the exception could not be unpickled here: {unpickling_error!r}")
     else:
@@ -112,7 +112,7 @@ def rebuild_exception(payload: bytes) -> BaseException:
 
             # Real frame objects for debuggers (pdb.post_mortem(exc.__cause__.__traceback__)).
             cause.__traceback__ = Traceback.from_dict(tb_dict).as_traceback()
-        except Exception:
+        except Exception:  # noqa: BLE001 - real frames are a debugging extra: the text traceback stays
             pass
     exc.__cause__ = cause
     return exc
@@ -136,7 +136,7 @@ def looks_up_globals(payload: bytes) -> bool:
         return True
     try:
         return any(op.name in _GLOBAL_OPS for op, _arg, _pos in pickletools.genops(payload))
-    except Exception:  # not a pickle we can read: let the usual path find out
+    except Exception:  # noqa: BLE001 - not a pickle we can read: let the usual path find out
         return True
 
 
@@ -145,7 +145,7 @@ def outcome(status: int, payload: bytes, task_id: int) -> tuple[bool, Any]:
     if status == Status.OK:
         try:
             return True, pickle.loads(payload)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever unpickling raises is the future's exception
             exc.add_note(f"while unpickling the result of task {task_id:#x} in the client")
             return False, exc
     if status == Status.ERROR:
