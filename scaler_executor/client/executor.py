@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
-import cloudpickle
+import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
 
 from scaler_executor import _compat
 from scaler_executor._compat import DAEMON_ADDRESS_ENV

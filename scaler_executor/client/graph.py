@@ -97,10 +97,10 @@ class _Graph:
                 target = getattr(value, "target", None)
                 target = getattr(target, "key", target)
                 if target is not None and target in self.dsk and target != key:
-                    return target  # type: ignore[no-any-return]
+                    return target  # type: ignore[no-any-return]  # a key of dsk, read off an untyped node
             return None
         if _hashable(value) and not callable(value) and value in self.dsk and value != key:
-            return value  # type: ignore[no-any-return]
+            return value  # type: ignore[no-any-return]  # a key of dsk (a legacy alias)
         return None
 
     def dependencies(self, key: Hashable) -> set[Hashable]:

@@ -229,7 +229,7 @@ class GraphBatch:
         self.agent.wake()
 
 
-class MapCache(dict):  # type: ignore[type-arg]
+class MapCache(dict):  # type: ignore[type-arg]  # entries are (weakref or owner, oid); get() and [] speak (owner, oid)
     """The shared-buffer cache of one ``map`` call: each source buffer is stored once.
 
     Unlike a plain cache it holds the source objects weakly: an entry (and the daemon's

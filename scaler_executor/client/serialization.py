@@ -21,7 +21,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-import cloudpickle
+import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
 import msgpack
 
 from scaler_executor.exceptions import (
@@ -43,7 +43,7 @@ def describe_callable(fn: Any) -> str:
 
 
 def dumps(obj: Any) -> bytes:
-    return cloudpickle.dumps(obj, protocol=5)
+    return cloudpickle.dumps(obj, protocol=5)  # type: ignore[no-any-return]  # untyped: it returns bytes
 
 
 def dumps_plain_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes | None:
@@ -108,7 +108,7 @@ def rebuild_exception(payload: bytes) -> BaseException:
     cause = RemoteTraceback(f'\n"""\n{tb_text}"""')
     if tb_dict is not None:
         try:
-            from tblib import Traceback
+            from tblib import Traceback  # type: ignore[import-untyped]  # no stubs or py.typed
 
             # Real frame objects for debuggers (pdb.post_mortem(exc.__cause__.__traceback__)).
             cause.__traceback__ = Traceback.from_dict(tb_dict).as_traceback()

@@ -37,7 +37,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
-import msgpack  # type: ignore[import-untyped]  # no stubs or py.typed
+import msgpack
 
 from scaler_executor._compat import DAEMON_ADDRESS_ENV, describe_wait_status, python_version
 from scaler_executor._version import __version__

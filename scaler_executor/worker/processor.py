@@ -43,7 +43,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-import cloudpickle
+import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
 import msgpack
 
 from scaler_executor import _compat
@@ -62,7 +62,7 @@ def dump_value(value: Any) -> bytes:
     try:
         return pickle.dumps(value, protocol=5)
     except Exception:  # noqa: BLE001 - pickle fails in many ways (PicklingError, TypeError, ...): cloudpickle next
-        return cloudpickle.dumps(value, protocol=5)
+        return cloudpickle.dumps(value, protocol=5)  # type: ignore[no-any-return]  # untyped: it returns bytes
 
 
 def dump_exception(exc: BaseException) -> bytes:
@@ -80,7 +80,7 @@ def dump_exception(exc: BaseException) -> bytes:
         tb_text += f"\n(the exception could not be pickled: {pickling_error!r})"
     tb_dict = None
     try:
-        from tblib import Traceback
+        from tblib import Traceback  # type: ignore[import-untyped]  # no stubs or py.typed
 
         if exc.__traceback__ is not None:
             tb_dict = Traceback(exc.__traceback__).to_dict()
