@@ -75,6 +75,7 @@ from scaler_executor.client.pickling import (
     AfterLane,
     DependencyFailed,
     GraphBatch,
+    ObjectRef,
     Packer,
     Pickled,
 )
@@ -420,7 +421,7 @@ class ClientAgent:
             options_id, _ = self.core.options_id(options)
         return options_id
 
-    def put(self, value: Any) -> Any:
+    def put(self, value: Any) -> ObjectRef:
         return self.packer.put(value)
 
     def pin_objects(self, object_ids: list[bytes]) -> None:
@@ -469,7 +470,7 @@ class ClientAgent:
             return future.cancel_now()
         with self.lock:
             verdict = self.core.cancel(record)
-            wait = record.cancel
+            wait: CancelWait | None = record.cancel
             own = threading.current_thread() in self.completer.threads
             if verdict == "ask" and wait is None and not own and self.broken is None and not self._closed:
                 wait = CancelWait(1)

@@ -405,7 +405,7 @@ class Completer:
                 self._complete(kind, data)
             finally:
                 del self.busy[me]
-                kind = data = None  # hold no result while waiting for the next item
+                kind = data = None  # type: ignore[assignment]  # hold no result while waiting for the next item (kind is rebound before use)
 
 
 def block_signals() -> None:

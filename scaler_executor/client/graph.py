@@ -210,7 +210,7 @@ def run_graph(agent: ClientAgent, dsk: Mapping[Hashable, Any], keys: Any, option
         dep_numbers = sorted({number[resolve(d)] for d in deps if resolve(d) in number} | set(pickled.deps))
         pickled = pickled._replace(deps=dep_numbers)
         if key in wanted_targets:
-            future: Future[Any] = TaskFuture()
+            future: TaskFuture[Any] = TaskFuture()
             number[key] = batch.add(future, evaluate_id, options_id, TaskFlags.CALL, pickled)
             futures[key] = future
         else:

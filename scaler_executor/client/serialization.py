@@ -162,9 +162,9 @@ def outcome(status: int, payload: bytes, task_id: int) -> tuple[bool, Any]:
         return False, TaskCancelled(f"task {task_id:#x} was cancelled by the cluster")
     if status == Status.DEP_FAILED:
         dep_id, dep_status, dep_payload = msgpack.unpackb(payload, raw=False)
-        _, exc = outcome(dep_status, dep_payload, dep_id)
-        exc.add_note(f"raised by dependency task {dep_id:#x} of task {task_id:#x}; that task did not run")
-        return False, exc
+        _, dep_exc = outcome(dep_status, dep_payload, dep_id)
+        dep_exc.add_note(f"raised by dependency task {dep_id:#x} of task {task_id:#x}; that task did not run")
+        return False, dep_exc
     if status == Status.REJECTED:
         return False, TaskError(f"the daemon rejected task {task_id:#x}: {payload.decode(errors='replace')}")
     return False, TaskError(f"task {task_id:#x} ended with unknown status {status}")
