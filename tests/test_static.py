@@ -3,8 +3,7 @@
 * ``ruff check scaler_executor`` with the rules in ``[tool.ruff.lint]``;
 * ``mypy scaler_executor`` with ``[tool.mypy]`` (strict).
 
-Both read their settings from pyproject.toml, so they run from the project root; the
-modules still excluded there (client/ and worker/, for now) are excluded here too.
+Both read their settings from pyproject.toml, so they run from the project root.
 The same two commands run as pre-commit hooks (.pre-commit-config.yaml).
 """
 

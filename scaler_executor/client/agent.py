@@ -75,6 +75,7 @@ from scaler_executor.client.pickling import (
     AfterLane,
     DependencyFailed,
     GraphBatch,
+    ObjectRef,
     Packer,
     Pickled,
 )
@@ -228,7 +229,7 @@ class ClientAgent:
         except DependencyFailed as failed:
             future.set_exception(failed.args[0])
             return future
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever pickling the call raises fails its future, with a note
             exc.add_note(note())
             future.set_exception(exc)
             return future
@@ -420,7 +421,7 @@ class ClientAgent:
             options_id, _ = self.core.options_id(options)
         return options_id
 
-    def put(self, value: Any) -> Any:
+    def put(self, value: Any) -> ObjectRef:
         return self.packer.put(value)
 
     def pin_objects(self, object_ids: list[bytes]) -> None:
@@ -469,7 +470,7 @@ class ClientAgent:
             return future.cancel_now()
         with self.lock:
             verdict = self.core.cancel(record)
-            wait = record.cancel
+            wait: CancelWait | None = record.cancel
             own = threading.current_thread() in self.completer.threads
             if verdict == "ask" and wait is None and not own and self.broken is None and not self._closed:
                 wait = CancelWait(1)
@@ -791,9 +792,9 @@ class ClientAgent:
     def _on_object_data(self, message: m.ObjectData, buffers: list[Any]) -> None:
         if self.fetch_waiters:
             data = iter(buffers)
-            got = {oid: bytes(next(data)) for oid, ok in zip(message.object_ids, message.found) if ok}
+            got = {oid: bytes(next(data)) for oid, ok in zip(message.object_ids, message.found, strict=False) if ok}
             waiter = self.fetch_waiters.popleft()
-            missing = [oid.hex() for oid, ok in zip(message.object_ids, message.found) if not ok]
+            missing = [oid.hex() for oid, ok in zip(message.object_ids, message.found, strict=False) if not ok]
             if missing:
                 waiter.set_exception(LookupError(f"objects no longer in the store: {missing}"))
             else:

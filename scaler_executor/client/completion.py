@@ -165,7 +165,7 @@ class Completion:
         if result.objects:
             try:
                 return True, self.agent.packer.load_value(result.payload, result.objects)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever reading the result raises is the future's exception
                 exc.add_note(f"while reading the result of task {result.task_id:#x} from the object store")
                 return False, exc
             finally:
@@ -377,7 +377,7 @@ class Completer:
                 self.agent.cancel_many(data, 0)
             else:
                 raise ValueError(f"unknown completion item {kind!r}")
-        except BaseException:  # noqa: BLE001 - a bug (or SystemExit) must not end a thread that completes futures
+        except BaseException:  # a bug (or SystemExit) must not end a thread that completes futures
             log.exception("client: failed to complete a future")
 
     def _loop(self) -> None:
@@ -405,7 +405,7 @@ class Completer:
                 self._complete(kind, data)
             finally:
                 del self.busy[me]
-                kind = data = None  # hold no result while waiting for the next item
+                kind = data = None  # type: ignore[assignment]  # hold no result while waiting for the next item (kind is rebound before use)
 
 
 def block_signals() -> None:

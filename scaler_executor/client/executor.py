@@ -19,16 +19,16 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
-import cloudpickle
+import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
 
 from scaler_executor import _compat
 from scaler_executor._compat import DAEMON_ADDRESS_ENV
 from scaler_executor.client import serialization as ser
 from scaler_executor.client.agent import ClientAgent
-from scaler_executor.client.completion import TaskInfo, task_info_of
-from scaler_executor.client.pickling import MapCache, ObjectRef, Pickled
 from scaler_executor.client.cluster import EmbeddedCluster
+from scaler_executor.client.completion import TaskInfo, task_info_of
 from scaler_executor.client.future import TaskFuture
+from scaler_executor.client.pickling import MapCache, ObjectRef, Pickled
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS, TaskFlags, TaskOptions
 
@@ -328,7 +328,7 @@ class _OptionsView:
         return run_graph(self._executor._agent, dsk, keys, self._id())
 
     def options(self, **changes: Any) -> _OptionsView:
-        merged = dict(zip(_OPTION_NAMES, self._options))
+        merged: dict[str, Any] = dict(zip(_OPTION_NAMES, self._options, strict=True))
         unknown = set(changes) - set(_OPTION_NAMES) - {"writable"}
         if unknown:
             raise TypeError(f"unknown option(s) {sorted(unknown)}; valid: {[*_OPTION_NAMES, 'writable']}")
@@ -417,9 +417,9 @@ def _map(
     except Exception as exc:
         exc.add_note(ser.pickling_note(fn, (), {}))
         raise
-    zipped: Iterator[tuple[Any, ...]] = zip(*iterables)
+    zipped: Iterator[Any] = zip(*iterables, strict=False)  # map stops at the shortest
     if chunksize > 1:
-        zipped = iter(lambda it=zipped: list(itertools.islice(it, chunksize)), [])  # type: ignore[misc]
+        zipped = iter(lambda it=zipped: list(itertools.islice(it, chunksize)), [])  # type: ignore[misc]  # its default binds the items
         flags = TaskFlags.CHUNK | extra_flags
     else:
         flags = TaskFlags.CALL | extra_flags

@@ -97,10 +97,10 @@ class _Graph:
                 target = getattr(value, "target", None)
                 target = getattr(target, "key", target)
                 if target is not None and target in self.dsk and target != key:
-                    return target  # type: ignore[no-any-return]
+                    return target  # type: ignore[no-any-return]  # a key of dsk, read off an untyped node
             return None
         if _hashable(value) and not callable(value) and value in self.dsk and value != key:
-            return value  # type: ignore[no-any-return]
+            return value  # type: ignore[no-any-return]  # a key of dsk (a legacy alias)
         return None
 
     def dependencies(self, key: Hashable) -> set[Hashable]:
@@ -210,7 +210,7 @@ def run_graph(agent: ClientAgent, dsk: Mapping[Hashable, Any], keys: Any, option
         dep_numbers = sorted({number[resolve(d)] for d in deps if resolve(d) in number} | set(pickled.deps))
         pickled = pickled._replace(deps=dep_numbers)
         if key in wanted_targets:
-            future: Future[Any] = TaskFuture()
+            future: TaskFuture[Any] = TaskFuture()
             number[key] = batch.add(future, evaluate_id, options_id, TaskFlags.CALL, pickled)
             futures[key] = future
         else:

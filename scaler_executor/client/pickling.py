@@ -30,6 +30,7 @@ from scaler_executor.protocol.refs import dependency, identity, stored
 if TYPE_CHECKING:
     from scaler_executor.client.agent import ClientAgent
     from scaler_executor.client.future import TaskFuture
+    from scaler_executor.client.state import TaskRecord
 
 
 class DependencyFailed(Exception):
@@ -137,9 +138,10 @@ class Packer:
     def reduce_future(self, future: Future[Any], deps: list[int]) -> tuple[Any, ...]:
         """A future as an argument: a dependency the cluster resolves while its task is
         outstanding, its value once it is done."""
-        record = getattr(future, "_record", None)
+        record: TaskRecord | None = getattr(future, "_record", None)
         ours = record is not None and record.owner is self.core
         if ours and not future.done():
+            assert record is not None  # ours says so
             if record.where in (PARKED, LANE):
                 raise AfterLane(future)  # the daemon never held it: the task waits here
             deps.append(record.n)  # outstanding (or just finishing): the cluster resolves it
@@ -229,7 +231,7 @@ class GraphBatch:
         self.agent.wake()
 
 
-class MapCache(dict):  # type: ignore[type-arg]
+class MapCache(dict):  # type: ignore[type-arg]  # entries are (weakref or owner, oid); get() and [] speak (owner, oid)
     """The shared-buffer cache of one ``map`` call: each source buffer is stored once.
 
     Unlike a plain cache it holds the source objects weakly: an entry (and the daemon's
@@ -254,7 +256,7 @@ class MapCache(dict):  # type: ignore[type-arg]
     def __setitem__(self, key: Any, value: Any) -> None:
         owner, oid = value
         try:
-            ref: Any = weakref.ref(owner, lambda _r, key=key, oid=oid: self._gone(key, oid))
+            ref: Any = weakref.ref(owner, lambda _r, key=key, oid=oid: self._gone(key, oid))  # type: ignore[misc]  # defaults bind this entry's key and oid
         except TypeError:
             ref = owner  # no weak references (bytes-like): kept until the map ends
         super().__setitem__(key, (ref, oid))

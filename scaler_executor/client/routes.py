@@ -24,7 +24,6 @@ import math
 import os
 import select
 import socket
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -262,7 +261,7 @@ class ReplyInbox:
             if lane:
                 try:
                     self.on_lane(lane)
-                except Exception:  # noqa: BLE001 - the results read so far must still be completed
+                except Exception:  # the results read so far must still be completed
                     log.exception("client: could not connect to the lane %s", lane)
             if wanted is not None and result.task_id & TASK_MASK == wanted:
                 break

@@ -18,12 +18,20 @@ import pickle
 import pickletools
 import re
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-import cloudpickle
+import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
 import msgpack
 
-from scaler_executor.exceptions import RemoteError, RemoteTraceback, TaskCancelled, TaskError, TaskTimeout, WorkerLost
+from scaler_executor.exceptions import (
+    RemoteError,
+    RemoteTraceback,
+    TaskCancelled,
+    TaskError,
+    TaskTimeout,
+    WorkerLost,
+)
 from scaler_executor.protocol.messages import Status
 
 _PLAIN = frozenset({int, float, str, bytes, bool, type(None), complex})
@@ -35,7 +43,7 @@ def describe_callable(fn: Any) -> str:
 
 
 def dumps(obj: Any) -> bytes:
-    return cloudpickle.dumps(obj, protocol=5)
+    return cloudpickle.dumps(obj, protocol=5)  # type: ignore[no-any-return]  # untyped: it returns bytes
 
 
 def dumps_plain_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes | None:
@@ -60,17 +68,17 @@ def pickling_note(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str
     target = describe_callable(fn)
     try:
         cloudpickle.dumps(fn, protocol=5)
-    except Exception:
+    except Exception:  # noqa: BLE001 - error path: whatever pickling raises points at the culprit
         return f"while pickling the function {target} ({type(fn).__module__}.{type(fn).__qualname__})"
     for i, a in enumerate(args):
         try:
             cloudpickle.dumps(a, protocol=5)
-        except Exception:
+        except Exception:  # noqa: BLE001 - error path: whatever pickling raises points at the culprit
             return f"while pickling args[{i}] ({type(a).__module__}.{type(a).__qualname__}) for {target}"
     for k, v in kwargs.items():
         try:
             cloudpickle.dumps(v, protocol=5)
-        except Exception:
+        except Exception:  # noqa: BLE001 - error path: whatever pickling raises points at the culprit
             return f"while pickling kwargs[{k!r}] ({type(v).__module__}.{type(v).__qualname__}) for {target}"
     return f"while pickling the call to {target}"
 
@@ -92,7 +100,7 @@ def rebuild_exception(payload: bytes) -> BaseException:
             exc = pickle.loads(pickled)
             if not isinstance(exc, BaseException):
                 raise TypeError(f"unpickled a {type(exc).__name__}, not an exception")
-        except Exception as unpickling_error:
+        except Exception as unpickling_error:  # noqa: BLE001 - whatever unpickling raises, the caller gets a RemoteError
             exc = RemoteError(type_name, message, tb_text)
             exc.add_note(f"the exception could not be unpickled here: {unpickling_error!r}")
     else:
@@ -100,11 +108,11 @@ def rebuild_exception(payload: bytes) -> BaseException:
     cause = RemoteTraceback(f'\n"""\n{tb_text}"""')
     if tb_dict is not None:
         try:
-            from tblib import Traceback
+            from tblib import Traceback  # type: ignore[import-untyped]  # no stubs or py.typed
 
             # Real frame objects for debuggers (pdb.post_mortem(exc.__cause__.__traceback__)).
             cause.__traceback__ = Traceback.from_dict(tb_dict).as_traceback()
-        except Exception:
+        except Exception:  # noqa: BLE001 - real frames are a debugging extra: the text traceback stays
             pass
     exc.__cause__ = cause
     return exc
@@ -128,7 +136,7 @@ def looks_up_globals(payload: bytes) -> bool:
         return True
     try:
         return any(op.name in _GLOBAL_OPS for op, _arg, _pos in pickletools.genops(payload))
-    except Exception:  # not a pickle we can read: let the usual path find out
+    except Exception:  # noqa: BLE001 - not a pickle we can read: let the usual path find out
         return True
 
 
@@ -137,7 +145,7 @@ def outcome(status: int, payload: bytes, task_id: int) -> tuple[bool, Any]:
     if status == Status.OK:
         try:
             return True, pickle.loads(payload)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever unpickling raises is the future's exception
             exc.add_note(f"while unpickling the result of task {task_id:#x} in the client")
             return False, exc
     if status == Status.ERROR:
@@ -154,9 +162,9 @@ def outcome(status: int, payload: bytes, task_id: int) -> tuple[bool, Any]:
         return False, TaskCancelled(f"task {task_id:#x} was cancelled by the cluster")
     if status == Status.DEP_FAILED:
         dep_id, dep_status, dep_payload = msgpack.unpackb(payload, raw=False)
-        _, exc = outcome(dep_status, dep_payload, dep_id)
-        exc.add_note(f"raised by dependency task {dep_id:#x} of task {task_id:#x}; that task did not run")
-        return False, exc
+        _, dep_exc = outcome(dep_status, dep_payload, dep_id)
+        dep_exc.add_note(f"raised by dependency task {dep_id:#x} of task {task_id:#x}; that task did not run")
+        return False, dep_exc
     if status == Status.REJECTED:
         return False, TaskError(f"the daemon rejected task {task_id:#x}: {payload.decode(errors='replace')}")
     return False, TaskError(f"task {task_id:#x} ended with unknown status {status}")

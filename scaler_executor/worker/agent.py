@@ -37,7 +37,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
-import msgpack  # type: ignore[import-untyped]  # no stubs or py.typed
+import msgpack
 
 from scaler_executor._compat import DAEMON_ADDRESS_ENV, describe_wait_status, python_version
 from scaler_executor._version import __version__
@@ -478,7 +478,7 @@ class WorkerAgent:
 
     def _on_object_data(self, message: m.ObjectData) -> None:
         buffers = iter(self._frames_of_last_message)
-        for object_id, found in zip(message.object_ids, message.found):
+        for object_id, found in zip(message.object_ids, message.found, strict=False):
             waiting = self.fetching.pop(object_id, [])
             if found:
                 self.blobs[object_id] = bytes(next(buffers))

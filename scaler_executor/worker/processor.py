@@ -35,19 +35,20 @@ import pickle
 import select
 import socket
 import sys
+import tempfile
 import threading
 import time
-import tempfile
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
-import cloudpickle
+import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
 import msgpack
 
 from scaler_executor import _compat
 from scaler_executor.protocol import reply as direct
-from scaler_executor.protocol.messages import TaskFacts, TaskResult, Status, TaskFlags
+from scaler_executor.protocol.messages import Status, TaskFacts, TaskFlags, TaskResult
 from scaler_executor.protocol.refs import install as install_deps
 from scaler_executor.worker.framing import FrameReader
 from scaler_executor.worker.memory import private_memory
@@ -60,8 +61,8 @@ def dump_value(value: Any) -> bytes:
     """Pickle a value for the wire: plain pickle when it can, cloudpickle otherwise."""
     try:
         return pickle.dumps(value, protocol=5)
-    except Exception:
-        return cloudpickle.dumps(value, protocol=5)
+    except Exception:  # noqa: BLE001 - pickle fails in many ways (PicklingError, TypeError, ...): cloudpickle next
+        return cloudpickle.dumps(value, protocol=5)  # type: ignore[no-any-return]  # untyped: it returns bytes
 
 
 def dump_exception(exc: BaseException) -> bytes:
@@ -70,24 +71,24 @@ def dump_exception(exc: BaseException) -> bytes:
     type_name = f"{type(exc).__module__}.{type(exc).__qualname__}"
     try:
         message = str(exc)
-    except Exception:  # a broken __str__ must not lose the error
+    except Exception:  # noqa: BLE001 - a broken __str__ must not lose the error
         message = f"<unprintable {type_name}>"
     try:
         pickled = dump_value(exc)
-    except Exception as pickling_error:
+    except Exception as pickling_error:  # noqa: BLE001 - whatever pickling raises, the error still travels as text
         pickled = b""
         tb_text += f"\n(the exception could not be pickled: {pickling_error!r})"
     tb_dict = None
     try:
-        from tblib import Traceback
+        from tblib import Traceback  # type: ignore[import-untyped]  # no stubs or py.typed
 
         if exc.__traceback__ is not None:
             tb_dict = Traceback(exc.__traceback__).to_dict()
-    except Exception:
+    except Exception:  # noqa: BLE001 - the tb dict is a debugging extra: the text traceback travels anyway
         tb_dict = None
     try:
         return msgpack.packb([pickled, type_name, message, tb_text, tb_dict], use_bin_type=True)
-    except Exception:  # tb dict with odd values
+    except Exception:  # noqa: BLE001 - tb dict with odd values
         return msgpack.packb([pickled, type_name, message, tb_text, None], use_bin_type=True)
 
 
@@ -110,7 +111,7 @@ def _run(
         else:
             args, kwargs = call
         del call
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - whatever unpickling the arguments raises is the task's error
         exc.add_note("while unpickling the task's arguments in the worker")
         return Status.ERROR, dump_exception(exc), NO_OBJECTS
     try:
@@ -122,13 +123,13 @@ def _run(
             for item in chunk:
                 try:
                     values.append(fn(*item))
-                except BaseException as exc:
+                except BaseException as exc:  # noqa: BLE001 - the failing item's error, whatever it is, ends the chunk
                     failure = dump_exception(exc)
                     break
             value: Any = (values, failure)
         else:
             value = fn(*args, **kwargs)
-    except BaseException as exc:  # the task's own error, whatever it is, goes back to the caller
+    except BaseException as exc:  # noqa: BLE001 - the task's own error, whatever it is, goes back to the caller
         if isinstance(exc, ValueError) and "read-only" in str(exc):
             exc.add_note(
                 "arguments from the object store are read-only views of shared memory: take a "
@@ -138,7 +139,7 @@ def _run(
     try:
         payload, result_objects = state.dump_result(value)
         return Status.OK, payload, result_objects
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - whatever pickling the value raises is the task's error
         exc.add_note(
             f"while pickling the return value ({type(value).__module__}.{type(value).__qualname__}) "
             f"of {_describe(fn)}: return something picklable"
@@ -166,7 +167,7 @@ def _watch_agent(fd: int, recall_fd: int) -> None:
             elif _compat.PROCESSOR is not None:
                 try:
                     _compat.PROCESSOR.recall()
-                except Exception:  # (the agent went away meanwhile) this thread must keep watching
+                except Exception:  # noqa: BLE001 - (the agent went away meanwhile) this thread must keep watching
                     pass
 
 
@@ -174,7 +175,7 @@ def _flush_streams() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except Exception:
+        except Exception:  # noqa: BLE001 - a closed or broken stream must not stop the processor
             pass
 
 
@@ -218,7 +219,7 @@ class _ProcessorState:
 
         try:
             self.arrays = numpy_alloc.install(self.store, self.arrays_in_store)
-        except Exception as exc:  # e.g. a NumPy whose C API moved: arrays stay private
+        except Exception as exc:  # noqa: BLE001 - e.g. a NumPy whose C API moved: arrays stay private
             print(f"scaler-executor: NumPy arrays stay in private memory ({exc!r})", file=sys.stderr)
 
     def load(self, header: bytes, objects: list[bytes], writable: bool = False) -> Any:
@@ -339,7 +340,7 @@ def processor_main(
         try:
             init, initargs = pickle.loads(initializer)
             init(*initargs)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - the initializer's error, whatever it is, goes to the agent
             exc.add_note("while running the executor's initializer in a worker process")
             with state.lock:  # the watchdog may be answering a recall on this socket
                 conn.send_bytes(msgpack.packb([INIT_FAILED, dump_exception(exc)], use_bin_type=True))
@@ -364,7 +365,7 @@ def processor_main(
         if fn_id:
             try:
                 fn = state.function(fn_id)
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - whatever unpickling the function raises is the task's error
                 exc.add_note("while unpickling the task's function in the worker")
                 started = time.time()
                 with state.lock:  # the watchdog may be answering a recall on this socket
@@ -374,7 +375,7 @@ def processor_main(
         started = time.time()
         try:
             state.use_store(store_name, threshold)
-        except Exception as exc:  # the agent saw it attach; this should not happen
+        except Exception as exc:  # noqa: BLE001 - the agent saw it attach; this should not happen
             exc.add_note("while attaching the object store in the worker")
             with state.lock:
                 state.task_id = 0

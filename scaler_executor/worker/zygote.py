@@ -128,7 +128,7 @@ def _zygote_main(
                     for module in WARM_MODULES:
                         try:
                             importlib.import_module(module)
-                        except Exception:
+                        except Exception:  # noqa: BLE001 - warming is an optimisation: a module that fails is the task's to report
                             pass
 
 
@@ -179,7 +179,7 @@ def _spawn(
             from scaler_executor.worker.processor import processor_main
 
             processor_main(processor_end.detach(), initializer, max_tasks, arrays_in_store, recall_r)
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - the forked child must reach os._exit, whatever happened
             import traceback
 
             traceback.print_exc()
