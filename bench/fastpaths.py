@@ -1,7 +1,8 @@
 """Each client fast path, A/B with all the others on: what it gains, with a 95 % interval.
 
-The fast paths (``PATHS`` below; issue 20): lanes, reply datagrams, direct send,
-pick-up, pick-up spin, quiet completion, hand-off.  For each one, ``--reps`` times,
+The fast paths (``PATHS`` below; issue 20): lanes, reply datagrams, pick-up,
+pick-up spin, quiet completion, hand-off.  (Direct send, the submitting thread writing
+a lone task itself, was measured here too and removed: its interval included zero.)  For each one, ``--reps`` times,
 a cell with every path on and a cell with that one turned off run one after the
 other (the order swaps every repetition: on/off, off/on, ... so that a drift of the
 machine cancels), each in a fresh interpreter::
@@ -15,7 +16,7 @@ next starts, then reports per path and metric the mean of the paired differences
 (positive: the path gains) with a 95 % confidence interval from the t distribution::
 
     PYTHONPATH=. python bench/fastpaths.py                          # every path, 10 reps
-    PYTHONPATH=. python bench/fastpaths.py --reps 2 --paths direct_send,hand_off
+    PYTHONPATH=. python bench/fastpaths.py --reps 2 --paths pick_up,hand_off
     PYTHONPATH=. python bench/fastpaths.py --output docs/fastpaths.rst
     PYTHONPATH=. python bench/fastpaths.py --probe-only             # which path each switch changes
 
@@ -108,13 +109,6 @@ PATHS: dict[str, Path] = {
             "client.agent.REPLY_INBOX=False (no reply socket: lanes and pick-up go too)",
             "at executor start",
             _set("scaler_executor.client.agent", "REPLY_INBOX", False),
-        ),
-        Path(
-            "direct_send",
-            "the submitting thread writes a lone task to the socket itself",
-            "client.agent.DIRECT_SEND=False",
-            "per submit",
-            _set("scaler_executor.client.agent", "DIRECT_SEND", False),
         ),
         Path(
             "pick_up",
@@ -218,11 +212,6 @@ class Probes:
             lambda s, a, ok: probes.add("lane submit" if ok else "lane submit refused"),
         )
         wrap(
-            agent.ClientAgent,
-            "_send_directly",
-            lambda s, a, ok: probes.add("direct send" if ok else "direct send declined"),
-        )
-        wrap(
             routes.ReplyInbox,
             "read",
             lambda s, a, res: probes.add(f"results read: inbox by {where()}", len(res)),
@@ -306,7 +295,6 @@ def run_cell(
             "reply inbox bound": agent.inbox is not None,
             "lane open": agent.lane.open,
             "worker_lanes": agent.config.worker_lanes,
-            "DIRECT_SEND": client_agent.DIRECT_SEND,
             "PICK_UP": client_agent.PICK_UP,
             "PICKUP_SPIN_SECONDS": routes.PICKUP_SPIN_SECONDS,
             "spin worthwhile (more than one CPU)": routes.SPIN_WORTHWHILE,
@@ -754,8 +742,6 @@ def render_rst(header: list[str], rows: list[list[str]]) -> str:
 PROBE_KEYS = [
     "lane submit",
     "lane submit refused",
-    "direct send",
-    "direct send declined",
     "results read: lane socket",
     "results read: inbox by caller",
     "results read: inbox by pool",
@@ -804,7 +790,6 @@ def probe_lines(probes: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
 EVIDENCE: dict[str, tuple[str, ...]] = {
     "lanes": ("lane submit",),
     "reply_inbox": ("results read: inbox by caller", "results read: inbox by pool"),
-    "direct_send": ("direct send",),
     "pick_up": ("pick-up got its result", "pick-up came back empty"),
     "pickup_spin": ("pick-up spin turns",),
     "quiet_results": ("completed quietly by pool",),

@@ -7,21 +7,22 @@
     submit(): pickle (pickling.py),     drain core.outbox ─► SubmitTasks  Completer: results
       core.new_task + outbox item  ──►   (batched, submit window)         settled, callbacks
       (wakes the agent: eventfd)        recv: a handler per message  ───► run (completion.py)
-    Future.cancel() ─ hook ─ core ──►    TaskResults, TasksRunning,
+    Future.cancel() ─ hook ─ cancel.py ►  TaskResults, TasksRunning,
       (asks the daemon, waits             TasksCancelled, ...
        ≤ cancel_wait: TasksCancelled)   heartbeats, daemon-loss timer
-    result() on a lone task: reads the  routes.py: a worker's lane, the reply inbox
-      reply inbox itself (pick-up)
+    result() on a lone task: reads the  routes.py: the daemon's connection, a
+      reply inbox itself (pick-up)        worker's lane, the reply inbox
 
 * What the client knows of its tasks is the pure core (``state.py``: one record per
   task, the outbox, the window, the registries); futures are settled only through
-  ``completion.py``; the lane and the reply inbox are route objects (``routes.py``).
-  This module keeps the connection: polling, decoding, handlers, sending.
+  ``completion.py``; the cancel contract is ``cancel.py``; the daemon's connection, the
+  lane and the reply inbox are route objects (``routes.py``).  This module keeps the
+  loop: polling, a handler per daemon message, draining the outbox, the lock order.
 * Only the thread holding the agent role touches the socket, and it runs no user
   code while it holds it, so a slow done-callback delays no result and no heartbeat.
-  One exception: a user thread submitting a task while no other is outstanding writes
-  it itself when the agent waits in poll and the channel allows a send beside a poll
-  (``_send_directly``), so a sequential caller's round trip has no wake-up on the way out.
+  (A user thread used to write a lone submit itself, beside the agent's poll; with the
+  lanes on it was never taken, and measured with all other paths on its gain's interval
+  included zero: removed, see docs/performance.rst.)
 * The role moves to an idle pool thread when results arrive (``Completer.hand_over``):
   the thread that read them completes them, with no wake-up of another thread between a
   result and the user waiting for it.  A few quiet results (``completion.settles_here``)
@@ -29,12 +30,13 @@
 * The agent holds no reference to the executor; the executor's finalizer and the
   module's ``atexit`` hook are what shut it down.
 
-Locks, outermost first: ``_io`` (the connection: held by the agent role's thread for its
-whole turn, not while it waits in poll; taken without blocking by a user thread sending
-its own submit) → ``lock`` (the core: records, outbox, registries, the shutdown and
-broken flags; never held across I/O or user code) → ``LaneRoute.lock``; the reply
-inbox's locks are taken only by a caller picking up (routes.py); ``_wake_lock`` (the
-wake-up descriptor, reentrant) is innermost and is the only one a finalizer takes.
+Locks, outermost first: ``_io`` (the connection: held by the thread that has the agent
+role while it has it; handing the role on releases it, and its release and acquire are
+the memory barrier ZeroMQ asks for when a socket moves between threads) → ``lock`` (the core: records, outbox, registries, the shutdown and
+broken flags; never held across I/O or user code) → ``ReplyInbox.pickup_lock`` →
+``LaneRoute.lock`` → ``ReplyInbox.fd_lock`` (routes.py) → ``_wake_lock`` (the wake-up
+descriptor, reentrant: the only one a finalizer takes).  Each is made with its rank
+(``LOCK_RANK_*``, ``scaler_executor/_locks.py``), and the tests check the order.
 """
 
 from __future__ import annotations
@@ -58,13 +60,11 @@ from scaler_executor._compat import python_version
 from scaler_executor._locks import ranked_lock
 from scaler_executor._version import __version__
 from scaler_executor.client import serialization as ser
+from scaler_executor.client.cancel import Cancels
 from scaler_executor.client.cluster import EmbeddedCluster
 from scaler_executor.client.completion import (
-    CANCEL_MANY,
-    CANCELLED,
     FAIL_ALL,
     RUNNING,
-    CancelWait,
     Completer,
     Completion,
     settle,
@@ -79,11 +79,10 @@ from scaler_executor.client.pickling import (
     Packer,
     Pickled,
 )
-from scaler_executor.client.routes import LaneRoute, ReplyInbox
+from scaler_executor.client.routes import DaemonRoute, LaneRoute, ReplyInbox
 from scaler_executor.client.state import (
     FETCH_OBJECTS,
     FLUSHED,
-    FORCE_CANCEL,
     LANE,
     PARKED,
     PIN_OBJECTS,
@@ -99,7 +98,7 @@ from scaler_executor.client.state import (
 )
 from scaler_executor.config import ClusterConfig
 from scaler_executor.exceptions import BrokenScalerExecutor, DaemonLost, InitializerFailed
-from scaler_executor.protocol import channel, codec
+from scaler_executor.protocol import channel
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import TaskFlags, TaskOptions
 
@@ -118,7 +117,6 @@ RUNNING_INLINE = 64
 LOCK_RANK_IO, LOCK_RANK_CORE, LOCK_RANK_WAKE = 10, 20, 90
 # Fast paths, each on by default; bench/fastpaths.py turns one off at a time to measure
 # what it gains with all the others on (docs/performance.rst has the figures).
-DIRECT_SEND = True  # a lone submit is written by its own thread (_send_directly)
 REPLY_INBOX = True  # the embedded client binds a reply socket (routes.ReplyInbox)
 PICK_UP = True  # a caller waiting on a lone task reads the reply inbox itself
 
@@ -155,19 +153,19 @@ class ClientAgent:
         # which a garbage collection may run on a thread that is inside wake() already.
         self._wake_lock = ranked_lock("ClientAgent._wake_lock", LOCK_RANK_WAKE, reentrant=True)
         self._io = ranked_lock("ClientAgent._io", LOCK_RANK_IO)  # the connection (see the module doc)
-        self._direct = False  # the channel takes a send while another thread polls it (ipc)
         self.lane = LaneRoute(self, config.worker_lanes, config.send_hwm)
         self.inbox: ReplyInbox | None = None  # processors' results of sequential tasks
         self._closed = False
         self.finished = threading.Event()  # set once the agent role has torn the connection down
         self._handoff: list[m.TaskResult] | None = None  # results this turn completes itself
-        self.cancel_hook = self._on_cancel_requested  # bound once, shared by every future
+        self.cancels = Cancels(self)
+        self.cancel_hook = self.cancels.request  # bound once, shared by every future
         self._pickup_hook = self._pick_up  # bound once, set on each sequential caller's future
         self._handlers: dict[type, Callable[[Any, list[Any]], None]] = {
             m.TaskResults: self._on_results,
             m.TasksRunning: self._on_running,
             m.SubmitAck: self._on_ack,
-            m.TasksCancelled: self._on_cancel_answer,
+            m.TasksCancelled: self.cancels.answered,
             m.Welcome: self._on_welcome,
             m.ObjectData: self._on_object_data,
             m.Stats: self._on_stats,
@@ -262,8 +260,6 @@ class ClientAgent:
                     future.mark_running()  # (unless its result was read, and completed it, already)
                     return
             core.queue(record, item)
-        if alone and self._direct and DIRECT_SEND and self._send_directly():
-            return
         self.wake()
 
     def _park(self, future: TaskFuture[Any], pack: Pack, options_id: int, note: Callable[[], str], lane_future: Future[Any]) -> None:
@@ -307,28 +303,6 @@ class ClientAgent:
             core.move(record, "unpark")
             core.outbox.append(TaskItem(record.n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects))
         self.wake()
-
-    def _send_directly(self) -> bool:
-        """Send the outbox from this (user) thread while the agent waits; False: wake it.
-
-        Only for a task submitted when no other is outstanding (a sequential caller): the
-        agent thread's wake-up is then a step of the round trip (~50-90 us on a 2-core VM).
-        With tasks outstanding, the agent's batches are what keeps throughput up.
-        """
-        if not self._io.acquire(blocking=False):
-            return False  # the agent is in its turn: it drains the outbox once woken
-        try:
-            if not self._welcomed or self._pending_frames is not None or self.broken is not None or self._closed:
-                return False
-            try:
-                self._drain_outbox()
-            except Exception as exc:  # as in the agent's turn: what it took must fail, not vanish
-                log.exception("client agent failed (sending from a user thread)")
-                self.break_with(BrokenScalerExecutor(f"the client agent failed: {exc!r}"))
-                return False  # the woken agent sees it broken and tears down
-            return not self.core.outbox and self._pending_frames is None
-        finally:
-            self._io.release()
 
     def graph_batch(self) -> GraphBatch:
         """Collects a graph's tasks, to send them in one transmission (see GraphBatch)."""
@@ -453,89 +427,7 @@ class ClientAgent:
         self.wake()
         return future
 
-    # ------------------------------------------------------------------ cancel
-
-    def _on_cancel_requested(self, future: TaskFuture[Any]) -> bool:
-        """``cancel()`` of a PENDING future of ours (the hook every future shares: one
-        bound method, where a ``partial`` per future cost ~200 bytes of each pending task).
-
-        True only if the task will never run.  A task the client still holds (in the
-        outbox, or parked) is taken back on the spot.  One the daemon may hold is asked
-        of the daemon (``CancelTasks``, answered by ``TasksCancelled``), and a user thread
-        waits up to ``cancel_wait`` for the answer; on a thread of the client's own (a
-        done-callback, a ``map`` iterator closed there) it never waits and answers False.
-        """
-        record: TaskRecord | None = getattr(future, "_record", None)
-        if record is None or record.owner is not self.core:
-            return future.cancel_now()
-        with self.lock:
-            verdict = self.core.cancel(record)
-            wait: CancelWait | None = record.cancel
-            own = threading.current_thread() in self.completer.threads
-            if verdict == "ask" and wait is None and not own and self.broken is None and not self._closed:
-                wait = CancelWait(1)
-                self.core.ask_cancel(record, wait)
-                asked = True
-            else:
-                asked = False
-        if verdict == "taken":
-            return future.cancel_now()
-        if verdict == "no" or wait is None or own:
-            return False
-        if asked:
-            self.wake()
-        return wait.result(self.config.cancel_wait, record)
-
-    def cancel_many(self, futures: list[Future[Any]], wait: float | None) -> None:
-        """Cancel futures in one go (``shutdown(cancel_futures=True)``, a closed ``map``):
-        every cancel to ask of the daemon travels in one message; waits up to ``wait``
-        seconds (None: ``cancel_wait``) for the answer, on a user thread only."""
-        taken: list[TaskFuture[Any]] = []
-        asked: list[TaskRecord] = []
-        group = CancelWait(0)
-        core = self.core
-        with self.lock:
-            for future in futures:
-                record = getattr(future, "_record", None)
-                if record is None or record.owner is not core or future.running() or future.done():
-                    continue
-                verdict = core.cancel(record)
-                if verdict == "taken":
-                    taken.append(record.future)
-                elif verdict == "ask" and record.cancel is None and self.broken is None:
-                    group.expected += 1
-                    core.ask_cancel(record, group)
-                    asked.append(record)
-        if asked:
-            self.wake()
-        for future in taken:
-            future.cancel_now()
-        if asked:
-            own = threading.current_thread() in self.completer.threads
-            group.results(0 if own else self.config.cancel_wait if wait is None else wait, asked)
-
-    def cancel(self, future: Future[Any], force: bool) -> bool:
-        """``Future.cancel()``, plus killing the process running it when ``force``."""
-        if future.cancel():
-            return True
-        if not force or future.done():
-            return False
-        record = getattr(future, "_record", None)
-        if record is None or record.owner is not self.core or self.core.records.get(record.n) is not record:
-            return False  # not one of ours, or it finished meanwhile
-        if self.lane.holds(record.n) and self.lane.kill(record.n):
-            return True
-        self.core.outbox.append((FORCE_CANCEL, record.n))
-        self.wake()
-        return True
-
     # ------------------------------------------------------------------ shutdown
-
-    def cancel_later(self, futures: list[Future[Any]]) -> None:
-        """``cancel_many`` on a pool thread: for code a finalizer may run (a ``map``
-        iterator closed by the garbage collector), which must take no lock: the thread it
-        runs on may hold the agent's lock already."""
-        self.completer.put(CANCEL_MANY, futures)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         # No lock: the executor's finalizer calls this, maybe on a thread inside the lock.
@@ -547,11 +439,12 @@ class ClientAgent:
             # All pending tasks asked of the daemon in one message; returns once it
             # answered, so a task cancelled here is never dispatched because a result
             # freed a processor first, and every cancelled future is notified.
-            self.cancel_many([r.future for r in list(self.core.records.values())], FLUSH_WAIT)
+            self.cancels.many([r.future for r in list(self.core.records.values())], FLUSH_WAIT)
             flushed = threading.Event()
             self.core.outbox.append((FLUSHED, flushed))
             self.wake()
-            if getattr(self, "_welcomed", False) and not own:
+            daemon = getattr(self, "daemon", None)
+            if daemon is not None and daemon.welcomed and not own:
                 deadline = time.monotonic() + FLUSH_WAIT
                 while not flushed.wait(0.02) and not self.finished.is_set() and time.monotonic() < deadline:
                     pass
@@ -568,20 +461,14 @@ class ClientAgent:
 
     def start(self) -> None:
         """Connect and say Hello (on the pool thread that first takes the agent role)."""
-        # The embedded daemon binds moments after we connect: the channel retries.
-        sock = channel.connect(self.address, hwm=self.config.send_hwm, linger=0.1)
+        daemon = DaemonRoute(self.address, self.config.send_hwm, self.config.heartbeat_interval)
         self._poller = poller = channel.Poller()
-        poller.register(sock.pollable)
+        poller.register(daemon.pollable)
         poller.register(self._wake_fd)
         if self.cluster is not None and REPLY_INBOX:
             self.inbox = ReplyInbox.bind(self.cluster.directory, poller, self._open_lane)
-        self._sock = sock
-        self._welcomed = False
-        self._pending_frames: list[Any] | None = None
-        self._heartbeat_interval = self.config.heartbeat_interval
-        self._started = self._last_recv = self._last_send = time.monotonic()
-        self._send([self._hello()])
-        self._direct = sock.send_beside_poll  # last: _send_directly reads what is set above
+        self.daemon = daemon
+        daemon.send([self._hello()])
 
     def _open_lane(self, path: str) -> None:
         if not self.lane.open and self.inbox is not None:
@@ -604,37 +491,33 @@ class ClientAgent:
             if self._handoff is not None:
                 self.completer.put_results(self._handoff)
                 self._handoff = None
-            self._teardown(self._sock)
+            self._teardown()
             return None
 
     def _turns(self) -> list[m.TaskResult] | None:
-        """Turns, holding ``_io`` except while waiting; the results handed over, or None to stop."""
-        sock, poller, completer, io = self._sock, self._poller, self.completer, self._io
+        """Turns, holding ``_io``; the results handed over, or None to stop."""
+        daemon, poller, completer = self.daemon, self._poller, self.completer
         tick = min(self.config.heartbeat_interval / 4, 0.05)
         while True:
-            timeout = tick * 1000 if self._pending_frames is None else 5
+            timeout = tick * 1000 if daemon.pending is None else 5
             if completer.unkicked:
                 completer.kick()
-            timeout = sock.poll_timeout(timeout)
-            io.release()  # a user thread may send meanwhile (_send_directly)
-            try:
-                ready = poller.poll(timeout)
-            finally:
-                io.acquire()
+            timeout = daemon.poll_timeout(timeout)
+            ready = poller.poll(timeout)
             self._serve(ready)
             now = time.monotonic()
             completer.check(now)
             if self.broken is None:
-                self._check_daemon(now, self._started)
+                self._check_daemon(now)
             if self.broken is not None:
                 return None
-            if self._welcomed:
+            if daemon.welcomed:
                 self._drain_outbox()
-            if self._pending_frames is not None:
-                self._retry_pending()
-            elif now - self._last_send >= self._heartbeat_interval:
-                self._send([m.Heartbeat(0, 0)])
-            if self.shutdown_requested and self._pending_frames is None:
+            if daemon.pending is not None:
+                daemon.retry()
+            elif daemon.heartbeat_due(now):
+                daemon.send([m.Heartbeat(0, 0)])
+            if self.shutdown_requested and daemon.pending is None:
                 with self.lock:
                     if not self.core.records and not self.core.has_tasks_to_send():
                         return None
@@ -651,13 +534,13 @@ class ClientAgent:
 
     def _serve(self, ready: list[Any]) -> None:
         """Read whatever the poll found ready (and what was read earlier, still buffered)."""
-        sock, lane, inbox = self._sock, self.lane.dealer, self.inbox
-        if sock.buffered and sock.pollable not in ready:
+        daemon, lane, inbox = self.daemon, self.lane.dealer, self.inbox
+        if daemon.buffered and daemon.pollable not in ready:
             self._receive()  # transmissions read earlier and not yet handled
         if lane is not None and lane.buffered and lane.pollable not in ready:
             self._receive_lane()
         for target in ready:
-            if target == sock.pollable:
+            if target == daemon.pollable:
                 self._receive()
             elif inbox is not None and target == inbox.fd:
                 results = inbox.read()
@@ -703,25 +586,8 @@ class ClientAgent:
             self.inbox.path if self.inbox is not None else "",
         )
 
-    def _send(self, batch: list[Any]) -> None:
-        frames = codec.encode(batch)
-        try:
-            self._sock.send(frames)
-            self._last_send = time.monotonic()
-        except channel.Again:
-            self._pending_frames = frames  # the daemon's queue is full: hold it, keep order
-
-    def _retry_pending(self) -> None:
-        assert self._pending_frames is not None
-        try:
-            self._sock.send(self._pending_frames)
-        except channel.Again:
-            return
-        self._pending_frames = None
-        self._last_send = time.monotonic()
-
     def _drain_outbox(self) -> None:
-        if self._pending_frames is not None or not self.core.outbox:
+        if self.daemon.pending is not None or not self.core.outbox:
             return
         with self.lock:
             batch, flushed = self.core.drain()
@@ -729,28 +595,13 @@ class ClientAgent:
             if type(message) is m.ReleaseFunctions:
                 self.lane.release(message.fn_ids[0] & TASK_MASK)
         if batch:
-            self._send(batch)
+            self.daemon.send(batch)
         for event in flushed:
-            event.set()  # written, or held in order behind a full queue (_pending_frames)
+            event.set()  # written, or held in order behind a full queue (DaemonRoute.pending)
 
     def _receive(self) -> None:
-        sock, handlers = self._sock, self._handlers
-        deadline = time.monotonic() + TURN_SECONDS
-        for _ in range(RECV_BURST):
-            if time.monotonic() > deadline:
-                return  # the rest waits for the next turn
-            if not sock.readable():
-                return
-            try:
-                frames = sock.recv()
-            except channel.Again:
-                return
-            self._last_recv = time.monotonic()
-            try:
-                messages, buffers = codec.decode(frames)
-            except codec.DecodeError as exc:
-                log.warning("client: dropped a bad transmission from the daemon: %s", exc)
-                continue
+        handlers = self._handlers
+        for messages, buffers in self.daemon.receive(TURN_SECONDS):
             for message in messages:
                 handler = handlers.get(type(message))
                 if handler is None:
@@ -772,21 +623,11 @@ class ClientAgent:
     def _on_ack(self, message: m.SubmitAck, _buffers: list[Any]) -> None:
         self.core.acknowledged(message.count)
 
-    def _on_cancel_answer(self, message: m.TasksCancelled, _buffers: list[Any]) -> None:
-        """The futures of dropped tasks are cancelled by the threads that wait for the
-        answer, or on a pool thread if none waits any more."""
-        with self.lock:
-            answers = self.core.cancel_answered(message)
-        for record, verdict in answers:
-            wait, record.cancel = record.cancel, None
-            if wait.answer(record, verdict) and verdict:
-                self.completer.put(CANCELLED, record.future)
-
     def _on_welcome(self, message: m.Welcome, _buffers: list[Any]) -> None:
-        self._welcomed = True
+        self.daemon.welcomed = True
         self.core.base = message.peer_id << m.TASK_ID_BITS
         # The daemon judges our liveness by its settings, not ours.
-        self._heartbeat_interval = min(self.config.heartbeat_interval, message.heartbeat_interval)
+        self.daemon.heartbeat_interval = min(self.config.heartbeat_interval, message.heartbeat_interval)
         self._attach_store(message.object_store)
 
     def _on_object_data(self, message: m.ObjectData, buffers: list[Any]) -> None:
@@ -814,7 +655,7 @@ class ClientAgent:
         self.break_with(DaemonLost(f"the daemon at {self.address} stopped ({message.reason})"))
 
     def _on_heartbeat(self, message: m.Heartbeat, _buffers: list[Any]) -> None:
-        pass  # any message counts: _last_recv is set for each transmission
+        pass  # any message counts: DaemonRoute.last_recv is set for each transmission
 
     # ------------------------------------------------------------------ results
 
@@ -854,18 +695,19 @@ class ClientAgent:
 
     # ------------------------------------------------------------------ the end
 
-    def _check_daemon(self, now: float, started: float) -> None:
+    def _check_daemon(self, now: float) -> None:
         if self.cluster is not None:
             how = self.cluster.exit_status()
             if how is not None:
                 self.break_with(DaemonLost(f"the embedded scaler-daemon exited unexpectedly ({how})"))
                 return
-        silence = now - self._last_recv
+        daemon = self.daemon
+        silence = now - daemon.last_recv
         if silence > self.config.daemon_loss_timeout:
-            if self._welcomed:
+            if daemon.welcomed:
                 text = f"no message from the daemon at {self.address} for {silence:.1f} s (daemon_loss_timeout)"
             else:
-                text = f"could not reach the daemon at {self.address} within {now - started:.1f} s (daemon_loss_timeout)"
+                text = f"could not reach the daemon at {self.address} within {now - daemon.started:.1f} s (daemon_loss_timeout)"
             self.break_with(DaemonLost(text))
 
     def break_with(self, exc: BaseException) -> None:
@@ -877,13 +719,8 @@ class ClientAgent:
         log.debug("client broken: %s", exc)
         self.completer.put(FAIL_ALL, exc)
 
-    def _teardown(self, sock: Any) -> None:
-        if self.broken is None or not isinstance(self.broken, DaemonLost):
-            try:
-                sock.send(codec.encode([m.Goodbye("client shutting down")]))
-            except channel.SendError:
-                pass
-        sock.close()
+    def _teardown(self) -> None:
+        self.daemon.close(goodbye=self.broken is None or not isinstance(self.broken, DaemonLost))
         self.lane.close(self._poller)
         if self.inbox is not None:
             self.inbox.close()

@@ -374,7 +374,7 @@ class Completer:
             elif kind == CANCELLED:
                 data.cancel_now()
             elif kind == CANCEL_MANY:
-                self.agent.cancel_many(data, 0)
+                self.agent.cancels.many(data, 0)
             else:
                 raise ValueError(f"unknown completion item {kind!r}")
         except BaseException:  # a bug (or SystemExit) must not end a thread that completes futures

@@ -231,7 +231,7 @@ class ScalerExecutor(Executor):
         ``Future`` has no running-to-cancelled transition.  Returns whether a cancellation
         was made or requested.
         """
-        return self._agent.cancel(future, force)
+        return self._agent.cancels.force(future, force)
 
     def statistics(self, timeout: float | None = 10.0) -> dict[str, Any]:
         """A snapshot of the daemon's counters and task states.
@@ -472,7 +472,7 @@ def _map(
             # agent's lock (a closing map iterator never waits for the daemon's answer).
             a = agent_ref()
             if a is not None:
-                a.cancel_later(list(fs))
+                a.cancels.later(list(fs))
             else:
                 for future in fs:
                     future.cancel()

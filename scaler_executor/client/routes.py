@@ -1,7 +1,10 @@
 """The ways a task and its result travel besides the daemon's socket.
 
 Three routes carry a client's tasks and results (``docs/architecture.rst``, "a result's
-way back"): the daemon's socket (``agent.py``), a worker's *lane* and the *reply inbox*.
+way back"): the daemon's socket, a worker's *lane* and the *reply inbox*.
+
+* ``DaemonRoute``: the connection to the daemon: its socket, a transmission held back
+  while the daemon's queue is full (order is kept), and the liveness clock.
 
 * ``LaneRoute``: a worker on this host offers a lane (``worker/lanes.py``); a task
   submitted alone goes down it to the worker, and its result comes back on it (or as
@@ -25,7 +28,7 @@ import os
 import select
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from scaler_executor._locks import ranked_lock
@@ -48,6 +51,77 @@ RECV_BURST = 1024
 # to longer tasks; it yields the CPU on every empty poll, so the processes it waits on run.
 PICKUP_SPIN_SECONDS = 0.002
 SPIN_WORTHWHILE = len(os.sched_getaffinity(0)) > 1  # on one CPU the work waited on needs it
+
+
+class DaemonRoute:
+    """The client's connection to the daemon (used by the agent role's thread only, and by
+    a user thread sending its own submit while it holds the connection's lock)."""
+
+    def __init__(self, address: str, hwm: int, heartbeat_interval: float) -> None:
+        # The embedded daemon binds moments after we connect: the channel retries.
+        self.sock = channel.connect(address, hwm=hwm, linger=0.1)
+        self.pending: list[Any] | None = None  # frames held back by a full queue
+        self.welcomed = False
+        self.heartbeat_interval = heartbeat_interval  # lowered to the daemon's at Welcome
+        self.started = self.last_recv = self.last_send = time.monotonic()
+
+    @property
+    def pollable(self) -> Any:
+        return self.sock.pollable
+
+    @property
+    def buffered(self) -> bool:
+        return bool(self.sock.buffered)
+
+    def poll_timeout(self, milliseconds: float) -> float:
+        return float(self.sock.poll_timeout(milliseconds))
+
+    def send(self, batch: list[Any]) -> None:
+        frames = codec.encode(batch)
+        try:
+            self.sock.send(frames)
+            self.last_send = time.monotonic()
+        except channel.Again:
+            self.pending = frames  # the daemon's queue is full: hold it, keep order
+
+    def retry(self) -> None:
+        """Send the held-back transmission if the queue has room now."""
+        assert self.pending is not None
+        try:
+            self.sock.send(self.pending)
+        except channel.Again:
+            return
+        self.pending = None
+        self.last_send = time.monotonic()
+
+    def heartbeat_due(self, now: float) -> bool:
+        return now - self.last_send >= self.heartbeat_interval
+
+    def receive(self, seconds: float) -> Iterator[tuple[list[Any], list[Any]]]:
+        """Decoded transmissions waiting in the socket, for up to ``seconds`` (so heartbeats
+        and submissions still go out under a flood); a bad one is logged and dropped."""
+        sock = self.sock
+        deadline = time.monotonic() + seconds
+        for _ in range(RECV_BURST):
+            if time.monotonic() > deadline or not sock.readable():
+                return  # the rest waits for the next turn
+            try:
+                frames = sock.recv()
+            except channel.Again:
+                return
+            self.last_recv = time.monotonic()
+            try:
+                yield codec.decode(frames)
+            except codec.DecodeError as exc:
+                log.warning("client: dropped a bad transmission from the daemon: %s", exc)
+
+    def close(self, goodbye: bool) -> None:
+        if goodbye:
+            try:
+                self.sock.send(codec.encode([m.Goodbye("client shutting down")]))
+            except channel.SendError:
+                pass
+        self.sock.close()
 
 
 class LaneRoute:

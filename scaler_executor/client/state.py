@@ -67,6 +67,18 @@ REGISTER_FN, RELEASE_FN, REGISTER_OPTIONS, CANCEL, FORCE_CANCEL = range(5)
 STATS, PIN_OBJECTS, RELEASE_OBJECTS, FETCH_OBJECTS, SUBMIT_BATCH, FLUSHED = range(5, 11)
 
 
+# How each other outbox entry becomes its message (base: the client's id, shifted).
+_MESSAGE: dict[int, Callable[[int, Any], Any]] = {
+    REGISTER_FN: lambda base, data: m.RegisterFunction(base | data[0], data[1]),
+    RELEASE_FN: lambda base, data: m.ReleaseFunctions([base | data]),
+    REGISTER_OPTIONS: lambda base, data: m.RegisterOptions(data[0], data[1]),
+    STATS: lambda base, data: m.StatsRequest(),
+    PIN_OBJECTS: lambda base, data: m.PinObjects(data),
+    RELEASE_OBJECTS: lambda base, data: m.ReleaseObjects(data),
+    FETCH_OBJECTS: lambda base, data: m.ObjectRequest(data),
+}
+
+
 class TaskItem(NamedTuple):
     """A task as it waits in the outbox (ids without the client's base)."""
 
@@ -268,35 +280,12 @@ class ClientCore:
                 cancels.append(base | data)
             elif kind == FORCE_CANCEL:
                 forced.append(base | data)
-            elif kind == REGISTER_FN:
-                batch.append(m.RegisterFunction(base | data[0], data[1]))
-            elif kind == RELEASE_FN:
-                batch.append(m.ReleaseFunctions([base | data]))
-            elif kind == REGISTER_OPTIONS:
-                batch.append(m.RegisterOptions(data[0], data[1]))
-            elif kind == STATS:
-                batch.append(m.StatsRequest())
-            elif kind == SUBMIT_BATCH:
-                # A graph: all its tasks in one SubmitTasks, so that the daemon links every
-                # dependency before any result can release an intermediate.
-                graph = []
-                for task in data:
-                    record = records.get(task.n)
-                    if record is not None:
-                        record.where = SENT
-                    graph.append(task.spec(base))
-                self.unacked += len(graph)
-                batch.append(m.SubmitTasks(graph))
-            elif kind == PIN_OBJECTS:
-                batch.append(m.PinObjects(data))
-            elif kind == RELEASE_OBJECTS:
-                batch.append(m.ReleaseObjects(data))
-            elif kind == FETCH_OBJECTS:
-                batch.append(m.ObjectRequest(data))
             elif kind == FLUSHED:
                 flushed.append(data)
+            elif kind == SUBMIT_BATCH:
+                batch.append(self._graph(data))
             else:
-                raise ValueError(f"unknown outbox entry {kind!r}")
+                batch.append(_MESSAGE[kind](base, data))
         if specs:
             batch.append(m.SubmitTasks(specs))
         if cancels:
@@ -304,6 +293,17 @@ class ClientCore:
         if forced:
             batch.append(m.CancelTasks(forced, True))
         return batch, flushed
+
+    def _graph(self, tasks: list[TaskItem]) -> m.SubmitTasks:
+        """A graph: all its tasks in one SubmitTasks, so that the daemon links every
+        dependency before any result can release an intermediate."""
+        records, base = self.records, self.base
+        for task in tasks:
+            record = records.get(task.n)
+            if record is not None:
+                record.where = SENT
+        self.unacked += len(tasks)
+        return m.SubmitTasks([task.spec(base) for task in tasks])
 
     def acknowledged(self, count: int) -> None:
         self.unacked -= count
