@@ -55,7 +55,8 @@ CONFIG_ENV: Final = "SCALER_CONFIG"
 #: ``SCALER_*`` variables that are not config keys but must not be rejected as typos.  A
 #: module that reads its own ``SCALER_*`` variable adds the name here at import time
 #: (``RESERVED_ENV.add("SCALER_FOO")``).
-RESERVED_ENV: set[str] = {CONFIG_ENV, "SCALER_DAEMON_ADDRESS"}
+# SCALER_DEBUG_LOCKS: the lock-order checker (scaler_executor/_locks.py), on in the tests.
+RESERVED_ENV: set[str] = {CONFIG_ENV, "SCALER_DAEMON_ADDRESS", "SCALER_DEBUG_LOCKS"}
 #: ``argparse`` destination of ``--config FILE``.
 CONFIG_DEST: Final = "config_file"
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")

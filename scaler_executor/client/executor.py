@@ -81,51 +81,17 @@ class ScalerExecutor(Executor):
         min_workers: int | None = None,
         config: ClusterConfig | None = None,
     ) -> None:
-        if mp_context is not None:
-            raise ValueError(
-                "mp_context is not supported: ScalerExecutor's processes are started by its cluster "
-                "(forked from a pre-imported zygote), not by multiprocessing; leave it None"
-            )
-        if initializer is not None and not callable(initializer):
-            raise TypeError("initializer must be a callable")
-        if max_tasks_per_child is not None:
-            if not isinstance(max_tasks_per_child, int) or isinstance(max_tasks_per_child, bool):
-                raise TypeError("max_tasks_per_child must be an integer")
-            if max_tasks_per_child <= 0:
-                raise ValueError("max_tasks_per_child must be >= 1")
+        _check_pool_arguments(mp_context, initializer, max_tasks_per_child)
         if config is None:
             config = ClusterConfig.load()
         elif not isinstance(config, ClusterConfig):
             raise TypeError(f"config must be a ClusterConfig, got {type(config).__name__}")
-        address = address if address is not None else None
         self._cluster: EmbeddedCluster | None = None
         if address is not None:
-            if max_workers is not None:
-                raise ValueError(
-                    "max_workers must be None when joining a running cluster (address=...): "
-                    "its capacity belongs to the cluster; start workers with scaler-worker instead"
-                )
-            if initializer is not None or max_tasks_per_child is not None:
-                raise ValueError(
-                    "initializer and max_tasks_per_child configure the processes an embedded cluster "
-                    "starts; for a running cluster pass them to scaler-daemon/scaler-worker "
-                    "(--initializer FILE, --max-tasks-per-child N)"
-                )
-            if min_workers is not None:
-                raise ValueError("min_workers applies to the embedded cluster; leave it None with address=")
+            _check_remote_arguments(max_workers, initializer, max_tasks_per_child, min_workers)
             self._max_workers = 0
         else:
-            if max_workers is None:
-                max_workers = len(os.sched_getaffinity(0))
-            if not isinstance(max_workers, int) or isinstance(max_workers, bool):
-                raise TypeError(f"max_workers must be an integer, got {type(max_workers).__name__}")
-            if max_workers <= 0:
-                raise ValueError("max_workers must be greater than 0")
-            if min_workers is not None:
-                if not isinstance(min_workers, int) or isinstance(min_workers, bool):
-                    raise TypeError(f"min_workers must be an integer or None, got {type(min_workers).__name__}")
-                if not 0 <= min_workers <= max_workers:
-                    raise ValueError(f"min_workers must be between 0 and max_workers={max_workers}, got {min_workers}")
+            max_workers = _check_embedded_counts(max_workers, min_workers)
             init_blob = cloudpickle.dumps((initializer, tuple(initargs)), protocol=5) if initializer else None
             self._cluster = EmbeddedCluster(
                 config,
@@ -379,6 +345,107 @@ def _make_options(
 # --------------------------------------------------------------------------- map
 
 
+def _check_pool_arguments(mp_context: Any, initializer: Any, max_tasks_per_child: Any) -> None:
+    """ProcessPoolExecutor's own arguments, checked as it checks them."""
+    if mp_context is not None:
+        raise ValueError(
+            "mp_context is not supported: ScalerExecutor's processes are started by its cluster "
+            "(forked from a pre-imported zygote), not by multiprocessing; leave it None"
+        )
+    if initializer is not None and not callable(initializer):
+        raise TypeError("initializer must be a callable")
+    if max_tasks_per_child is not None:
+        if not isinstance(max_tasks_per_child, int) or isinstance(max_tasks_per_child, bool):
+            raise TypeError("max_tasks_per_child must be an integer")
+        if max_tasks_per_child <= 0:
+            raise ValueError("max_tasks_per_child must be >= 1")
+
+
+def _check_remote_arguments(max_workers: Any, initializer: Any, max_tasks_per_child: Any, min_workers: Any) -> None:
+    """With ``address=``: the arguments that configure an embedded cluster must be unset."""
+    if max_workers is not None:
+        raise ValueError(
+            "max_workers must be None when joining a running cluster (address=...): "
+            "its capacity belongs to the cluster; start workers with scaler-worker instead"
+        )
+    if initializer is not None or max_tasks_per_child is not None:
+        raise ValueError(
+            "initializer and max_tasks_per_child configure the processes an embedded cluster "
+            "starts; for a running cluster pass them to scaler-daemon/scaler-worker "
+            "(--initializer FILE, --max-tasks-per-child N)"
+        )
+    if min_workers is not None:
+        raise ValueError("min_workers applies to the embedded cluster; leave it None with address=")
+
+
+def _check_embedded_counts(max_workers: Any, min_workers: Any) -> int:
+    """The embedded cluster's worker counts; returns max_workers (default: usable CPUs)."""
+    if max_workers is None:
+        max_workers = len(os.sched_getaffinity(0))
+    if not isinstance(max_workers, int) or isinstance(max_workers, bool):
+        raise TypeError(f"max_workers must be an integer, got {type(max_workers).__name__}")
+    if max_workers <= 0:
+        raise ValueError("max_workers must be greater than 0")
+    if min_workers is not None:
+        if not isinstance(min_workers, int) or isinstance(min_workers, bool):
+            raise TypeError(f"min_workers must be an integer or None, got {type(min_workers).__name__}")
+        if not 0 <= min_workers <= max_workers:
+            raise ValueError(f"min_workers must be between 0 and max_workers={max_workers}, got {min_workers}")
+    return max_workers
+
+
+def _check_map_arguments(chunksize: Any, buffersize: Any) -> None:
+    if not isinstance(chunksize, int) or chunksize < 1:
+        raise ValueError("chunksize must be >= 1.")
+    if buffersize is not None and not isinstance(buffersize, int):
+        raise TypeError("buffersize must be an integer or None")
+    if buffersize is not None and buffersize < 1:
+        raise ValueError("buffersize must be None or > 0")
+
+
+def _results(
+    agent_ref: weakref.ref[ClientAgent],
+    owner: object,
+    fs: collections.deque[Future[Any]],
+    zipped: Iterator[Any],
+    submit_one: Callable[[Any], Future[Any]],
+    buffersize: int | None,
+    flags: int,
+    end_time: float | None,
+) -> Iterator[Any]:
+    """``map``'s result iterator: results in order, topping the window up to ``buffersize``;
+    closing it (or its collection) cancels what is still outstanding."""
+    keep = owner  # the callable stays registered while this iterator lives
+    try:
+        fs.reverse()
+        while fs:
+            if buffersize and (a := agent_ref()) is not None and not a.shutdown_requested:
+                item = next(zipped, None)
+                if item is not None:
+                    fs.appendleft(submit_one(item))
+            # No local keeps the future or its value while suspended at yield: a result
+            # the caller dropped is freed (CPython's map does the same, bpo-14406).
+            if flags & TaskFlags.CHUNK:
+                values, failure = _result_or_cancel(fs.pop(), end_time)
+                yield from values
+                del values
+                if failure is not None:
+                    raise ser.rebuild_exception(failure)
+            else:
+                yield _result_or_cancel(fs.pop(), end_time)
+    finally:
+        # All of them in one message to the daemon, from a pool thread: this may run
+        # as the garbage collector finalizes the iterator, on a thread that holds the
+        # agent's lock (a closing map iterator never waits for the daemon's answer).
+        a = agent_ref()
+        if a is not None:
+            a.cancels.later(list(fs))
+        else:
+            for future in fs:
+                future.cancel()
+        del keep
+
+
 def _result_or_cancel(future: Future[Any], end_time: float | None) -> Any:
     try:
         try:
@@ -399,12 +466,7 @@ def _map(
     buffersize: int | None,
     extra_flags: int = 0,
 ) -> Iterator[Any]:
-    if not isinstance(chunksize, int) or chunksize < 1:
-        raise ValueError("chunksize must be >= 1.")
-    if buffersize is not None and not isinstance(buffersize, int):
-        raise TypeError("buffersize must be an integer or None")
-    if buffersize is not None and buffersize < 1:
-        raise ValueError("buffersize must be None or > 0")
+    _check_map_arguments(chunksize, buffersize)
     agent.check_usable()
     end_time = None if timeout is None else timeout + time.monotonic()
     owner = _MapOwner()
@@ -445,37 +507,4 @@ def _map(
         )
     else:
         fs = collections.deque(submit_one(item) for item in zipped)
-    agent_ref = weakref.ref(agent)
-
-    def result_iterator() -> Iterator[Any]:
-        keep = owner  # the callable stays registered while this iterator lives
-        try:
-            fs.reverse()
-            while fs:
-                if buffersize and (a := agent_ref()) is not None and not a.shutdown_requested:
-                    item = next(zipped, None)
-                    if item is not None:
-                        fs.appendleft(submit_one(item))
-                # No local keeps the future or its value while suspended at yield: a result
-                # the caller dropped is freed (CPython's map does the same, bpo-14406).
-                if flags & TaskFlags.CHUNK:
-                    values, failure = _result_or_cancel(fs.pop(), end_time)
-                    yield from values
-                    del values
-                    if failure is not None:
-                        raise ser.rebuild_exception(failure)
-                else:
-                    yield _result_or_cancel(fs.pop(), end_time)
-        finally:
-            # All of them in one message to the daemon, from a pool thread: this may run
-            # as the garbage collector finalizes the iterator, on a thread that holds the
-            # agent's lock (a closing map iterator never waits for the daemon's answer).
-            a = agent_ref()
-            if a is not None:
-                a.cancels.later(list(fs))
-            else:
-                for future in fs:
-                    future.cancel()
-            del keep
-
-    return result_iterator()
+    return _results(weakref.ref(agent), owner, fs, zipped, submit_one, buffersize, flags, end_time)

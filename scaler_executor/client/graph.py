@@ -28,6 +28,7 @@ from typing import Any
 
 from scaler_executor.client.agent import ClientAgent
 from scaler_executor.client.future import TaskFuture
+from scaler_executor.client.pickling import GraphBatch
 from scaler_executor.protocol.messages import TaskFlags
 from scaler_executor.protocol.refs import Key, call_node, evaluate
 
@@ -152,79 +153,93 @@ def run_graph(agent: ClientAgent, dsk: Mapping[Hashable, Any], keys: Any, option
         raise TypeError(f"a graph must be a mapping from keys to tasks, got {type(dsk).__name__}")
     graph = _Graph(dsk if isinstance(dsk, dict) else dict(dsk))
     wanted = _flatten_keys(keys)
-    order = graph.order(wanted)
-    evaluate_id = agent.function_id(evaluate)
-    number: dict[Hashable, int] = {}  # key -> task number in the cluster
-    literal: dict[Hashable, Any] = {}  # key -> value known on the client
-    futures: dict[Hashable, Future[Any]] = {}
+    run = _GraphRun(agent, graph, options_id, set(wanted))
+    batch = agent.graph_batch()
+    for key in graph.order(wanted):
+        run.add(batch, key)
+    batch.submit()
+    results: dict[Hashable, Any] = {}
+    for key in wanted:
+        target = run.resolve(key)
+        if target in run.literal:
+            results[key] = run.literal[target]
+        else:
+            results[key] = run.futures[target].result()
+    return _pack(keys, results)
 
-    def resolve(key: Hashable) -> Hashable:
+
+class _GraphRun:
+    """One ``run_graph`` call: each key becomes a task of the batch or a literal value."""
+
+    def __init__(self, agent: ClientAgent, graph: _Graph, options_id: int, wanted: set[Hashable]) -> None:
+        self.agent = agent
+        self.graph = graph
+        self.options_id = options_id
+        self.evaluate_id = agent.function_id(evaluate)
+        self.number: dict[Hashable, int] = {}  # key -> task number in the cluster
+        self.literal: dict[Hashable, Any] = {}  # key -> value known on the client
+        self.futures: dict[Hashable, Future[Any]] = {}
+        self.wanted_targets = {self.resolve(w) for w in wanted}
+
+    def resolve(self, key: Hashable) -> Hashable:
         seen = {key}
-        while (target := graph.alias_target(key)) is not None:
+        while (target := self.graph.alias_target(key)) is not None:
             if target in seen:
                 raise ValueError(f"the graph has a cycle of aliases through key {key!r}")
             seen.add(target)
             key = target
         return key
 
-    def reference(key: Hashable) -> Any:
-        key = resolve(key)
-        if key in literal:
-            return literal[key]
-        return Key(number[key])
+    def reference(self, key: Hashable) -> Any:
+        key = self.resolve(key)
+        if key in self.literal:
+            return self.literal[key]
+        return Key(self.number[key])
 
-    def substitute(value: Any) -> Any:
+    def substitute(self, value: Any) -> Any:
         kind = type(value)
         if kind is tuple:
-            if _hashable(value) and value in graph.dsk:
-                return reference(value)
+            if _hashable(value) and value in self.graph.dsk:
+                return self.reference(value)
             if value and callable(value[0]):
-                return (value[0], *[substitute(a) for a in value[1:]])
-            return tuple(substitute(a) for a in value)
+                return (value[0], *[self.substitute(a) for a in value[1:]])
+            return tuple(self.substitute(a) for a in value)
         if kind is list:
-            return [substitute(a) for a in value]
+            return [self.substitute(a) for a in value]
         if kind is dict:
-            return {k: substitute(v) for k, v in value.items()}
-        if _hashable(value) and not callable(value) and value in graph.dsk:
-            return reference(value)
+            return {k: self.substitute(v) for k, v in value.items()}
+        if _hashable(value) and not callable(value) and value in self.graph.dsk:
+            return self.reference(value)
         return value
 
-    wanted_targets = {resolve(w) for w in wanted}
-    batch = agent.graph_batch()
-    for key in order:
+    def add(self, batch: GraphBatch, key: Hashable) -> None:
+        graph = self.graph
         if graph.alias_target(key) is not None:
-            continue
+            return
         value = graph.dsk[key]
         deps = graph.dependencies(key)
         if _is_node(value):
             if type(value).__name__ == "DataNode" and not deps and hasattr(value, "value"):
-                literal[key] = value.value
-                continue
-            expr: Any = (call_node, value, {d: reference(d) for d in deps})
+                self.literal[key] = value.value
+                return
+            expr: Any = (call_node, value, {d: self.reference(d) for d in deps})
         elif not deps and not _contains_task(value):
-            literal[key] = value
-            continue
+            self.literal[key] = value
+            return
         else:
-            expr = substitute(value)
-        pickled = agent.packer.pickle_args_waiting((expr,), {})
-        dep_numbers = sorted({number[resolve(d)] for d in deps if resolve(d) in number} | set(pickled.deps))
+            expr = self.substitute(value)
+        pickled = self.agent.packer.pickle_args_waiting((expr,), {})
+        number = self.number
+        dep_numbers = sorted({number[self.resolve(d)] for d in deps if self.resolve(d) in number} | set(pickled.deps))
         pickled = pickled._replace(deps=dep_numbers)
-        if key in wanted_targets:
+        if key in self.wanted_targets:
             future: TaskFuture[Any] = TaskFuture()
-            number[key] = batch.add(future, evaluate_id, options_id, TaskFlags.CALL, pickled)
-            futures[key] = future
+            number[key] = batch.add(future, self.evaluate_id, self.options_id, TaskFlags.CALL, pickled)
+            self.futures[key] = future
         else:
-            number[key] = batch.add(None, evaluate_id, options_id, TaskFlags.CALL | TaskFlags.NO_RESULT, pickled)
-
-    batch.submit()
-    results: dict[Hashable, Any] = {}
-    for key in wanted:
-        target = resolve(key)
-        if target in literal:
-            results[key] = literal[target]
-        else:
-            results[key] = futures[target].result()
-    return _pack(keys, results)
+            number[key] = batch.add(
+                None, self.evaluate_id, self.options_id, TaskFlags.CALL | TaskFlags.NO_RESULT, pickled
+            )
 
 
 def _contains_task(value: Any) -> bool:
