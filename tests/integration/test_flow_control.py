@@ -388,19 +388,18 @@ def test_a_caller_reads_only_up_to_its_own_result_and_the_agent_reads_the_rest(
     got: list[Any] = []
     caller = threading.Thread(target=lambda: got.append(future.result(timeout=30)), name="caller")
     now = time.time()
-    # The agent thread takes its connection lock before reading anything: holding it, both
-    # datagrams wait in the socket until the caller takes it and reads.
-    with agent._io:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
-            for f, value in ((future, 98), (other, 99)):
-                task_id = agent.core.base | f._record.n
-                result = m.TaskResult(task_id, 0, m.Status.OK, pickle.dumps(value), m.TaskFacts("w", now, now, 0), [])
-                sender.sendto(reply.encode(result), agent.inbox.path)
-        caller.start()
-        caller.join(timeout=30)
-        assert got == [98], got
-        assert reads == [("caller", 1)], reads  # its own result, and no further read
-        assert not other.done()
+    # Once the caller is picking up, the socket is out of the agent's poll set: both
+    # datagrams wait in it until the caller reads, and it reads only up to its own.
+    caller.start()
+    assert wait_until(_in_pick_up(agent, future), timeout=30), "the caller never took the socket"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+        for f, value in ((future, 98), (other, 99)):
+            task_id = agent.core.base | f._record.n
+            result = m.TaskResult(task_id, 0, m.Status.OK, pickle.dumps(value), m.TaskFacts("w", now, now, 0), [])
+            sender.sendto(reply.encode(result), agent.inbox.path)
+    caller.join(timeout=30)
+    assert got == [98], got
+    assert reads[0] == ("caller", 1), reads  # its own result, and no further read
     assert not concurrent.futures.wait([other], timeout=30).not_done, "the second datagram was lost"
     assert other.result() == 99
     assert [n for name, n in reads[1:] if n] == [1] and reads[1][0] != "caller", reads  # the agent thread's
