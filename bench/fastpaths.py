@@ -258,6 +258,9 @@ class Probes:
         os.sched_yield = sched_yield
 
 
+BASE_ENV = "FASTPATHS_BASE"  # the configuration both variants share (--base)
+
+
 def run_cell(
     path_name: str, variant: str, sizes: dict[str, int], probe: bool, workers: int
 ) -> dict[str, Any]:
@@ -270,6 +273,10 @@ def run_cell(
 
     path = PATHS[path_name]
     config = ClusterConfig()
+    if os.environ.get(BASE_ENV) == "no-inbox":
+        # The configuration of a client whose daemon is on another host: no reply socket,
+        # so no lanes and no pick-up; results come through the daemon's socket.
+        client_agent.REPLY_INBOX = False
     if variant == "off":
         config = path.turn_off(config)
     probes = Probes() if probe else None
@@ -1075,6 +1082,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--timeout", type=float, default=CELL_TIMEOUT, help="seconds per cell (default %(default)s)"
     )
+    p.add_argument(
+        "--base",
+        choices=("all", "no-inbox"),
+        default="all",
+        help="what both variants share: every path on (default), or no reply inbox "
+        "(as a client of a daemon on another host: no lanes, no pick-up)",
+    )
     p.add_argument("--no-probe", action="store_true", help="skip the probe cells")
     p.add_argument(
         "--probe-only",
@@ -1097,6 +1111,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cell:
         return child_main(args)
+    os.environ[BASE_ENV] = args.base
     if args.probe_only and args.no_probe:
         p.error("--probe-only and --no-probe contradict each other")
     return parent_main(args)
