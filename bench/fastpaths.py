@@ -1,8 +1,10 @@
 """Each client fast path, A/B with all the others on: what it gains, with a 95 % interval.
 
 The fast paths (``PATHS`` below; issue 20): lanes, reply datagrams, pick-up,
-pick-up spin, quiet completion, hand-off.  (Direct send, the submitting thread writing
-a lone task itself, was measured here too and removed: its interval included zero.)  For each one, ``--reps`` times,
+pick-up spin.  (Three more were measured here and removed: direct send, the submitting
+thread writing a lone task itself, and the leader/follower hand-off of the agent role,
+whose intervals included zero; and quiet results, the agent thread completing a few
+small results itself, which cost 8 % of burst throughput.)  For each one, ``--reps`` times,
 a cell with every path on and a cell with that one turned off run one after the
 other (the order swaps every repetition: on/off, off/on, ... so that a drift of the
 machine cancels), each in a fresh interpreter::
@@ -16,7 +18,7 @@ next starts, then reports per path and metric the mean of the paired differences
 (positive: the path gains) with a 95 % confidence interval from the t distribution::
 
     PYTHONPATH=. python bench/fastpaths.py                          # every path, 10 reps
-    PYTHONPATH=. python bench/fastpaths.py --reps 2 --paths pick_up,hand_off
+    PYTHONPATH=. python bench/fastpaths.py --reps 2 --paths pick_up,pickup_spin
     PYTHONPATH=. python bench/fastpaths.py --output docs/fastpaths.rst
     PYTHONPATH=. python bench/fastpaths.py --probe-only             # which path each switch changes
 
@@ -124,20 +126,6 @@ PATHS: dict[str, Path] = {
             "per wait",
             _set("scaler_executor.client.routes", "PICKUP_SPIN_SECONDS", 0),
         ),
-        Path(
-            "quiet_results",
-            "a few small results are completed on the thread that read them",
-            "client.completion.QUIET_RESULTS=0",
-            "per result batch",
-            _set("scaler_executor.client.completion", "QUIET_RESULTS", 0),
-        ),
-        Path(
-            "hand_off",
-            "the agent role moves to an idle pool thread, which completes the results",
-            "client.completion.HAND_OFF=False",
-            "per result batch",
-            _set("scaler_executor.client.completion", "HAND_OFF", False),
-        ),
     )
 }
 
@@ -233,11 +221,6 @@ class Probes:
                 "pick-up got its result" if res else "pick-up came back empty"
             ),
         )
-        wrap(
-            completion.Completer,
-            "hand_over",
-            lambda s, a, ok: probes.add("hand-over" if ok else "hand-over refused"),
-        )
 
         original_complete = completion.Completion.complete
 
@@ -268,7 +251,7 @@ def run_cell(
 
     from scaler_executor import ScalerExecutor
     from scaler_executor.client import agent as client_agent
-    from scaler_executor.client import completion, routes
+    from scaler_executor.client import routes
     from scaler_executor.config import ClusterConfig
 
     path = PATHS[path_name]
@@ -305,8 +288,6 @@ def run_cell(
             "PICK_UP": client_agent.PICK_UP,
             "PICKUP_SPIN_SECONDS": routes.PICKUP_SPIN_SECONDS,
             "spin worthwhile (more than one CPU)": routes.SPIN_WORTHWHILE,
-            "QUIET_RESULTS": completion.QUIET_RESULTS,
-            "HAND_OFF": completion.HAND_OFF,
         }
         out["warmup_s"] = time.perf_counter() - t_start
         if probes is not None:
@@ -760,8 +741,6 @@ PROBE_KEYS = [
     "completed quietly by pool",
     "completed by pool",
     "completed by caller",
-    "hand-over",
-    "hand-over refused",
 ]
 
 
@@ -792,15 +771,12 @@ def probe_lines(probes: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     return lines
 
 
-# The counts that show a path taken: what turning it off must bring to zero.  (Pick-up's own
-# quiet completions are not QUIET_RESULTS's: _pick_up completes quietly whatever it is.)
+# The counts that show a path taken: what turning it off must bring to zero.
 EVIDENCE: dict[str, tuple[str, ...]] = {
     "lanes": ("lane submit",),
     "reply_inbox": ("results read: inbox by caller", "results read: inbox by pool"),
     "pick_up": ("pick-up got its result", "pick-up came back empty"),
     "pickup_spin": ("pick-up spin turns",),
-    "quiet_results": ("completed quietly by pool",),
-    "hand_off": ("hand-over",),
 }
 
 
@@ -825,7 +801,7 @@ def probe_findings(probes: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
                 problems.append(f"WARNING: taken {b} times in the {phase} phase although off")
             if a == 0:
                 problems.append(f"not taken at all in the {phase} phase with every path on")
-            elif a < 0.02 * tasks and name not in ("pickup_spin", "hand_off"):
+            elif a < 0.02 * tasks and name != "pickup_spin":
                 problems.append(f"taken by only {a} of {tasks} tasks in the {phase} phase")
         findings.append(
             f"{name} ({' + '.join(keys)}): "

@@ -23,10 +23,9 @@
   (A user thread used to write a lone submit itself, beside the agent's poll; with the
   lanes on it was never taken, and measured with all other paths on its gain's interval
   included zero: removed, see docs/performance.rst.)
-* The role moves to an idle pool thread when results arrive (``Completer.hand_over``):
-  the thread that read them completes them, with no wake-up of another thread between a
-  result and the user waiting for it.  A few quiet results (``completion.settles_here``)
-  and running notices for up to RUNNING_INLINE tasks are applied on the agent thread.
+* Results read by the agent thread are completed on pool threads; a sequential caller
+  picks its own up from the reply inbox.  Running notices for up to RUNNING_INLINE tasks
+  are applied on the agent thread.
 * The agent holds no reference to the executor; the executor's finalizer and the
   module's ``atexit`` hook are what shut it down.
 
@@ -68,7 +67,6 @@ from scaler_executor.client.completion import (
     Completer,
     Completion,
     settle,
-    settles_here,
 )
 from scaler_executor.client.future import TaskFuture
 from scaler_executor.client.pickling import (
@@ -157,7 +155,6 @@ class ClientAgent:
         self.inbox: ReplyInbox | None = None  # processors' results of sequential tasks
         self._closed = False
         self.finished = threading.Event()  # set once the agent role has torn the connection down
-        self._handoff: list[m.TaskResult] | None = None  # results this turn completes itself
         self.cancels = Cancels(self)
         self.cancel_hook = self.cancels.request  # bound once, shared by every future
         self._pickup_hook = self._pick_up  # bound once, set on each sequential caller's future
@@ -474,28 +471,19 @@ class ClientAgent:
         if not self.lane.open and self.inbox is not None:
             self.lane.connect(path, self.inbox.path, self._poller, self._closed)
 
-    def agent_turns(self) -> list[m.TaskResult] | None:
-        """The agent's loop, on whichever pool thread holds the agent role.
-
-        Returns results to complete when this thread handed the role to an idle pool
-        thread (see ``Completer``), or None once the connection is torn down.
-        """
+    def agent_turns(self) -> None:
+        """The agent's loop, on the pool thread that holds the agent role, until the
+        connection is torn down."""
         with self._io:
             try:
-                handoff = self._turns()
-                if handoff is not None:
-                    return handoff
+                self._turns()
             except Exception as exc:  # a bug here must fail futures, not leave them hanging
                 log.exception("client agent failed")
                 self.break_with(BrokenScalerExecutor(f"the client agent failed: {exc!r}"))
-            if self._handoff is not None:
-                self.completer.put_results(self._handoff)
-                self._handoff = None
             self._teardown()
-            return None
 
-    def _turns(self) -> list[m.TaskResult] | None:
-        """Turns, holding ``_io``; the results handed over, or None to stop."""
+    def _turns(self) -> None:
+        """Turns, holding ``_io``, until it is time to stop."""
         daemon, poller, completer = self.daemon, self._poller, self.completer
         tick = min(self.config.heartbeat_interval / 4, 0.05)
         while True:
@@ -510,7 +498,7 @@ class ClientAgent:
             if self.broken is None:
                 self._check_daemon(now)
             if self.broken is not None:
-                return None
+                return
             if daemon.welcomed:
                 self._drain_outbox()
             if daemon.pending is not None:
@@ -520,17 +508,7 @@ class ClientAgent:
             if self.shutdown_requested and daemon.pending is None:
                 with self.lock:
                     if not self.core.records and not self.core.has_tasks_to_send():
-                        return None
-            handoff = self._handoff
-            if handoff is not None:
-                self._handoff = None
-                if settles_here(handoff):
-                    for result in handoff:  # a sequential caller's result (or a few): no thread woken
-                        self.completion.complete(result, quietly=True)
-                    continue
-                if completer.hand_over():
-                    return handoff
-                completer.put_results(handoff)  # nobody idle after all: queue them
+                        return
 
     def _serve(self, ready: list[Any]) -> None:
         """Read whatever the poll found ready (and what was read earlier, still buffered)."""
@@ -676,12 +654,7 @@ class ClientAgent:
         if lane.tasks:
             for result in results:
                 lane.delivered(result.task_id & TASK_MASK)
-        if self._handoff is not None:
-            self._handoff.extend(results)
-        elif self.completer.idle:
-            self._handoff = list(results)  # completed by this thread, after the turn
-        else:
-            self.completer.put_results(results)
+        self.completer.put_results(results)
 
     def _attach_store(self, name: str) -> None:
         if name:

@@ -6,10 +6,9 @@ methods (``mark_running``, ``cancel_now``, ``settle_if_no_callbacks``) that it c
 
 ::
 
-    result read (agent thread, or a caller picking up its own) ─► Completion.complete
-        quiet?  (``settles_here``: few, small, OK, no globals in the pickle, no callback)
-          yes ─► settled on the reading thread
-          no  ─► Completer: a pool thread settles it and runs its done-callbacks
+    result read by the agent thread ─► Completer: a pool thread settles it, runs callbacks
+    result picked up by its own caller (routes.ReplyInbox) ─► settled on that thread,
+        unless the future has done-callbacks: those run on a pool thread
 
 * ``Completer`` is the client's thread pool: one thread holds the agent role (socket,
   heartbeats, outbox) and never runs user code; the others complete futures.
@@ -40,11 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("scaler_executor.client")
 
-QUIET_PAYLOAD = 4096  # most bytes of a result the agent thread completes itself
-QUIET_RESULTS = 4  # most results that came together the agent thread completes itself
-# The leader/follower hand-off (Completer.hand_over), on by default; bench/fastpaths.py
-# turns it off to measure what it gains with the other fast paths on.
-HAND_OFF = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,27 +88,6 @@ def settle(future: Future[Any], ok: bool, value: Any) -> None:
         pass  # cancelled before it was marked running
 
 
-def settles_here(results: list[m.TaskResult]) -> bool:
-    """Whether results read on the agent thread may be completed there: completing them
-    can run no user code (a few small plain results whose pickles look up no global, so
-    unpickling calls nothing of the user's; done-callbacks are checked at the last step).
-
-    Handing them to a pool thread instead costs a wake-up of another thread, which then
-    competes with the waiting caller for the interpreter lock.
-    """
-    if len(results) > QUIET_RESULTS:
-        return False
-    for result in results:
-        if (
-            result.status != Status.OK
-            or result.objects
-            or len(result.payload) > QUIET_PAYLOAD
-            or ser.looks_up_globals(result.payload)
-        ):
-            return False
-    return True
-
-
 class Completion:
     """Completes futures from results, notices and failures of one client agent."""
 
@@ -124,7 +97,8 @@ class Completion:
 
     def complete(self, result: m.TaskResult, quietly: bool = False) -> None:
         """Complete one future from its result (on a completion thread, where it runs its
-        callbacks; or ``quietly`` on the thread that read it, see ``settles_here``)."""
+        callbacks; or ``quietly`` on a caller's thread that picked its own result up,
+        where callbacks, if any, are still handed to a pool thread)."""
         n = result.task_id & TASK_MASK
         if result.status == Status.DEP_GONE:
             self.agent.resend(n)
@@ -237,7 +211,7 @@ class CancelWait:
             future.cancel_now()
 
 
-RESULTS, RUNNING, FAIL_ALL, AGENT, SET_RESULT = "results", "running", "fail-all", "agent", "set-result"
+RESULTS, RUNNING, FAIL_ALL, SET_RESULT = "results", "running", "fail-all", "set-result"
 CANCELLED = "cancelled"  # a future whose task the daemon dropped after its canceller stopped waiting
 CANCEL_MANY = "cancel-many"  # futures to cancel, handed over by code a finalizer may run
 STUCK_SECONDS = 0.1  # a completion thread busy this long in one item is presumed in a slow callback
@@ -253,14 +227,11 @@ class Completer:
     * Work items are taken one at a time from a shared queue, so when a done-callback is
       slow, only its own future's item waits: the agent notices a thread stuck in one item
       (``check``) and starts another, which carries on with the rest.
-    * Leader/follower hand-off: when results arrive while a pool thread is idle, the agent
-      thread gives the role to that thread (``hand_over``) and completes the results
-      itself, so a result reaches its waiting user thread without a wake-up of another
-      thread in between (about 70 us of a no-op round trip on a 2-core machine).  Under
-      load no thread is idle and results are queued as before.  The socket moves between
-      threads only through this condition's lock, the memory barrier ZeroMQ asks for.
-      A lone result that runs no user code to complete is not handed over at all
-      (``settles_here``).
+    * The agent role stays on the first thread (``agent_thread``) for the agent's life.
+      (A leader/follower hand-off of the role to an idle thread, and the agent thread
+      completing a few "quiet" results itself, were removed: measured with every other
+      fast path on, the hand-off's gain included zero and quiet results cost 8 % of burst
+      throughput; docs/performance.rst.)
     * Order within a future is kept: a result arriving before its RUNNING notice marks
       the future running itself.
     """
@@ -275,6 +246,7 @@ class Completer:
         self.idle = 0  # threads waiting for work
         self.stopping = False
         self.unkicked = False  # results queued since the last notify
+        self.agent_thread: threading.Thread | None = None  # the thread holding the agent role
 
     def start(self) -> None:
         self._start_thread(agent_role=True)
@@ -285,6 +257,8 @@ class Completer:
             target=self._main, args=(agent_role,), name=f"scaler-client-{len(self.threads)}", daemon=True
         )
         self.threads.append(thread)
+        if agent_role:
+            self.agent_thread = thread
         thread.start()
 
     def put(self, kind: str, data: Any) -> None:
@@ -305,15 +279,6 @@ class Completer:
         self.unkicked = False
         with self.cond:
             self.cond.notify()
-
-    def hand_over(self) -> bool:
-        """Give the agent role to an idle thread; False (keep it) if none is idle."""
-        with self.cond:
-            if not self.idle or self.stopping or not HAND_OFF:
-                return False
-            self.work.appendleft((AGENT, None))
-            self.cond.notify()
-            return True
 
     def check(self, now: float) -> None:
         """Start another thread if work waits while every other thread is stuck in one item."""
@@ -345,19 +310,8 @@ class Completer:
                 self.stop()
                 agent.finished.set()
             else:
-                self._serve_as_agent()
+                agent.agent_turns()
         self._loop()
-
-    def _serve_as_agent(self) -> None:
-        me = threading.get_ident()
-        handoff = self.agent.agent_turns()
-        if handoff:  # the role went to another thread: complete what it took, as any item
-            self.busy[me] = time.monotonic()
-            try:
-                for result in handoff:
-                    self._complete(RESULTS, result)
-            finally:
-                del self.busy[me]
 
     def _complete(self, kind: str, data: Any) -> None:
         completion = self.completion
@@ -396,9 +350,6 @@ class Completer:
                             self.idle -= 1
                     if self.stopping and not work:
                         return
-                continue
-            if kind == AGENT:
-                self._serve_as_agent()
                 continue
             self.busy[me] = time.monotonic()
             try:

@@ -15,8 +15,6 @@
 from __future__ import annotations
 
 import pickle
-import pickletools
-import re
 import types
 from collections.abc import Callable
 from typing import Any
@@ -116,28 +114,6 @@ def rebuild_exception(payload: bytes) -> BaseException:
             pass
     exc.__cause__ = cause
     return exc
-
-
-# Pickle opcodes that look up a global (GLOBAL, INST, EXT1/2/4, STACK_GLOBAL): without
-# them, unpickling only builds builtins and runs no code of the user's.  The bytes are a
-# quick filter; data can contain them too (42 % of pickled float pairs, any string with a
-# "c" or an "i"), so a small pickle that has one is read opcode by opcode (3-13 us).
-_GLOBAL_BYTES = re.compile(rb"[ci\x82\x83\x84\x93]")
-_GLOBAL_OPS = frozenset({"GLOBAL", "INST", "EXT1", "EXT2", "EXT4", "STACK_GLOBAL"})
-SCAN_LIMIT = 512  # larger pickles with one of the bytes count as looking up a global
-
-
-def looks_up_globals(payload: bytes) -> bool:
-    """Whether unpickling ``payload`` may look up a global (and so run the user's code);
-    True for anything not understood."""
-    if _GLOBAL_BYTES.search(payload) is None:
-        return False
-    if len(payload) > SCAN_LIMIT:
-        return True
-    try:
-        return any(op.name in _GLOBAL_OPS for op, _arg, _pos in pickletools.genops(payload))
-    except Exception:  # noqa: BLE001 - not a pickle we can read: let the usual path find out
-        return True
 
 
 def outcome(status: int, payload: bytes, task_id: int) -> tuple[bool, Any]:

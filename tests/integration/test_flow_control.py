@@ -130,10 +130,17 @@ def test_a_failure_in_the_agents_send_path_breaks_the_executor_and_fails_the_fut
 
 
 class _Ratio:
-    """A result type whose pickle looks up a global (so unpickling it runs the class's code)."""
+    """A result type whose pickle looks up a global (so unpickling it runs the class's code,
+    here ``__setstate__``, which notes the thread it runs on)."""
+
+    unpickled_on: list[threading.Thread] = []  # noqa: RUF012 - the test's record, on purpose
 
     def __init__(self, n: int) -> None:
         self.n = n
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        _Ratio.unpickled_on.append(threading.current_thread())
+        self.__dict__.update(state)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _Ratio) and other.n == self.n
@@ -161,52 +168,26 @@ def via_agent(future: Future[Any]) -> Any:
 
 
 @pytest.mark.timeout(120)
-def test_a_lone_plain_result_is_completed_by_the_agent_and_user_code_never_runs_there(
+def test_results_and_done_callbacks_never_run_on_the_thread_holding_the_agent_role(
     fresh_executor: Callable[..., ScalerExecutor], tmp_path: Path
 ) -> None:
-    """A sequential caller's result that unpickles to builtins is completed by the agent
-    thread itself (no hand-over of its role, no second pool thread woken); a result whose
-    unpickling could run the user's code (a global lookup), and a future with a
-    done-callback, still complete on a pool thread that does not hold the agent role.
-    (Futures are waited on with ``wait()``: ``result()`` would read them itself.)"""
+    """Every result the agent thread reads is completed on another pool thread, whether its
+    unpickling runs the user's code (a class) or not, and so is every done-callback: the
+    thread that holds the socket runs no user code.  (Futures are waited on with
+    ``wait()``: ``result()`` would read them itself.)"""
     ex = fresh_executor(max_workers=1, config=fast_config())
-    agent = ex._agent
-    completer = agent.completer
-    hand_overs = [0]
-    original_hand_over = completer.hand_over
-
-    def counting_hand_over() -> bool:
-        hand_overs[0] += 1
-        return original_hand_over()
-
-    completer.hand_over = counting_hand_over  # type: ignore[method-assign]
-    in_turns = threading.local()
-    original_turns = agent._turns
-
-    def marked_turns() -> Any:
-        in_turns.yes = True
-        try:
-            return original_turns()
-        finally:
-            in_turns.yes = False
-
-    agent._turns = marked_turns  # type: ignore[method-assign]
-    assert via_agent(ex.submit(echo, 0)) == 0
-    # Let the first agent thread (started before the wrapper) hand its role on once.
-    assert via_agent(ex.submit(make_ratio, 1)) == _Ratio(1)
-    hand_overs[0] = 0
-    for i in range(50):
+    agent_thread = ex._agent.completer.agent_thread
+    assert agent_thread is not None and agent_thread.is_alive()
+    _Ratio.unpickled_on.clear()
+    for i in range(20):
         assert via_agent(ex.submit(echo, i)) == i
-    assert hand_overs[0] == 0, f"{hand_overs[0]} hand-overs for 50 lone plain results"
-    for i in range(5):
-        assert via_agent(ex.submit(make_ratio, i)) == _Ratio(i)
-    assert hand_overs[0] == 5, f"{hand_overs[0]} hand-overs for 5 results that unpickle a class"
-
-    ran_on: list[tuple[str, bool]] = []
+        ratio = via_agent(ex.submit(make_ratio, i))
+        assert ratio == _Ratio(i)
+    ran_on: list[threading.Thread] = []
     done = threading.Event()
 
     def callback(future: Future[int]) -> None:
-        ran_on.append((threading.current_thread().name, bool(getattr(in_turns, "yes", False))))
+        ran_on.append(threading.current_thread())
         done.set()
 
     release = tmp_path / "release-7"
@@ -215,19 +196,20 @@ def test_a_lone_plain_result_is_completed_by_the_agent_and_user_code_never_runs_
     release.touch()
     assert future.result(timeout=30) == 7
     assert done.wait(10)
-    assert ran_on and not ran_on[0][1], f"a done-callback ran on the thread holding the agent role: {ran_on}"
-    assert wait_until(lambda: ex.statistics()["tasks"] == 0, timeout=10)  # reports of direct results are in
-    assert ex.statistics()["finished"] == 1 + 1 + 50 + 5 + 1
+    assert ran_on and ran_on[0] is not agent_thread, f"a done-callback ran on the agent thread: {ran_on}"
+    assert len(_Ratio.unpickled_on) == 20 and agent_thread not in _Ratio.unpickled_on, _Ratio.unpickled_on
+    assert ex._agent.completer.agent_thread is agent_thread, "the agent role stays on its thread"
+    assert wait_until(lambda: ex.statistics()["tasks"] == 0, timeout=10)
 
 
 @pytest.mark.timeout(60)
 def test_a_quiet_result_that_fails_to_unpickle_fails_its_future_on_a_pool_thread(
     fresh_executor: Callable[..., ScalerExecutor], tmp_path: Path
 ) -> None:
-    """The agent thread's own completion path (a lone plain result) settles failures
-    too: a payload that cannot be unpickled fails the future, and the future's
-    done-callback runs on a pool thread, never on the thread that read the result."""
-    from scaler_executor.client.completion import settles_here
+    """The caller's own completion path (a result it picked up, completed ``quietly`` on
+    its thread) settles failures too: a payload that cannot be unpickled fails the
+    future, and the future's done-callback runs on a pool thread, never on the thread
+    that read the result."""
     from scaler_executor.protocol import messages as m
 
     ex = fresh_executor(max_workers=1, config=fast_config())
@@ -238,7 +220,6 @@ def test_a_quiet_result_that_fails_to_unpickle_fails_its_future_on_a_pool_thread
     ran_on: list[threading.Thread] = []
     future.add_done_callback(lambda f: ran_on.append(threading.current_thread()))
     truncated = m.TaskResult(future._record.n, 0, m.Status.OK, b"\x80\x05N", m.NO_FACTS, [])
-    assert settles_here([truncated]), "a small plain result is completed on the reading thread"
     agent.completion.complete(truncated, quietly=True)
     exc = future.exception(timeout=10)
     assert exc is not None and any("while unpickling the result" in note for note in getattr(exc, "__notes__", [])), exc
