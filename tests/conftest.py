@@ -1,6 +1,7 @@
 """Fixtures shared by the whole suite.
 
 * ``executor``: one embedded cluster per test module (2 processors, fast heartbeats).
+* ``gate``: a ``scaler_testing.Gate`` in the test's temp dir, opened at the end.
 * ``fresh_executor``: a factory for tests that exercise a cluster's lifecycle; every
   executor it made is shut down after the test.
 * The package is byte-compiled at session start (see ``pytest_sessionstart``).
@@ -20,12 +21,13 @@ os.environ.setdefault("SCALER_DEBUG_LOCKS", "1")
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from scaler_testing import FAST, fast_config, wait_until  # noqa: F401  (re-exported for tests)
+from scaler_testing import FAST, Gate, fast_config, wait_until  # noqa: F401  (re-exported for tests)
 
 from scaler_executor import ScalerExecutor
 
@@ -111,3 +113,11 @@ def fresh_executor() -> Iterator[Callable[..., ScalerExecutor]]:
     yield make
     for ex in made:
         ex.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture
+def gate(tmp_path: Path) -> Iterator[Gate]:
+    """A ``Gate`` (scaler_testing.py) opened at the end whatever happened."""
+    g = Gate(tmp_path / "gate")
+    yield g
+    g.open()  # whatever happened, no gated task waits any longer

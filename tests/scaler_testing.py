@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -27,6 +28,24 @@ FAST = ClusterConfig(heartbeat_interval=0.1, heartbeat_liveness=50, daemon_loss_
 
 def fast_config(**changes: Any) -> ClusterConfig:
     return FAST.replace(**changes)
+
+
+class Gate:
+    """A directory a gated task watches: it notes that it started (a file in ``started_dir``)
+    and waits until ``open()`` creates ``path``.  The ``gate`` fixture (conftest.py) opens
+    it whatever happened, so no gated task outlives its test."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = str(directory / "open")
+        self.started_dir = str(directory / "started")
+        os.makedirs(self.started_dir, exist_ok=True)
+
+    def open(self) -> None:
+        Path(self.path).touch()
+
+    def started(self) -> int:
+        return len(os.listdir(self.started_dir))
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01) -> bool:

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scaler_testing import fast_config, wait_until
+from scaler_testing import Gate, fast_config, wait_until
 
 from scaler_executor import ScalerExecutor
 from scaler_executor.progress import progress
@@ -156,25 +156,6 @@ def instance_of_worker_only_module(directory: str, name: str) -> Any:
 # =========================================================================== helpers
 
 
-class Gate:
-    def __init__(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path = str(directory / "open")
-        self.started_dir = str(directory / "started")
-        os.makedirs(self.started_dir, exist_ok=True)
-
-    def open(self) -> None:
-        Path(self.path).touch()
-
-    def started(self) -> int:
-        return len(os.listdir(self.started_dir))
-
-
-@pytest.fixture
-def gate(tmp_path: Path) -> Iterator[Gate]:
-    g = Gate(tmp_path / "gate")
-    yield g
-    g.open()  # whatever happened, no gated task waits any longer
 
 
 def read_ids(log: Path) -> list[int]:

@@ -55,6 +55,8 @@ from typing import Any
 import psutil
 import pytest
 
+from scaler_testing import Gate, wait_until
+
 from scaler_executor import ClusterConfig, InitializerFailed, ScalerExecutor
 
 # For the executors this module builds itself (not through the conftest fixtures, which it does
@@ -74,16 +76,6 @@ MANY = 400
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
-def wait_until(
-    predicate: Callable[[], bool], timeout: float = 10.0, interval: float = 0.01
-) -> bool:
-    """Poll ``predicate`` until it holds or ``timeout`` passes (a copy of the conftest helper)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 # --------------------------------------------------------------------------- task functions
@@ -209,25 +201,6 @@ def init_fail() -> None:
 # --------------------------------------------------------------------------- helpers
 
 
-class Gate:
-    def __init__(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path = str(directory / "open")
-        self.started_dir = str(directory / "started")
-        os.makedirs(self.started_dir, exist_ok=True)
-
-    def open(self) -> None:
-        Path(self.path).touch()
-
-    def started(self) -> int:
-        return len(os.listdir(self.started_dir))
-
-
-@pytest.fixture
-def gate(tmp_path: Path) -> Iterator[Gate]:
-    g = Gate(tmp_path / "gate")
-    yield g
-    g.open()
 
 
 def stats(executor: ScalerExecutor) -> dict[str, Any]:
