@@ -55,6 +55,13 @@ log = logging.getLogger("scaler_executor.daemon")
 
 EWMA_WEIGHT = 0.2  # weight of the newest task duration in a worker's mean
 NOTICE_DELAY = 0.002  # longest a submit ack or running notice waits to travel with results
+ID_MASK = (1 << m.TASK_ID_BITS) - 1  # the per-client part of a task or function id
+REFUSAL_LOG_SECONDS = 60.0  # a refusal is logged once per peer and kind in this long
+MAX_REFUSAL_KEYS = 4096
+# What a worker may say of a task; the others are the daemon's to say (REJECTED, WORKER_LOST, ...).
+WORKER_STATUSES = frozenset(
+    {Status.OK, Status.ERROR, Status.PROCESSOR_DIED, Status.CANCELLED, Status.TIMEOUT, Status.FORCE_CANCELLED}
+)
 # What a task without store objects or dependencies records: one shared empty tuple, not
 # the two empty lists the codec decoded (112 bytes of each pending task).
 NONE: tuple[()] = ()
@@ -208,10 +215,12 @@ class Scheduler:
             "workers_lost": 0,
             "clients_lost": 0,
             "dropped_messages": 0,
+            "refused": 0,  # messages acted on by nobody: another party's ids, or a status not the sender's to give
             "delivered_direct": 0,  # results a processor sent straight to its client (REPLY_DIRECT)
             "lane": 0,  # tasks a client submitted straight to a worker's lane (worker/lanes.py)
         }
         self._monitors: dict[bytes, float] = {}
+        self._refusals_logged: dict[tuple[bytes, str], float] = {}  # (peer, what) -> when last logged
         self._heartbeats_due = False
         self._stats_wanted: list[bytes] = []
         self._next_peer_id = 1
@@ -434,8 +443,34 @@ class Scheduler:
     # ------------------------------------------------------------------ client controller
 
     def _on_register_function(self, peer: bytes, message: m.RegisterFunction) -> None:
-        self.functions[message.fn_id] = message.payload
-        self.clients[peer].functions.add(message.fn_id)
+        """Ids belong to their owner: a client registers only ids under its own prefix
+        (``client_id << TASK_ID_BITS``), and never over one already registered, so no
+        client can make another's tasks run a callable of its choosing."""
+        client = self.clients[peer]
+        fn_id = message.fn_id
+        if fn_id >> m.TASK_ID_BITS != client.client_id or not fn_id & ID_MASK:
+            self._refuse(peer, "register-function", f"function id {fn_id:#x} is not this client's")
+            return
+        if fn_id in self.functions or fn_id in client.functions:
+            self._refuse(peer, "register-function", f"function id {fn_id:#x} is registered already")
+            return
+        self.functions[fn_id] = message.payload
+        client.functions.add(fn_id)
+
+    def _refuse(self, peer: bytes, what: str, why: str) -> None:
+        """A message not acted upon because it is not the sender's to send: counted always,
+        logged once per peer and kind of refusal per ``REFUSAL_LOG_SECONDS``."""
+        self.counters["refused"] += 1
+        key = (peer, what)
+        last = self._refusals_logged.get(key)
+        if last is not None and self._now - last < REFUSAL_LOG_SECONDS:
+            return
+        if len(self._refusals_logged) >= MAX_REFUSAL_KEYS:
+            self._refusals_logged.clear()  # bounded, whoever sends: at worst a line more
+        self._refusals_logged[key] = self._now
+        record: Any = self.clients.get(peer) or self.workers.get(peer)
+        name = record.name if record is not None else "?"
+        log.warning("refused %s from %s %s (peer %s): %s", what, self._role_of(peer), ascii(name), peer.hex(), why)
 
     def _on_release_functions(self, peer: bytes, message: m.ReleaseFunctions) -> None:
         client = self.clients[peer]
@@ -480,8 +515,8 @@ class Scheduler:
             if options is None:
                 self._reject_spec(peer, spec, f"options record {spec.options_id} was never registered")
                 continue
-            if spec.fn_id and spec.fn_id not in self.functions:
-                self._reject_spec(peer, spec, f"function {spec.fn_id:#x} was never registered or was released")
+            if spec.fn_id and (spec.fn_id not in self.functions or spec.fn_id not in client.functions):
+                self._reject_spec(peer, spec, f"function {spec.fn_id:#x} was never registered by this client or was released")
                 continue
             key = constraint_key(options.resources, options.tags) if options is not DEFAULT else None
             if key is not None and self.config.unsatisfiable_timeout == 0 and not self._satisfiable(key):
@@ -709,6 +744,14 @@ class Scheduler:
     def _on_task_results(self, peer: bytes, message: m.TaskResults) -> None:
         worker = self.workers[peer]
         for result in message.results:
+            if result.status not in WORKER_STATUSES:
+                # Only the daemon says a task was rejected, lost its worker or its dependency:
+                # a worker that claims so could make its client resend or misreport a task.
+                self._refuse(peer, "task-result", f"status {result.status} is not a worker's to send")
+                result = result._replace(
+                    status=Status.PROCESSOR_DIED,
+                    payload=f"the worker sent an invalid result status {result.status}".encode(),
+                )
             task = self.tasks.get(result.task_id)
             if task is None or task.worker != peer or task.attempt != result.attempt:
                 if result.objects:

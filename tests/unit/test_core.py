@@ -618,6 +618,63 @@ def test_release_of_a_function_the_client_never_registered_is_ignored(cluster: C
     assert fn in cluster.scheduler.functions
 
 
+def test_a_client_cannot_register_over_another_clients_function(cluster: Cluster) -> None:
+    """The hijack of issue 22: c2 registers c1's function id with its own payload."""
+    cid, fn = client_with_function(cluster)
+    other = cluster.client(b"c2")
+    for fn_id in (fn, tid(cid, 2), tid(other, 0)):
+        cluster.send(b"c2", m.RegisterFunction(fn_id, b"HIJACKED"))
+    assert cluster.scheduler.functions == {fn: b"pickled-fn"}
+    assert cluster.stat("refused") == 3
+    cluster.worker(b"w1")
+    out = cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, 1), fn_id=fn)]))
+    assert [b.payload for b in out.blobs(b"w1")] == [b"pickled-fn"]
+
+
+def test_a_client_cannot_register_its_own_function_id_twice(cluster: Cluster) -> None:
+    _cid, fn = client_with_function(cluster)
+    cluster.send(b"c1", m.RegisterFunction(fn, b"other"))
+    assert cluster.scheduler.functions == {fn: b"pickled-fn"}
+    assert cluster.stat("refused") == 1
+
+
+def test_a_task_may_call_only_a_function_its_own_client_registered(cluster: Cluster) -> None:
+    _cid, fn = client_with_function(cluster)
+    other = cluster.client(b"c2")
+    cluster.worker(b"w1")
+    out = cluster.send(b"c2", m.SubmitTasks([spec(tid(other, 1), fn_id=fn)]))
+    [rejected] = out.results(b"c2")
+    assert rejected.status == Status.REJECTED and b"never registered by this client" in rejected.payload
+    assert not out.dispatched(b"w1")
+
+
+def test_refusals_are_logged_once_per_peer_and_kind_per_minute(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    cid, fn = client_with_function(cluster)
+    cluster.client(b"c2")
+    caplog.set_level("WARNING", logger="scaler_executor")
+    for _ in range(100):
+        cluster.send(b"c2", m.RegisterFunction(fn, b"x"), dt=0.1)
+    assert cluster.stat("refused") == 100
+    assert len([r for r in caplog.records if "refused register-function" in r.getMessage()]) == 1
+    cluster.send(b"c2", m.RegisterFunction(fn, b"x"), dt=60.0)
+    assert len([r for r in caplog.records if "refused register-function" in r.getMessage()]) == 2
+
+
+@pytest.mark.parametrize("status", [Status.REJECTED, Status.WORKER_LOST, Status.DEP_FAILED, Status.DEP_GONE, 99])
+def test_a_worker_cannot_send_a_status_only_the_daemon_may_give(cluster: Cluster, status: int) -> None:
+    """A DEP_GONE from a worker would make the client resend, a WORKER_LOST carry a payload
+    the client decodes as the daemon's: the core treats it as the processor's failure."""
+    cid = cluster.client()
+    cluster.worker(b"w1")
+    cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, 1))]))
+    out = cluster.send(b"w1", m.TaskResults([result(tid(cid, 1), status=status, payload=b"\x93forged")]))
+    assert cluster.stat("refused") == 1
+    assert not out.results(b"c1")  # retried (PROCESSOR_DIED), not forwarded
+    assert cluster.scheduler.tasks[tid(cid, 1)].attempt == 1
+
+
 # ====================================================================== priorities
 
 
