@@ -55,6 +55,7 @@ log = logging.getLogger("scaler_executor.daemon")
 
 EWMA_WEIGHT = 0.2  # weight of the newest task duration in a worker's mean
 NOTICE_DELAY = 0.002  # longest a submit ack or running notice waits to travel with results
+MAX_NAME = 256  # characters of a peer's name or host in its Hello: they reach logs and Refused
 ID_MASK = (1 << m.TASK_ID_BITS) - 1  # the per-client part of a task or function id
 REFUSAL_LOG_SECONDS = 60.0  # a refusal is logged once per peer and kind in this long
 MAX_REFUSAL_KEYS = 4096
@@ -157,7 +158,9 @@ Command = Send | StartWorkers | StopWorkers | DeleteObjects | SendObjects
 def refusal_for(hello: m.Hello) -> str | None:
     """Why a peer's handshake is refused, or None.  Pickles need equal Python and cloudpickle."""
     if hello.role not in Role.ALL:
-        return f"unknown role {hello.role!r}; expected one of {sorted(Role.ALL)}"
+        return f"unknown role {hello.role[:32]!r}; expected one of {sorted(Role.ALL)}"
+    if len(hello.name) > MAX_NAME or len(hello.host) > MAX_NAME:
+        return f"a peer's name and host may have at most {MAX_NAME} characters"
     if hello.protocol != m.PROTOCOL_VERSION:
         return f"protocol {hello.protocol} != daemon's {m.PROTOCOL_VERSION}"
     mismatches = []
@@ -307,8 +310,7 @@ class Scheduler:
         for message in messages:
             kind = type(message)
             if kind not in accepted:
-                self.counters["dropped_messages"] += 1
-                log.warning("dropping %s from %s %r: not accepted from that role", kind.__name__, self._role_of(peer), peer)
+                self._refuse(peer, kind.__name__, f"a {self._role_of(peer)} may not send {kind.__name__}")
                 continue
             try:
                 handlers[kind](peer, message)
@@ -385,6 +387,10 @@ class Scheduler:
 
     # ------------------------------------------------------------------ handshake
 
+    def knows(self, peer: bytes) -> bool:
+        """Whether ``peer`` has joined (said a Hello that was welcomed)."""
+        return peer in self.clients or peer in self.workers or peer in self._monitors
+
     def _is_monitor(self, peer: bytes) -> bool:
         return peer in self._monitors
 
@@ -398,7 +404,7 @@ class Scheduler:
     def _on_hello(self, peer: bytes, hello: m.Hello) -> None:
         reason = refusal_for(hello)
         if reason is not None:
-            log.warning("refused %s %r (pid %d on %s): %s", hello.role, hello.name, hello.pid, hello.host, reason)
+            self._refuse(peer, "hello", f"{reason} (pid {hello.pid} on {hello.host[:MAX_NAME]!r})")
             self._send(peer, m.Refused(reason))
             return
         peer_id = self._next_peer_id
@@ -469,8 +475,8 @@ class Scheduler:
             self._refusals_logged.clear()  # bounded, whoever sends: at worst a line more
         self._refusals_logged[key] = self._now
         record: Any = self.clients.get(peer) or self.workers.get(peer)
-        name = record.name if record is not None else "?"
-        log.warning("refused %s from %s %s (peer %s): %s", what, self._role_of(peer), ascii(name), peer.hex(), why)
+        who = f"{self._role_of(peer)} {record.name!a}" if record is not None else "a peer that has not joined"
+        log.warning("refused %s from %s (peer %s): %s", what, who, peer.hex()[:64], ascii(why[:500]))
 
     def _on_release_functions(self, peer: bytes, message: m.ReleaseFunctions) -> None:
         client = self.clients[peer]

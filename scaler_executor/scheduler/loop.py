@@ -51,6 +51,10 @@ RECV_BURST = 4096  # transmissions read per turn before the core runs: bounds la
 TURN_SECONDS = 0.05  # and at most this long receiving, so heartbeats and dispatch keep flowing
 MAX_BACKLOG = 100_000  # transmissions held for one slow peer before it is declared unreachable
 BACKLOG_RETRY_MS = 5
+# Most bytes a peer that has not joined may send in one transmission (its Hello and what
+# travels with it): larger ones are dropped undecoded, so a flood before the handshake
+# costs the daemon no memory (one 40 MB batch of 8 M heartbeats once grew it by 2 GB).
+MAX_HANDSHAKE_BYTES = 64 * 1024
 
 
 class RateLimitedLog:
@@ -188,6 +192,13 @@ class Daemon:
             except channel.Again:
                 return
             peer = frames[0]
+            if not self.core.knows(peer) and sum(len(f) for f in frames[1:]) > MAX_HANDSHAKE_BYTES:
+                self.core.counters["dropped_messages"] += 1
+                self.bad_input.warning(
+                    "handshake", "daemon: dropped a transmission of more than %d bytes from a peer that has not joined",
+                    MAX_HANDSHAKE_BYTES,
+                )
+                continue
             try:
                 messages, _buffers = codec.decode(frames[1:])
             except codec.VersionMismatch as exc:

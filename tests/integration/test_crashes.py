@@ -905,3 +905,46 @@ def test_daemon_survives_garbage_and_refuses_with_reasons(standalone: Standalone
     with standalone.client() as ex:
         assert ex.submit(square, 4).result(timeout=30) == 16
         assert ex.statistics()["dropped_messages"] >= 6
+
+
+@pytest.mark.timeout(120)
+def test_a_flood_before_the_handshake_costs_the_daemon_no_memory(standalone: Standalone) -> None:
+    """Issue 22's probe: one 40 MB transmission of 8 M heartbeats before any Hello once grew
+    a daemon from 146 MB to 2 GB and stalled it 15 s.  A peer that has not joined is heard
+    only up to a bounded handshake: the daemon drops it undecoded and serves on."""
+    daemon = standalone.daemon("--workers", "1")
+    with standalone.client() as ex:
+        assert ex.submit(square, 3).result(timeout=30) == 9
+        dropped_before = ex.statistics()["dropped_messages"]
+    before = psutil.Process(daemon.pid).memory_info().rss
+    flood = codec.encode([m.Heartbeat(0, 0)] * 8_000_000)
+    assert sum(len(f) for f in flood) > 30_000_000
+    sock = channel.connect(standalone.address, hwm=1000, linger=0)
+    try:
+        for _ in range(3):
+            sock.send(flood)
+        del flood
+        # A Hello with the wrong Python, sent after the floods, is answered only once the
+        # daemon has read them (one peer's transmissions stay in order).
+        sock.send(codec.encode([WRONG_PYTHON]))
+        poller = channel.Poller()
+        poller.register(sock.pollable)
+        try:
+            deadline = time.monotonic() + 60
+            answered = False
+            while not answered:
+                assert time.monotonic() < deadline, "the daemon did not answer after the flood"
+                poller.poll(sock.poll_timeout(100))
+                while sock.readable():
+                    answered |= any(type(x) is m.Refused for x in codec.decode(sock.recv())[0])
+        finally:
+            poller.close()
+    finally:
+        sock.close()
+    grown = psutil.Process(daemon.pid).memory_info().rss - before
+    assert grown < 64 * 1024 * 1024, f"the daemon grew by {grown / 2**20:.0f} MiB on a pre-handshake flood"
+    assert daemon.poll() is None
+    with standalone.client() as ex:
+        assert ex.submit(square, 5).result(timeout=30) == 25
+        assert ex.statistics()["dropped_messages"] >= dropped_before + 3
+

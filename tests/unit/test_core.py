@@ -675,6 +675,20 @@ def test_a_worker_cannot_send_a_status_only_the_daemon_may_give(cluster: Cluster
     assert cluster.scheduler.tasks[tid(cid, 1)].attempt == 1
 
 
+def test_a_hello_with_a_huge_name_is_refused_briefly_and_logged_once(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("WARNING", logger="scaler_executor")
+    for i in range(50):
+        out = cluster.send(b"rogue", hello(name="\x1b[31mERROR forged\n" + "x" * 100_000), dt=0.01)
+        [refused] = out.of(b"rogue", m.Refused)
+        assert len(refused.reason) < 200 and "at most 256 characters" in refused.reason
+    lines = [r.getMessage() for r in caplog.records if "refused hello" in r.getMessage()]
+    assert len(lines) == 1 and len(lines[0]) < 800 and "\n" not in lines[0] and "\x1b" not in lines[0], lines
+    assert cluster.stat("refused") == 50
+    assert not cluster.scheduler.knows(b"rogue")
+
+
 # ====================================================================== priorities
 
 
@@ -1140,7 +1154,7 @@ def test_stats(cluster: Cluster) -> None:
     ],
     ids=lambda x: type(x).__name__ if not isinstance(x, str) else x,
 )
-def test_message_not_accepted_from_role_is_dropped_and_counted(
+def test_message_not_accepted_from_role_is_refused_and_counted(
     cluster: Cluster, role: str, message: Any
 ) -> None:
     cluster.join(b"p", hello(role))
@@ -1148,9 +1162,9 @@ def test_message_not_accepted_from_role_is_dropped_and_counted(
     out = cluster.send(b"p", message, m.Heartbeat(0, 0))
     assert not out.peers
     after = cluster.scheduler.statistics()
-    assert after["dropped_messages"] == int(before["dropped_messages"]) + 1
-    assert {k: v for k, v in after.items() if k != "dropped_messages"} == {
-        k: v for k, v in before.items() if k != "dropped_messages"
+    assert after["refused"] == int(before["refused"]) + 1
+    assert {k: v for k, v in after.items() if k != "refused"} == {
+        k: v for k, v in before.items() if k != "refused"
     }
 
 
