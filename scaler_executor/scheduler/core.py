@@ -216,7 +216,8 @@ class Scheduler:
             "cancelled": 0,
             "retried": 0,
             "workers_lost": 0,
-            "clients_lost": 0,
+            "clients_lost": 0,  # went silent or unreachable
+            "clients_left": 0,  # said Goodbye
             "dropped_messages": 0,
             "refused": 0,  # messages acted on by nobody: another party's ids, or a status not the sender's to give
             "delivered_direct": 0,  # results a processor sent straight to its client (REPLY_DIRECT)
@@ -441,7 +442,7 @@ class Scheduler:
         if (worker := self.workers.get(peer)) is not None:
             self._lose_worker(worker, f"left: {message.reason}", clean=True)
         elif (client := self.clients.get(peer)) is not None:
-            self._lose_client(client, f"left: {message.reason}")
+            self._lose_client(client, ascii(message.reason[:200]), clean=True)
         self._monitors.pop(peer, None)
         self.last_sent.pop(peer, None)
         self._out.pop(peer, None)
@@ -726,9 +727,13 @@ class Scheduler:
     def _on_stats_request(self, peer: bytes, message: m.StatsRequest) -> None:
         self._stats_wanted.append(peer)  # answered in _flush, after this turn's dispatch
 
-    def _lose_client(self, client: ClientRecord, why: str) -> None:
-        log.info("client %r lost: %s; cancelling its %d tasks", client.name, why, len(client.tasks))
-        self.counters["clients_lost"] += 1
+    def _lose_client(self, client: ClientRecord, why: str, clean: bool = False) -> None:
+        """A client is gone: its tasks are cancelled and what it held freed.  ``clean``: it
+        said Goodbye (``clients_left``), else it was lost (``clients_lost``)."""
+        log.info(
+            "client %r %s (%s); cancelling its %d tasks", client.name, "left" if clean else "lost", why, len(client.tasks)
+        )
+        self.counters["clients_left" if clean else "clients_lost"] += 1
         del self.clients[client.peer]
         for task_id in list(client.tasks):
             task = self.tasks.get(task_id)

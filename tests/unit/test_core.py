@@ -1001,6 +1001,8 @@ def test_client_lost(cluster: Cluster, how: str) -> None:
     else:
         out = cluster.step(PeerUnreachable(b"c1", cluster.now))
     assert cluster.stat("clients") == 0
+    # A client that said Goodbye left; one that went silent or unreachable was lost.
+    assert (cluster.stat("clients_left"), cluster.stat("clients_lost")) == ((1, 0) if how == "goodbye" else (0, 1))
     assert {type(x) for x in out.to(b"w1")} == {m.CancelTasks}
     assert sorted(t for c in out.of(b"w1", m.CancelTasks) for t in c.task_ids) == sorted(at_worker)
     assert not out.dispatched(b"w1")
