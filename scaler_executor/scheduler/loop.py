@@ -120,9 +120,9 @@ class Daemon:
         poller = channel.Poller()
         poller.register(self.sock.pollable)
         poller.register(self._signal_r)
-        zap = None if self.security is None else self.security.zap
-        if zap is not None:
-            poller.register(zap)
+        secured = [] if self.security is None else self.security.pollables()  # ZAP, handshake monitor
+        for target in secured:
+            poller.register(target)
         if self.lifeline_fd is not None:
             poller.register(self.lifeline_fd)
         if self.manager is not None:
@@ -143,9 +143,8 @@ class Daemon:
                 events: list[core.Event] = []
                 if self.sock.pollable in ready or self.sock.buffered:
                     self._receive(events, now)
-                if zap is not None:
-                    if zap in ready:
-                        self.security.on_zap()
+                if secured:
+                    self.security.on_ready(ready)
                     self._secure_turn(events, now)
                 if self._signal_r in ready:
                     self._drain_signal_pipe()

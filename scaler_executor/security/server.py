@@ -90,6 +90,7 @@ class ServerSecurity:
         self.counters: dict[str, int] = {}
         self.refusals = RateLimitedLog(log, REFUSAL_LOG_SECONDS)
         self.zap: Any = None
+        self.monitor: Any = None
 
     # ------------------------------------------------------------------ set-up
 
@@ -100,6 +101,9 @@ class ServerSecurity:
         self.zap = context.socket(zmq.REP)
         self.zap.linger = 0
         self.zap.bind(ZAP_ENDPOINT)
+        # Handshakes that fail before ZAP (a client with another daemon's key: this side cannot
+        # open its HELLO) are seen only here; libzmq names the bound endpoint, not the peer.
+        self.monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
         sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
         sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
         sock.setsockopt(zmq.CURVE_SERVER, 1)
@@ -107,9 +111,35 @@ class ServerSecurity:
         sock.setsockopt(zmq.HANDSHAKE_IVL, round(HANDSHAKE_SECONDS * 1000))
 
     def close(self) -> None:
-        if self.zap is not None:
-            self.zap.close(linger=0)
-            self.zap = None
+        for sock in self.pollables():
+            sock.close(linger=0)
+        self.zap = self.monitor = None
+
+    def pollables(self) -> list[Any]:
+        """What the daemon's poller watches for this module (on_ready reads them)."""
+        return [s for s in (self.zap, self.monitor) if s is not None]
+
+    def on_ready(self, ready: list[Any]) -> None:
+        if self.zap is not None and self.zap in ready:
+            self.on_zap()
+        if self.monitor is not None and self.monitor in ready:
+            self._on_failed_handshakes()
+
+    def _on_failed_handshakes(self) -> None:
+        import zmq
+        from zmq.utils.monitor import parse_monitor_message
+
+        while True:
+            try:
+                event = parse_monitor_message(self.monitor.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            self._count("security_refused_handshakes")
+            self.refusals.warning(
+                "handshake", "daemon: a peer failed the CURVE handshake on %s (error %#x): likely a "
+                "credential issued from another security directory, or a peer without CURVE",
+                event["endpoint"].decode("ascii", "replace"), event["value"],
+            )
 
     def use_counters(self, counters: dict[str, int]) -> None:
         for key in ("security_refused_handshakes", "security_refused_revoked", "security_refused_role"):

@@ -258,6 +258,7 @@ def test_a_wrong_daemon_key_is_named_as_the_likely_cause(cluster: Cluster, tmp_p
     with cluster.client(stranger) as ex, pytest.raises(DaemonLost, match=r"likely the wrong daemon key") as info:
         ex.submit(square, 3).result(timeout=WAIT)
     assert cluster.address in str(info.value)
+    assert wait_until(lambda: "a peer failed the CURVE handshake" in cluster.log())
     worker_cred = str(tmp_path / "w.cred")
     other.issue("w", "worker", worker_cred)
     worker = cluster.worker("--credentials", worker_cred)
