@@ -66,5 +66,10 @@ def recv_with_user(sock: zmq.Socket[Any]) -> tuple[list[bytes], str, Any]:
         if body is None:
             body = frame
         frames.append(frame.bytes)
-    user = body.get(_USER_ID) if body is not None else ""
+    user = ""  # no User-Id (a connection no ZAP handler answered): the caller refuses it
+    if body is not None:
+        try:
+            user = body.get(_USER_ID)
+        except zmq.ZMQError:
+            pass
     return frames, user, body

@@ -4,6 +4,9 @@
 
     poll(daemon channel, signal pipe, lifeline)  ── timeout: next tick, or 5 ms while a backlog waits
       → recv every transmission ready (up to RECV_BURST), decode; bad ones: log (rate-limited), drop
+        (tcp:// with --security: ZAP requests answered on this poller; each transmission's key
+        (User-Id) checked before it is decoded, each message against the key's role; the
+        allow-list re-read when its file changes: security/server.py)
       → Tick every heartbeat_interval / 4; Wake when the core asked (deferred notices);
         local worker exits from the manager
       → core.handle(*events) → [Send(peer, messages)]

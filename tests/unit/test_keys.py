@@ -266,3 +266,21 @@ def test_ephemeral_keys_are_allowed_in_memory_only(tmp_path: Path) -> None:
     assert d.entries() == []
     keys.withdraw(cred)
     assert security.lookup(cred.public_key) is None
+
+
+def test_refusals_are_logged_once_per_peer_and_counted_each_time(
+    gate: tuple[SecurityDir, ServerSecurity, dict[str, Credential]], caplog: pytest.LogCaptureFixture
+) -> None:
+    _, security, creds = gate
+    allowed = security.admit(b"w", creds["worker"].public_key, None)
+    assert allowed is not None
+    with caplog.at_level("WARNING", logger="scaler_executor.security"):
+        for _ in range(100):
+            security.within_role(b"w", allowed, [m.SubmitTasks([])], None)
+        other = security.admit(b"w2", creds["worker"].public_key, None)
+        assert other is not None
+        security.within_role(b"w2", other, [m.SubmitTasks([])], None)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines  # one per peer within the minute
+    assert "refused SubmitTasks from worker key 'worker'" in lines[0] and creds["worker"].fingerprint in lines[0]
+    assert security.counters["security_refused_role"] == 101
