@@ -377,7 +377,7 @@ class Scheduler:
     # ------------------------------------------------------------------ handshake
 
     def knows(self, peer: bytes) -> bool:
-        """Whether ``peer`` is a client, worker or monitor that joined (and has not left)."""
+        """Whether ``peer`` has joined (said a Hello that was welcomed)."""
         return peer in self.clients or peer in self.workers or peer in self._monitors
 
     def _is_monitor(self, peer: bytes) -> bool:
