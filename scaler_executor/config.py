@@ -265,10 +265,24 @@ class ClusterConfig:
         choices=LOG_LEVELS,
         metavar="LEVEL",
     )
-    allow_tcp_unauthenticated: bool = _opt(
-        True,
-        "allow binding TCP without keys, with a warning",
-        "convenient on a trusted network; anyone who reaches the port can run code",
+    security: str | None = _opt(
+        None,
+        "the daemon's security directory (made by `scaler-keys init DIR`): its CURVE keypair and "
+        "the allow-list of keys and roles; required to serve tcp:// unless insecure",
+        "every party then needs a credential issued from it; revocations apply within seconds",
+        metavar="DIR",
+    )
+    credentials: str | None = _opt(
+        None,
+        "a credential file (made by `scaler-keys issue`, mode 0600) for connecting to a tcp:// daemon "
+        "as a client, worker, manager or monitor; unused on ipc://",
+        "its key's role decides what the daemon accepts from this party",
+        metavar="FILE",
+    )
+    insecure: bool = _opt(
+        False,
+        "use tcp:// without keys or encryption, with a warning on every start",
+        "only for a trusted network: anyone who reaches the port can run code on the cluster",
     )
 
     def __post_init__(self) -> None:

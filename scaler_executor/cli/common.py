@@ -1,11 +1,17 @@
-"""What the command-line programs share: logging set-up and the TCP warning."""
+"""What the command-line programs share: logging set-up and security on tcp://."""
 
 from __future__ import annotations
 
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from scaler_executor.config import ClusterConfig
+from scaler_executor.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from scaler_executor.security.client import ClientSecurity
+    from scaler_executor.security.keys import SecurityDir
 
 log = logging.getLogger("scaler_executor")
 
@@ -18,21 +24,26 @@ def setup_logging(config: ClusterConfig, role: str) -> None:
     )
 
 
-def check_tcp(config: ClusterConfig, address: str) -> None:
-    """TCP reaches other hosts: say plainly that nothing authenticates them yet."""
-    if not address.startswith("tcp://"):
-        return
-    if not config.allow_tcp_unauthenticated:
-        raise SystemExit(
-            f"refusing to use {address}: TCP without keys lets anyone who can reach the port run code "
-            "here, and allow_tcp_unauthenticated is off. Use an ipc:// address, or allow it with "
-            "--allow-tcp-unauthenticated on a trusted network."
-        )
-    log.warning(
-        "%s is TCP without authentication: anyone who can reach this port can run code on the "
-        "cluster. Use it only on a trusted network.",
-        address,
-    )
+def daemon_security(config: ClusterConfig, address: str) -> SecurityDir | None:
+    """The daemon's security directory for ``address`` (None: ipc://, or --insecure, which
+    warns); exits with the reason when tcp:// has neither."""
+    from scaler_executor.security import for_daemon
+
+    try:
+        return for_daemon(config, address)
+    except ConfigError as exc:
+        raise SystemExit(f"scaler-daemon: {exc}") from None
+
+
+def connecting_security(config: ClusterConfig, address: str, role: str, program: str) -> ClientSecurity | None:
+    """CURVE for a command connecting to ``address`` as ``role``; exits with the reason when
+    tcp:// has neither a credential nor --insecure."""
+    from scaler_executor.security import for_connecting
+
+    try:
+        return for_connecting(config, address, role)
+    except ConfigError as exc:
+        raise SystemExit(f"{program}: {exc}") from None
 
 
 def read_initializer(path: str | None) -> bytes | None:

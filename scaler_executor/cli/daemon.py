@@ -1,6 +1,9 @@
 """``scaler-daemon``: the scheduler, and optionally workers on the same host.
 
-    scaler-daemon --address tcp://0.0.0.0:8786 --workers 4
+    scaler-keys init ~/cluster-keys
+    scaler-daemon --address tcp://0.0.0.0:8786 --security ~/cluster-keys --workers 4
+
+On tcp:// it needs ``--security DIR`` (or, on a trusted network only, ``--insecure``).
 
 Stops cleanly on SIGINT or SIGTERM (clients see their pending futures fail with
 DaemonLost; local workers stop with it).
@@ -10,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
-from scaler_executor.cli.common import check_tcp, setup_logging, tune_gc
+from scaler_executor.cli.common import daemon_security, setup_logging, tune_gc
 from scaler_executor.config import ClusterConfig, add_config_arguments, config_from_args
 
 
@@ -39,10 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     args, config = parse_args(argv)
     setup_logging(config, "scaler-daemon")
     assert config.address is not None
-    check_tcp(config, config.address)
+    directory = daemon_security(config, config.address)
     from scaler_executor.manager.local import LocalWorkerManager
 
     manager = None
+    ephemeral: dict[str, Any] = {}  # the local workers' keys, allowed in memory only
+    keys = None
+    if directory is not None and config.workers:
+        from scaler_executor.security.keys import EphemeralKeys
+
+        keys = EphemeralKeys(directory.daemon_keys()[0], ephemeral)
     if config.workers:
         manager = LocalWorkerManager(
             config,
@@ -52,13 +62,19 @@ def main(argv: list[str] | None = None) -> int:
             minimum=config.min_workers,
             initializer_file=args.initializer,
             max_tasks_per_child=config.max_tasks_per_child,
+            keys=keys,
         )
         # Start the workers before importing the daemon's own modules: their start-up
         # (an interpreter and its imports) then overlaps ours; they connect and wait.
         manager.start()
     from scaler_executor.scheduler.loop import Daemon
 
-    daemon = Daemon(config, config.address, lifeline_fd=0 if args.lifeline else None, manager=manager)
+    security = None
+    if directory is not None:
+        from scaler_executor.security.server import ServerSecurity
+
+        security = ServerSecurity(directory, ephemeral)
+    daemon = Daemon(config, config.address, lifeline_fd=0 if args.lifeline else None, manager=manager, security=security)
     daemon.install_signal_handlers()
     tune_gc()
     try:

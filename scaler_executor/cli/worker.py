@@ -1,6 +1,6 @@
 """``scaler-worker``: workers for a running daemon.
 
-    scaler-worker tcp://scheduler-host:8786 --workers 2 --processors 8
+    scaler-worker tcp://scheduler-host:8786 --credentials worker.cred --workers 2 --processors 8
 
 Each worker is one agent process driving ``--processors`` processor children.
 Stops cleanly on SIGINT or SIGTERM.
@@ -13,8 +13,9 @@ import signal
 import subprocess
 import sys
 
-from scaler_executor.cli.common import check_tcp, read_initializer, setup_logging, tune_gc
+from scaler_executor.cli.common import connecting_security, read_initializer, setup_logging, tune_gc
 from scaler_executor.config import add_config_arguments, config_from_args
+from scaler_executor.security.client import ClientSecurity
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--initializer", metavar="FILE", help="cloudpickle.dumps((initializer, initargs)) file")
     parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)  # stop when stdin closes
+    # A worker its daemon started: its own key arrives as a line on stdin (never in a file).
+    parser.add_argument("--credentials-stdin", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workers-on-host", type=int, default=1, help=argparse.SUPPRESS)  # shares memory_limit=auto
     add_config_arguments(
         parser,
@@ -52,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
             "send_hwm",
             "log_level",
             "max_tasks_per_child",
-            "allow_tcp_unauthenticated",
+            "credentials",
+            "insecure",
             "worker_resources",
             "worker_tags",
             "memory_limit",
@@ -68,7 +72,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = config_from_args(args)
     setup_logging(config, "scaler-worker")
-    check_tcp(config, args.daemon)
+    security: ClientSecurity | None
+    if args.credentials_stdin:
+        from scaler_executor.exceptions import ConfigError
+        from scaler_executor.security.keys import read_credential_line
+
+        try:
+            security = ClientSecurity(read_credential_line(0), args.daemon)
+        except ConfigError as exc:
+            raise SystemExit(f"scaler-worker: {exc}") from None
+    else:
+        security = connecting_security(config, args.daemon, "worker", "scaler-worker")
     processors = args.processors if args.processors is not None else config.processors_per_worker
     if processors < 1 or args.workers < 1:
         parser.error("--workers and --processors must be at least 1")
@@ -99,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         tags=tags,
         memory_limit=limit,
         fetch_objects=args.fetch_objects_over_network,
+        security=security,
     )
     agent.install_signal_handlers()
     tune_gc()

@@ -131,8 +131,11 @@ def _shutdown_at_exit() -> None:
 
 
 class ClientAgent:
-    def __init__(self, config: ClusterConfig, address: str, cluster: EmbeddedCluster | None) -> None:
+    def __init__(
+        self, config: ClusterConfig, address: str, cluster: EmbeddedCluster | None, security: Any = None
+    ) -> None:
         self.config = config
+        self.security = security  # security.client.ClientSecurity on a secured tcp:// daemon
         self.address = address
         self.cluster = cluster
         self.name = f"{socket.gethostname()}:{os.getpid()}"
@@ -458,7 +461,7 @@ class ClientAgent:
 
     def start(self) -> None:
         """Connect and say Hello (on the pool thread that first takes the agent role)."""
-        daemon = DaemonRoute(self.address, self.config.send_hwm, self.config.heartbeat_interval)
+        daemon = DaemonRoute(self.address, self.config.send_hwm, self.config.heartbeat_interval, self.security)
         self._poller = poller = channel.Poller()
         poller.register(daemon.pollable)
         poller.register(self._wake_fd)

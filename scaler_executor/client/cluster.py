@@ -55,6 +55,7 @@ class EmbeddedCluster:
             max_tasks_per_child=max_tasks_per_child,
             # A private cluster gains no workers later: a task none can satisfy fails at once.
             unsatisfiable_timeout=0.0 if config.unsatisfiable_timeout is None else config.unsatisfiable_timeout,
+            security=None,  # a tcp:// daemon's key directory: this one serves an owner-only ipc socket
         )
         config_file = os.path.join(self.directory, "config.toml")
         with open(config_file, "w") as f:

@@ -64,9 +64,14 @@ class ScalerExecutor(Executor):
             stopped, never one running a task.  None (default): a fixed pool.
         config: a :class:`~scaler_executor.config.ClusterConfig`; default: loaded from
             ``SCALER_*`` environment variables and ``$SCALER_CONFIG``.
+        credentials: with a ``tcp://`` address, the client credential file made by
+            ``scaler-keys issue DIR NAME --role client`` (overrides the config's
+            ``credentials`` / ``SCALER_CREDENTIALS``). tcp:// needs one unless the config
+            says ``insecure = true`` (which warns).
 
     Raises:
         ValueError / TypeError: for invalid arguments, naming the fix.
+        ConfigError: tcp:// without a credential (or ``insecure``), or an unusable credential.
     """
 
     def __init__(
@@ -80,6 +85,7 @@ class ScalerExecutor(Executor):
         address: str | None = None,
         min_workers: int | None = None,
         config: ClusterConfig | None = None,
+        credentials: str | None = None,
     ) -> None:
         _check_pool_arguments(mp_context, initializer, max_tasks_per_child)
         if config is None:
@@ -87,10 +93,21 @@ class ScalerExecutor(Executor):
         elif not isinstance(config, ClusterConfig):
             raise TypeError(f"config must be a ClusterConfig, got {type(config).__name__}")
         self._cluster: EmbeddedCluster | None = None
+        security = None
         if address is not None:
             _check_remote_arguments(max_workers, initializer, max_tasks_per_child, min_workers)
+            if credentials is not None:
+                config = config.replace(credentials=credentials)
+            from scaler_executor.security import for_connecting
+
+            security = for_connecting(config, address, "client")  # ConfigError: no key on tcp://
             self._max_workers = 0
         else:
+            if credentials is not None:
+                raise ValueError(
+                    "credentials is for joining a tcp:// cluster (address=...); the embedded "
+                    "cluster is private to this user and needs none"
+                )
             max_workers = _check_embedded_counts(max_workers, min_workers)
             init_blob = cloudpickle.dumps((initializer, tuple(initargs)), protocol=5) if initializer else None
             self._cluster = EmbeddedCluster(
@@ -105,7 +122,7 @@ class ScalerExecutor(Executor):
             self._max_workers = max_workers
         self._config = config
         self._address = address
-        self._agent = ClientAgent(config, address, self._cluster)
+        self._agent = ClientAgent(config, address, self._cluster, security)
         self._finalizer = weakref.finalize(self, ClientAgent.shutdown, self._agent, False)
         self._finalizer.atexit = False  # interpreter exit is handled by the agent module (wait=True)
 

@@ -57,9 +57,9 @@ class DaemonRoute:
     """The client's connection to the daemon (used by the agent role's thread only, and by
     a user thread sending its own submit while it holds the connection's lock)."""
 
-    def __init__(self, address: str, hwm: int, heartbeat_interval: float) -> None:
+    def __init__(self, address: str, hwm: int, heartbeat_interval: float, security: Any = None) -> None:
         # The embedded daemon binds moments after we connect: the channel retries.
-        self.sock = channel.connect(address, hwm=hwm, linger=0.1)
+        self.sock = channel.connect(address, hwm=hwm, linger=0.1, security=security)
         self.pending: list[Any] | None = None  # frames held back by a full queue
         self.welcomed = False
         self.heartbeat_interval = heartbeat_interval  # lowered to the daemon's at Welcome
@@ -308,7 +308,7 @@ class ReplyInbox:
         path = os.path.join(directory, reply.SOCKET_NAME)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
         try:
-            sock.bind(path)
+            channel.owner_only_bind(sock, path)  # the directory is private; the socket is too
         except OSError as exc:
             sock.close()
             log.warning("client: no reply socket at %s (%s); results take the daemon's path", path, exc)

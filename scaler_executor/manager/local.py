@@ -17,9 +17,13 @@ import signal
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from scaler_executor._compat import describe_wait_status
 from scaler_executor.config import ClusterConfig
+
+if TYPE_CHECKING:
+    from scaler_executor.security.keys import Credential, EphemeralKeys
 
 log = logging.getLogger("scaler_executor.manager")
 
@@ -39,8 +43,12 @@ class LocalWorkerManager:
         minimum: int | None = None,
         initializer_file: str | None = None,
         max_tasks_per_child: int | None = None,
+        keys: EphemeralKeys | None = None,
     ) -> None:
+        """``keys``: on a secured tcp:// daemon, each worker's own key, sent on its stdin."""
         self.config = config
+        self.keys = keys
+        self.credentials: dict[int, Credential] = {}  # by pid, withdrawn when the worker exits
         self.address = address
         self.count = count  # the workers kept alive; with autoscaling, the most it may run
         self.minimum = minimum  # None: a fixed pool of `count`; else the daemon decides (autoscaling)
@@ -88,8 +96,11 @@ class LocalWorkerManager:
             str(c.object_store_threshold),
             "--arrays-in-store",
             str(c.arrays_in_store),
-            "--allow-tcp-unauthenticated" if c.allow_tcp_unauthenticated else "--no-allow-tcp-unauthenticated",
         ]
+        if self.keys is not None:
+            cmd.append("--credentials-stdin")
+        elif c.insecure:
+            cmd.append("--insecure")
         if self.initializer_file:
             cmd += ["--initializer", self.initializer_file]
         if self.max_tasks_per_child:
@@ -122,6 +133,14 @@ class LocalWorkerManager:
     def _start_one(self) -> None:
         process = subprocess.Popen(self.command(), stdin=subprocess.PIPE)
         self.workers[process.pid] = (process, time.monotonic())
+        if self.keys is not None and process.stdin is not None:
+            credential = self.keys.issue(f"local-worker-{process.pid}")
+            self.credentials[process.pid] = credential
+            try:
+                process.stdin.write((credential.to_line() + "\n").encode("ascii"))
+                process.stdin.flush()  # ~200 bytes: the pipe takes it without blocking
+            except BrokenPipeError:
+                pass  # it died at once; poll() reports it
 
     def poll(self) -> list[tuple[int, str]]:
         """Workers that exited since the last call, as (pid, how); restarts replacements when due."""
@@ -132,6 +151,8 @@ class LocalWorkerManager:
             if code is None:
                 continue
             del self.workers[pid]
+            if (credential := self.credentials.pop(pid, None)) is not None and self.keys is not None:
+                self.keys.withdraw(credential)  # a dead worker's key lets nobody in
             if process.stdin is not None:
                 process.stdin.close()
             how = describe_wait_status(_wait_status(code))
@@ -166,6 +187,10 @@ class LocalWorkerManager:
                 process.kill()
                 process.wait()
         self.workers.clear()
+        if self.keys is not None:
+            for credential in self.credentials.values():
+                self.keys.withdraw(credential)
+        self.credentials.clear()
 
 
 def _wait_status(returncode: int) -> int:

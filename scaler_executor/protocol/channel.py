@@ -43,6 +43,7 @@ from __future__ import annotations
 import errno
 import logging
 import math
+import os
 import select
 import socket
 import struct
@@ -153,17 +154,27 @@ def _zmq() -> Any:
     return zmq
 
 
-def bind(address: str, *, hwm: int) -> Any:
-    """The daemon's channel at ``address`` (a RouterChannel or a StreamRouter)."""
+def bind(address: str, *, hwm: int, security: Any = None) -> Any:
+    """The daemon's channel at ``address`` (a RouterChannel or a StreamRouter).
+
+    ``security`` (tcp:// only: security.server.ServerSecurity) gets ``configure_server(context,
+    socket)`` before the socket binds: its ZAP handler and CURVE keys are in place before any
+    peer can connect."""
     if address.startswith("ipc://"):
         return StreamRouter(address[len("ipc://") :], hwm=hwm)
-    return RouterChannel(address, hwm=hwm)
+    return RouterChannel(address, hwm=hwm, security=security)
 
 
-def connect(address: str, *, hwm: int, linger: float) -> Any:
-    """A client's or worker's channel to the daemon at ``address``."""
+def connect(address: str, *, hwm: int, linger: float, security: Any = None) -> Any:
+    """A client's or worker's channel to the daemon at ``address``.
+
+    ``security`` (tcp:// only: security.client.ClientSecurity) gets ``configure_client(context,
+    socket)`` before the socket connects, and its ``verdict()`` — why the daemon will not take
+    this connection — arrives as a received ``Refused`` (SecureDealerChannel)."""
     if address.startswith("ipc://"):
         return StreamDealer(address[len("ipc://") :], hwm=hwm, linger=linger)
+    if security is not None:
+        return SecureDealerChannel(address, hwm=hwm, linger=linger, security=security)
     return DealerChannel(address, hwm=hwm, linger=linger)
 
 
@@ -218,20 +229,89 @@ class _ZmqChannel:
 
 
 class RouterChannel(_ZmqChannel):
-    def __init__(self, address: str, *, hwm: int) -> None:
+    def __init__(self, address: str, *, hwm: int, security: Any = None) -> None:
         super().__init__("ROUTER", hwm, 0.0)
         self.sock.setsockopt(_zmq().ROUTER_MANDATORY, 1)
+        if security is not None:
+            security.configure_server(self.context, self.sock)
         self.sock.bind(address)
+
+    def recv_authenticated(self) -> tuple[list[bytes], str, Any]:
+        """``recv``, plus the ZAP User-Id the transmission carries and its first body frame
+        (whose other metadata, such as Peer-Address, is read only when needed)."""
+        try:
+            received: tuple[list[bytes], str, Any] = self._wire.recv_with_user(self.sock)
+        except self._zmq_again:
+            raise Again() from None
+        return received
 
 
 class DealerChannel(_ZmqChannel):
-    def __init__(self, address: str, *, hwm: int, linger: float) -> None:
+    def __init__(self, address: str, *, hwm: int, linger: float, security: Any = None) -> None:
         super().__init__("DEALER", hwm, linger)
         self.sock.setsockopt(_zmq().RECONNECT_IVL, round(RECONNECT_SECONDS * 1000))
+        if security is not None:
+            security.configure_client(self.context, self.sock)
         self.sock.connect(address)
 
 
+class SecureDealerChannel(DealerChannel):
+    """A DealerChannel with CURVE whose failed handshakes become a received ``Refused``.
+
+    The verdict is held in user space like a stream channel's parsed transmissions, so the
+    callers' ``buffered``/``poll_timeout`` protocol delivers it without a poller event.
+    """
+
+    def __init__(self, address: str, *, hwm: int, linger: float, security: Any) -> None:
+        super().__init__(address, hwm=hwm, linger=linger, security=security)
+        self.security = security
+        self.refusal: list[bytes] | None = None
+        self.refused = False  # delivered already: one verdict per channel
+
+    def poll_timeout(self, timeout_ms: float) -> float:
+        if self.refusal is None and not self.refused:
+            reason = self.security.verdict()
+            if reason is not None:
+                from scaler_executor.protocol import codec
+                from scaler_executor.protocol import messages as m
+
+                log.error("%s", reason)
+                self.refusal = codec.encode([m.Refused(reason)])
+                self.buffered = True
+        return 0 if self.refusal is not None else timeout_ms
+
+    def readable(self) -> bool:
+        return self.refusal is not None or super().readable()
+
+    def recv(self) -> list[bytes]:
+        refusal = self.refusal
+        if refusal is not None:
+            self.refusal, self.refused, self.buffered = None, True, False
+            return refusal
+        return super().recv()
+
+    def close(self, linger: float | None = None) -> None:
+        self.security.close()
+        super().close(linger)
+
+
 # ---------------------------------------------------------------------------- streams
+
+
+def owner_only_bind(sock: socket.socket, path: str) -> None:
+    """Bind a Unix socket at ``path`` with mode 0600 whatever the umask.
+
+    Linux creates the socket's file with the socket inode's mode masked by the umask
+    (``unix_bind``: ``S_IFSOCK | (SOCK_INODE(sock)->i_mode & ~current_umask())``), so an
+    ``fchmod`` before ``bind`` leaves no moment at which another user could connect; a
+    ``chmod`` after would. The mode is checked after, and a socket left open refused.
+    """
+    os.fchmod(sock.fileno(), 0o600)
+    sock.bind(path)
+    mode = os.stat(path).st_mode & 0o777
+    if mode & 0o077:  # a kernel that ignores the inode's mode: close the gap now, say so
+        os.chmod(path, 0o600)
+        log.warning("ipc socket %s was created with mode %o; set to 0600", path, mode)
 
 
 def _header(frames: list[Any]) -> bytes:
@@ -405,7 +485,7 @@ class StreamRouter(_StreamEndpoint):
         super().__init__(path, hwm)
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.setblocking(False)
-        self.listener.bind(path)
+        owner_only_bind(self.listener, path)
         self.listener.listen(128)
         self.epoll.register(self.listener.fileno(), _EPOLLIN)
         self.by_fd: dict[int, _Connection] = {}

@@ -48,3 +48,28 @@ def recv(sock: zmq.Socket[Any]) -> list[bytes]:
         frame = _recv(sock, _NOBLOCK, False)
         frames.append(frame.bytes)
     return frames
+
+
+_USER_ID = "User-Id"
+
+
+def recv_with_user(sock: zmq.Socket[Any]) -> tuple[list[bytes], str, Any]:
+    """``recv`` on a ROUTER, plus the ZAP User-Id of the peer and the first body frame.
+
+    The identity frame is the ROUTER's own and carries no metadata; the body frames carry the
+    connection's (ZMTP properties and what the ZAP handler answered)."""
+    frame = _recv(sock, _NOBLOCK, False)
+    frames = [frame.bytes]
+    body: Any = None
+    while frame.more:
+        frame = _recv(sock, _NOBLOCK, False)
+        if body is None:
+            body = frame
+        frames.append(frame.bytes)
+    user = ""  # no User-Id (a connection no ZAP handler answered): the caller refuses it
+    if body is not None:
+        try:
+            user = body.get(_USER_ID)
+        except zmq.ZMQError:
+            pass
+    return frames, user, body

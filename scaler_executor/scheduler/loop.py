@@ -4,6 +4,9 @@
 
     poll(daemon channel, signal pipe, lifeline)  ── timeout: next tick, or 5 ms while a backlog waits
       → recv every transmission ready (up to RECV_BURST), decode; bad ones: log (rate-limited), drop
+        (tcp:// with --security: ZAP requests answered on this poller; each transmission's key
+        (User-Id) checked before it is decoded, each message against the key's role; the
+        allow-list re-read when its file changes: security/server.py)
       → Tick every heartbeat_interval / 4; Wake when the core asked (deferred notices);
         local worker exits from the manager
       → core.handle(*events) → [Send(peer, messages)]
@@ -86,7 +89,9 @@ class Daemon:
         *,
         lifeline_fd: int | None = None,
         manager: CapacityAdapter | None = None,
+        security: Any = None,
     ) -> None:
+        """``security``: a ServerSecurity (security/server.py) for a tcp:// address, or None."""
         self.config = config
         self.address = address
         from scaler_executor.scheduler.objects import HostStore
@@ -97,7 +102,10 @@ class Daemon:
         self.manager = manager
         self.host = socket.gethostname()
         self.stopping = False
-        self.sock = channel.bind(address, hwm=config.send_hwm)
+        self.security = security
+        if security is not None:
+            security.use_counters(self.core.counters)
+        self.sock = channel.bind(address, hwm=config.send_hwm, security=security)
         self.backlog: dict[bytes, deque[list[Any]]] = {}
         self.unreachable: list[PeerUnreachable] = []
         self.bad_input = RateLimitedLog(log)
@@ -119,6 +127,9 @@ class Daemon:
         poller = channel.Poller()
         poller.register(self.sock.pollable)
         poller.register(self._signal_r)
+        secured = [] if self.security is None else self.security.pollables()  # ZAP, handshake monitor
+        for target in secured:
+            poller.register(target)
         if self.lifeline_fd is not None:
             poller.register(self.lifeline_fd)
         if self.manager is not None:
@@ -139,6 +150,9 @@ class Daemon:
                 events: list[core.Event] = []
                 if self.sock.pollable in ready or self.sock.buffered:
                     self._receive(events, now)
+                if secured:
+                    self.security.on_ready(ready)
+                    self._secure_turn(events, now)
                 if self._signal_r in ready:
                     self._drain_signal_pipe()
                 if (
@@ -179,8 +193,22 @@ class Daemon:
         except BlockingIOError:
             pass
 
+    def _secure_turn(self, events: list[core.Event], now: float) -> None:
+        """Revocations (the allow-list re-read when its file changed) and the gate's refusals."""
+        security = self.security
+        if security.refresh(now):
+            security.forget(self.core.knows)
+        if security.lost:
+            events.extend(PeerUnreachable(peer, now) for peer in security.lost)
+            security.lost = []
+        if security.replies:
+            replies, security.replies = security.replies, []
+            for peer, refusal in replies:
+                self._send(peer, codec.encode([refusal]), now)
+
     def _receive(self, events: list[core.Event], now: float) -> None:
         sock = self.sock
+        security = self.security
         deadline = now + TURN_SECONDS
         for _ in range(RECV_BURST):
             if time.monotonic() > deadline:
@@ -188,7 +216,14 @@ class Daemon:
             if not sock.readable():
                 return
             try:
-                frames = sock.recv()
+                if security is None:
+                    frames = sock.recv()
+                else:
+                    # No frame of a peer whose key is not (or no longer) allowed is decoded.
+                    frames, user, frame = sock.recv_authenticated()
+                    allowed = security.admit(frames[0], user, frame)
+                    if allowed is None:
+                        continue
             except channel.Again:
                 return
             peer = frames[0]
@@ -201,6 +236,8 @@ class Daemon:
                 continue
             try:
                 messages, _buffers = codec.decode(frames[1:])
+                if security is not None:
+                    messages = security.within_role(peer, allowed, messages, frame)
             except codec.VersionMismatch as exc:
                 self.bad_input.warning("version", "daemon: refused a transmission from %r: %s", peer, exc)
                 self._execute([Send(peer, [m.Refused(str(exc))])], now)
@@ -274,6 +311,8 @@ class Daemon:
                 pass
         if self.manager is not None:
             self.manager.stop()
+        if self.security is not None:
+            self.security.close()  # its ZAP socket first: the channel's close ends their context
         self.sock.close(linger=0)
         self.objects.close()
         if self.address.startswith("ipc://"):

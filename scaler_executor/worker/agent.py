@@ -139,6 +139,7 @@ class WorkerAgent:
         tags: list[str] | None = None,
         memory_limit: int | None = None,
         fetch_objects: bool = False,
+        security: Any = None,  # a security.client.ClientSecurity on a secured tcp:// daemon
     ) -> None:
         if processors < 1:
             raise ValueError(f"a worker needs at least one processor, got {processors}")
@@ -165,7 +166,7 @@ class WorkerAgent:
         os.environ[DAEMON_ADDRESS_ENV] = address
         # Fork the zygote first: no thread and no ZeroMQ context may exist yet.
         self.zygote: ZygoteHandle = start_zygote(initializer, max_tasks_per_child, config.arrays_in_store)
-        self.sock = channel.connect(address, hwm=config.send_hwm, linger=0.2)
+        self.sock = channel.connect(address, hwm=config.send_hwm, linger=0.2, security=security)
         self.poller = channel.Poller()
         self.poller.register(self.sock.pollable)
         self.lanes = Lanes(self.name)  # where local clients submit sequential tasks (lanes.py)

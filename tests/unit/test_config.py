@@ -62,7 +62,9 @@ def test_defaults() -> None:
         "arrays_in_store": 1048576,
         "unsatisfiable_timeout": None,
         "log_level": "WARNING",
-        "allow_tcp_unauthenticated": True,
+        "security": None,
+        "credentials": None,
+        "insecure": False,
     }
 
 
@@ -105,7 +107,7 @@ def test_float_fields_accept_ints_and_log_level_is_upper_cased() -> None:
         ({"max_prefetch": 0}, "max_prefetch=0: must be an integer >= 1"),
         ({"log_level": "LOUD"}, "log_level='LOUD': must be one of DEBUG, INFO, WARNING, ERROR"),
         ({"log_level": None}, "log_level=None: must be one of"),
-        ({"allow_tcp_unauthenticated": 1}, "allow_tcp_unauthenticated=1: must be true or false"),
+        ({"insecure": 1}, "insecure=1: must be true or false"),
         ({"address": 5}, "address=5: must be a string or none"),
     ],
 )
@@ -157,12 +159,12 @@ def test_load_file(tmp_path: Path) -> None:
     path = write(
         tmp_path,
         'address = "tcp://10.0.0.1:2345"\nworkers = 4\nheartbeat_interval = 1\n'
-        'log_level = "info"\nallow_tcp_unauthenticated = false\nmax_tasks_per_child = 50\n',
+        'log_level = "info"\ninsecure = true\nmax_tasks_per_child = 50\n',
     )
     config = ClusterConfig.load(file=path, env=NO_ENV)
     assert config.address == "tcp://10.0.0.1:2345"
     assert (config.workers, config.heartbeat_interval, config.log_level) == (4, 1.0, "INFO")
-    assert config.allow_tcp_unauthenticated is False and config.max_tasks_per_child == 50
+    assert config.insecure is True and config.max_tasks_per_child == 50
     assert config.max_retries == 3  # untouched keys keep their defaults
 
 
@@ -208,7 +210,8 @@ def test_to_toml_round_trips(tmp_path: Path) -> None:
         daemon_loss_timeout=7,
         max_tasks_per_child=10,
         log_level="error",
-        allow_tcp_unauthenticated=False,
+        insecure=True,
+        credentials="/home/u/client.cred",
     )
     text = config.to_toml()
     assert tomllib.loads(text)["workers"] == 3
@@ -233,12 +236,12 @@ def test_to_toml_round_trips(tmp_path: Path) -> None:
         ({"SCALER_MAX_TASKS_PER_CHILD": "None"}, "max_tasks_per_child", None),
         ({"SCALER_MAX_TASKS_PER_CHILD": "5"}, "max_tasks_per_child", 5),
         ({"SCALER_LOG_LEVEL": "debug"}, "log_level", "DEBUG"),
-        ({"SCALER_ALLOW_TCP_UNAUTHENTICATED": "0"}, "allow_tcp_unauthenticated", False),
-        ({"SCALER_ALLOW_TCP_UNAUTHENTICATED": "No"}, "allow_tcp_unauthenticated", False),
-        ({"SCALER_ALLOW_TCP_UNAUTHENTICATED": "false"}, "allow_tcp_unauthenticated", False),
-        ({"SCALER_ALLOW_TCP_UNAUTHENTICATED": "YES"}, "allow_tcp_unauthenticated", True),
-        ({"SCALER_ALLOW_TCP_UNAUTHENTICATED": "1"}, "allow_tcp_unauthenticated", True),
-        ({"SCALER_ALLOW_TCP_UNAUTHENTICATED": "true"}, "allow_tcp_unauthenticated", True),
+        ({"SCALER_INSECURE": "0"}, "insecure", False),
+        ({"SCALER_INSECURE": "No"}, "insecure", False),
+        ({"SCALER_INSECURE": "false"}, "insecure", False),
+        ({"SCALER_INSECURE": "YES"}, "insecure", True),
+        ({"SCALER_INSECURE": "1"}, "insecure", True),
+        ({"SCALER_INSECURE": "true"}, "insecure", True),
     ],
 )
 def test_env_values_parse_per_type(env: dict[str, str], key: str, expected: object) -> None:
@@ -252,7 +255,7 @@ def test_env_values_parse_per_type(env: dict[str, str], key: str, expected: obje
         ({"SCALER_WORKERS": "four"}, "invalid workers='four' (from environment variable"),
         ({"SCALER_WORKERS": ""}, "invalid workers='' (from environment variable SCALER_WORKERS"),
         ({"SCALER_HEARTBEAT_INTERVAL": "fast"}, "invalid heartbeat_interval='fast'"),
-        ({"SCALER_ALLOW_TCP_UNAUTHENTICATED": "maybe"}, "must be true or false"),
+        ({"SCALER_INSECURE": "maybe"}, "must be true or false"),
         ({"SCALER_MAX_RETRIES": "-1"}, "invalid max_retries=-1 (from environment variable"),
     ],
 )
@@ -314,17 +317,17 @@ def test_argparse_flags_override_env_and_file(tmp_path: Path) -> None:
     path = write(tmp_path, "workers = 1\nmax_prefetch = 8\nlog_level = 'ERROR'\n")
     args = parser_with_config().parse_args(
         ["--config", str(path), "--workers", "3", "--max-tasks-per-child", "none",
-         "--no-allow-tcp-unauthenticated", "--heartbeat-interval", "1"]
+         "--insecure", "--heartbeat-interval", "1"]
     )  # fmt: skip
     config = config_from_args(args, env={"SCALER_MAX_PREFETCH": "16"})
     assert config.workers == 3 and config.max_prefetch == 16 and config.log_level == "ERROR"
-    assert config.max_tasks_per_child is None and config.allow_tcp_unauthenticated is False
+    assert config.max_tasks_per_child is None and config.insecure is True
     assert config.heartbeat_interval == 1.0
 
 
 def test_argparse_only_given_flags_are_set() -> None:
-    args = parser_with_config().parse_args(["--allow-tcp-unauthenticated"])
-    assert vars(args) == {"allow_tcp_unauthenticated": True}
+    args = parser_with_config().parse_args(["--insecure"])
+    assert vars(args) == {"insecure": True}
     assert config_from_args(args, env={"SCALER_WORKERS": "5"}).workers == 5
 
 
@@ -353,7 +356,7 @@ def test_argparse_help_comes_from_field_metadata() -> None:
     for f in dataclasses.fields(ClusterConfig):
         assert "--" + f.name.replace("_", "-") in text
         assert "SCALER_" + f.name.upper() in text
-    assert "--no-allow-tcp-unauthenticated" in text
+    assert "--no-insecure" in text
     assert "seconds of silence after which a peer sends a heartbeat" in text
 
 

@@ -5,7 +5,8 @@ layer, never a higher one, and the three roles never import one another::
 
   5  cli/, joblib, progress, demo, __init__    entry points, integrations, the facade
   4  client/ | worker/ | manager/              the roles: none imports another
-  3  scheduler/                                the daemon (and the CapacityAdapter contract)
+  3  scheduler/, security/                     the daemon (and the CapacityAdapter contract);
+                                               keys, ZAP and CURVE for every role
   2  config                                    ClusterConfig
   1  protocol/, objstore/                      the wire (incl. refs: pickled references)
                                                and the store (incl. payload.Fetched)
@@ -37,6 +38,7 @@ LAYERS = {
     "objstore": 1,
     "config": 2,
     "scheduler": 3,
+    "security": 3,  # below the roles that connect; its daemon gate uses scheduler.loop's log limiter
     "client": 4,
     "worker": 4,
     "manager": 4,
