@@ -501,7 +501,7 @@ def _invalid(f: _Field, value: object, source: str | None, problem: str | None =
     if problem is not None:
         return ConfigError(f"invalid {f.name}={value!r}{_from(source)}: {problem}")
     note = " (a bool is not a number)" if isinstance(value, bool) and f.kind is not bool else ""
-    shown = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else f"<an integer of {value.bit_length()} bits>"
+    shown = repr(value) if not isinstance(value, int) or value.bit_length() <= 256 else f"<an integer of {value.bit_length()} bits>"
     return ConfigError(f"invalid {f.name}={shown}{_from(source)}: must be {_allowed(f)}{note}")
 
 

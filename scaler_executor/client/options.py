@@ -44,7 +44,7 @@ def _is_number(value: object) -> bool:
 
 def _shown(value: object) -> str:
     """``repr`` that stays short (and works) for an int of any size."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
         return f"an integer of {value.bit_length()} bits"
     return repr(value)
 
