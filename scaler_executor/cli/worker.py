@@ -13,12 +13,24 @@ import signal
 import subprocess
 import sys
 
-from scaler_executor.cli.common import check_tcp, read_initializer, setup_logging, tune_gc
-from scaler_executor.config import add_config_arguments, config_from_args
+from scaler_executor.cli.common import (
+    Parser,
+    check_tcp,
+    fail,
+    load_config,
+    read_initializer,
+    setup_logging,
+    tune_gc,
+)
+from scaler_executor.config import add_config_arguments, check_address
+from scaler_executor.exceptions import ConfigError
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scaler-worker", description="Run scaler-executor workers for a daemon.")
+    parser = Parser(
+        prog="scaler-worker",
+        description="Run scaler-executor workers for a daemon.",
+    )
     parser.add_argument("daemon", metavar="ADDRESS", help="the daemon's address, e.g. tcp://host:8786")
     parser.add_argument("--workers", type=int, default=1, help="worker agents to run (default 1)")
     parser.add_argument(
@@ -31,9 +43,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--resources",
         metavar="NAME=QTY,...",
-        help="resources this worker offers, e.g. cpu=4,gpu=1,mem=16e9 (default: worker_resources from the config)",
+        help="resources this worker offers, e.g. cpu=4,gpu=1,mem=16e9 (default: worker_resources from "
+        "the config file or SCALER_WORKER_RESOURCES)",
     )
-    parser.add_argument("--tags", metavar="TAG,...", help="tags this worker has, e.g. linux,ssd (default: worker_tags)")
+    parser.add_argument(
+        "--tags",
+        metavar="TAG,...",
+        help="tags this worker has, e.g. linux,ssd (default: worker_tags from the config file or SCALER_WORKER_TAGS)",
+    )
     parser.add_argument(
         "--fetch-objects-over-network",
         action="store_true",
@@ -53,8 +70,6 @@ def _parser() -> argparse.ArgumentParser:
             "log_level",
             "max_tasks_per_child",
             "allow_tcp_unauthenticated",
-            "worker_resources",
-            "worker_tags",
             "memory_limit",
             "object_store_threshold",
             "arrays_in_store",
@@ -66,22 +81,26 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    config = config_from_args(args)
-    setup_logging(config, "scaler-worker")
-    check_tcp(config, args.daemon)
+    config = load_config(parser, args)
+    try:
+        check_address(args.daemon, "daemon address")
+    except ConfigError as exc:
+        fail(parser.prog, str(exc))
     processors = args.processors if args.processors is not None else config.processors_per_worker
     if processors < 1 or args.workers < 1:
-        parser.error("--workers and --processors must be at least 1")
-    if args.workers > 1:
-        return _run_several(argv or sys.argv[1:], args.workers)
+        fail(parser.prog, "--workers and --processors must be at least 1")
     from scaler_executor.config import parse_resources, parse_tags
-    from scaler_executor.exceptions import ConfigError
-    from scaler_executor.worker.agent import WorkerAgent
 
     try:
         resources = parse_resources(args.resources if args.resources is not None else config.worker_resources, "--resources")
     except ConfigError as exc:
-        parser.error(str(exc))
+        fail(parser.prog, str(exc))
+    setup_logging(config, "scaler-worker")
+    check_tcp(config, args.daemon)
+    if args.workers > 1:
+        return _run_several(argv or sys.argv[1:], args.workers)
+    from scaler_executor.worker.agent import WorkerAgent
+
     tags = parse_tags(args.tags if args.tags is not None else config.worker_tags)
     from scaler_executor.worker.memory import memory_limit
 
@@ -92,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         args.daemon,
         processors=processors,
         name=args.name,
-        initializer=read_initializer(args.initializer),
+        initializer=read_initializer(args.initializer, parser.prog),
         max_tasks_per_child=config.max_tasks_per_child,
         lifeline_fd=0 if args.lifeline else None,
         resources=resources,

@@ -93,7 +93,11 @@ class Daemon:
         self.manager = manager
         self.host = socket.gethostname()
         self.stopping = False
-        self.sock = channel.bind(address, hwm=config.send_hwm)
+        try:
+            self.sock = channel.bind(address, hwm=config.send_hwm)
+        except BaseException:  # the address is taken, say: the store region must not outlive us
+            self.objects.close()
+            raise
         self.backlog: dict[bytes, deque[list[Any]]] = {}
         self.unreachable: list[PeerUnreachable] = []
         self.bad_input = RateLimitedLog(log)
