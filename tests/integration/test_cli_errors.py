@@ -243,8 +243,29 @@ def test_executor_starts_among_unrelated_variables(workdir: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
         "32",
-        "ConfigError invalid address 'localhost:8786': it has no scheme: write tcp://localhost:8786"
-        " (or ipc:///PATH for a Unix socket)",
+        ("ConfigError invalid address 'localhost:8786': it has no scheme: write tcp://localhost:8786"
+        " (or ipc:///PATH for a Unix socket)"),
     ]
     assert proc.stderr.count(NEAR_MISS) == 1, proc.stderr  # a warning, once, from the client alone
     assert "ConfigWarning" in proc.stderr and "SCALER_HOME" not in proc.stderr
+
+
+CONFIG_SCRIPT = """
+from scaler_executor import ScalerExecutor
+try:
+    ScalerExecutor(max_workers=1)
+except ValueError as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def test_executor_with_an_unreadable_config_file(workdir: Path) -> None:
+    binary = workdir / "scaler.toml"
+    binary.write_bytes(b"\x00\xff\xfe")
+    proc = run(sys.executable, "-c", CONFIG_SCRIPT, env={"SCALER_CONFIG": str(binary)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        (f"ConfigError config file {binary} (named by SCALER_CONFIG) is not a text file (byte 1 is not UTF-8):"
+        " a config file is UTF-8 TOML text such as 'workers = 4'; name that file instead")
+    ]
+    assert proc.stderr == ""
