@@ -15,9 +15,10 @@ Unknown keys are errors in the file and CLI layers, with the closest valid key s
 The environment is shared with everything else the user runs, and ``SCALER_`` is a generic
 prefix (shells, CI systems and other tools, the reference Scaler system among them, set such
 variables), so a ``SCALER_*`` variable that names no key is ignored; only a near-miss of one
-of our names (within two edits of it or of its singular, e.g. ``SCALER_MAX_RETRY``) gets a :class:`ConfigWarning`
-with the suggestion, once per variable, also logged.  Names in :data:`RESERVED_ENV` are read
-by other parts of the package and never warned about.  Every value is checked in the layer it
+of our names (within two edits of it or of its singular, e.g. ``SCALER_MAX_RETRY``) gets a
+:class:`~scaler_executor.exceptions.ConfigWarning` with the suggestion, once per variable,
+also logged where logging is set up.  Names in :data:`RESERVED_ENV` are read by other parts
+of the package and never warned about.  Every value is checked in the layer it
 came from, against its type and range, so a bad value is reported with its file, variable or
 flag even when a higher layer overrides it; cross-field rules run on the merged result.
 
@@ -48,7 +49,10 @@ __all__ = [
     "CONFIG_DEST",
     "CONFIG_ENV",
     "ENV_PREFIX",
+    "FLOAT_MAX",
+    "INT_MAX",
     "LOG_LEVELS",
+    "NEAR_MISS_EDITS",
     "RESERVED_ENV",
     "WARNED_ENV",
     "ClusterConfig",
@@ -57,19 +61,20 @@ __all__ = [
     "config_from_args",
     "parse_resources",
     "parse_tags",
+    "warned_env",
 ]
 
 ENV_PREFIX: Final = "SCALER_"
 #: Names the TOML file when ``load()`` is given no ``file``.
 CONFIG_ENV: Final = "SCALER_CONFIG"
+#: Near-miss variables a parent process already warned about, comma-separated: the commands
+#: set it for the workers they start, so one mistake makes one warning per command.
+WARNED_ENV: Final = "SCALER_WARNED_ENV"
 #: ``SCALER_*`` variables that are not config keys but that this package reads: they are
 #: never taken for near-misses of a key (and a near-miss of one of them is warned about).
 #: A module that reads its own ``SCALER_*`` variable adds the name here at import time
 #: (``RESERVED_ENV.add("SCALER_FOO")``).
 # SCALER_DEBUG_LOCKS: the lock-order checker (scaler_executor/_locks.py), on in the tests.
-#: Near-miss variables a parent process already warned about, comma-separated: the commands
-#: set it for the workers they start, so one mistake makes one warning per command.
-WARNED_ENV: Final = "SCALER_WARNED_ENV"
 RESERVED_ENV: set[str] = {CONFIG_ENV, WARNED_ENV, "SCALER_DAEMON_ADDRESS", "SCALER_DEBUG_LOCKS"}
 #: ``argparse`` destination of ``--config FILE``.
 CONFIG_DEST: Final = "config_file"
