@@ -56,8 +56,10 @@ def load_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Cl
         config = config_from_args(args)
     except ConfigError as exc:
         fail(parser.prog, str(exc))
-    if warned_env():  # the workers this command starts inherit the variables, not the warning
-        os.environ[WARNED_ENV] = ",".join(sorted(warned_env() | set(os.environ.get(WARNED_ENV, "").split(",")) - {""}))
+    # The workers this command starts inherit the variables, not the warning.
+    inherited = set(filter(None, os.environ.get(WARNED_ENV, "").split(",")))
+    if warned_env() - inherited:
+        os.environ[WARNED_ENV] = ",".join(sorted(warned_env() | inherited))
     return config
 
 

@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         resources = parse_resources(args.resources if args.resources is not None else config.worker_resources, "--resources")
     except ConfigError as exc:
         fail(parser.prog, str(exc))
+    initializer = read_initializer(args.initializer, parser.prog)  # here: N workers would say it N times
     setup_logging(config, "scaler-worker")
     check_tcp(config, args.daemon)
     if args.workers > 1:
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         args.daemon,
         processors=processors,
         name=args.name,
-        initializer=read_initializer(args.initializer, parser.prog),
+        initializer=initializer,
         max_tasks_per_child=config.max_tasks_per_child,
         lifeline_fd=0 if args.lifeline else None,
         resources=resources,

@@ -187,8 +187,8 @@ NEAR_MISS = "ignoring environment variable SCALER_MAX_RETRY: it names no config 
 
 
 def test_daemon_and_worker_start_among_unrelated_variables(workdir: Path) -> None:
-    """Both commands start with SCALER_HOME & co. set, warn once each about the near-miss (a
-    daemon's local worker does not repeat it), and run tasks."""
+    """Both commands start with SCALER_HOME & co. set, warn once each about the near-miss (the
+    workers each starts do not repeat it), and run tasks."""
     sock = workdir / "d.sock"
     address = f"ipc://{sock}"
     flags = ["--heartbeat-interval", "0.1", "--heartbeat-liveness", "50"]
@@ -201,7 +201,9 @@ def test_daemon_and_worker_start_among_unrelated_variables(workdir: Path) -> Non
         )
         assert wait_until(lambda: sock.exists() or procs[0].poll() is not None, timeout=60)
         assert procs[0].poll() is None, "the daemon exited"
-        procs.append(subprocess.Popen([WORKER, address, "--tags", "extra", *flags], env=env, stderr=logs["worker"]))
+        procs.append(  # two agents: the children of a scaler-worker do not repeat its warning either
+            subprocess.Popen([WORKER, address, "--workers", "2", "--tags", "extra", *flags], env=env, stderr=logs["worker"])
+        )
         with ScalerExecutor(address=address, config=TOLERANT) as ex:
             assert ex.options(tags={"extra"}).submit(pow, 2, 5).result(timeout=60) == 32  # the scaler-worker's
             assert ex.submit(pow, 3, 2).result(timeout=60) == 9
