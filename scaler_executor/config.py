@@ -11,9 +11,15 @@ The TOML file holds the keys at its top level (a ``[scaler]`` table is rejected 
 message saying so: the file is ours alone, so a namespace would only be a second way to
 write the same thing).  TOML has no null, so the string ``"none"`` unsets an optional key.
 
-Unknown keys are errors in every layer (file keys, ``SCALER_*`` variables not listed in
-:data:`RESERVED_ENV`, CLI mapping keys), with the closest valid key suggested.  Every value
-is checked in the layer it came from, so a bad value is reported with its file, variable or
+Unknown keys are errors in the file and CLI layers, with the closest valid key suggested.
+The environment is shared with everything else the user runs, and ``SCALER_`` is a generic
+prefix (shells, CI systems and other tools, the reference Scaler system among them, set such
+variables), so a ``SCALER_*`` variable that names no key is ignored; only a near-miss of one
+of our names (within two edits of it or of its singular, e.g. ``SCALER_MAX_RETRY``) gets a
+:class:`~scaler_executor.exceptions.ConfigWarning` with the suggestion, once per variable,
+also logged where logging is set up.  Names in :data:`RESERVED_ENV` are read by other parts
+of the package and never warned about.  Every value is checked in the layer it
+came from, against its type and range, so a bad value is reported with its file, variable or
 flag even when a higher layer overrides it; cross-field rules run on the merged result.
 
 Adding a field is one line in :class:`ClusterConfig`: its flag, environment variable,
@@ -25,41 +31,64 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import math
 import os
+import threading
 import types
 import typing
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
-from scaler_executor.exceptions import ConfigError
+from scaler_executor.exceptions import ConfigError, ConfigWarning
 from scaler_executor.sizes import parse_size
 
 __all__ = [
     "CONFIG_DEST",
     "CONFIG_ENV",
     "ENV_PREFIX",
+    "FLOAT_MAX",
+    "INT_MAX",
     "LOG_LEVELS",
+    "NEAR_MISS_EDITS",
     "RESERVED_ENV",
+    "WARNED_ENV",
     "ClusterConfig",
     "add_config_arguments",
+    "check_address",
     "config_from_args",
     "parse_resources",
     "parse_tags",
+    "warned_env",
 ]
 
 ENV_PREFIX: Final = "SCALER_"
 #: Names the TOML file when ``load()`` is given no ``file``.
 CONFIG_ENV: Final = "SCALER_CONFIG"
-#: ``SCALER_*`` variables that are not config keys but must not be rejected as typos.  A
-#: module that reads its own ``SCALER_*`` variable adds the name here at import time
+#: Near-miss variables a parent process already warned about, comma-separated: the commands
+#: set it for the workers they start, so one mistake makes one warning per command.
+WARNED_ENV: Final = "SCALER_WARNED_ENV"
+#: ``SCALER_*`` variables that are not config keys but that this package reads: they are
+#: never taken for near-misses of a key (and a near-miss of one of them is warned about).
+#: A module that reads its own ``SCALER_*`` variable adds the name here at import time
 #: (``RESERVED_ENV.add("SCALER_FOO")``).
 # SCALER_DEBUG_LOCKS: the lock-order checker (scaler_executor/_locks.py), on in the tests.
-RESERVED_ENV: set[str] = {CONFIG_ENV, "SCALER_DAEMON_ADDRESS", "SCALER_DEBUG_LOCKS"}
+RESERVED_ENV: set[str] = {CONFIG_ENV, WARNED_ENV, "SCALER_DAEMON_ADDRESS", "SCALER_DEBUG_LOCKS"}
 #: ``argparse`` destination of ``--config FILE``.
 CONFIG_DEST: Final = "config_file"
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
+#: The largest integer a key may hold unless its field says less: counts travel in messages
+#: as msgpack's signed 64-bit integers, and larger ones cannot be encoded.
+INT_MAX: Final = 2**63 - 1
+#: The largest float a key may hold unless its field says less: every float key is a time in
+#: seconds, and threads wait on some of them (``threading.TIMEOUT_MAX``, about 292 years).
+FLOAT_MAX: Final = threading.TIMEOUT_MAX
+#: Variables that are not ours unless they are this close (edits) to one of our names.
+NEAR_MISS_EDITS: Final = 2
+
+log = logging.getLogger(__name__)
 
 _META: Final = "scaler_executor.config"
 _TRUE: Final = frozenset({"1", "true", "yes"})
@@ -75,8 +104,10 @@ class _Spec:
     help: str
     ge: float | None = None
     gt: float | None = None
+    le: float | None = None  # default: INT_MAX or FLOAT_MAX by the field's type
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
+    check: Callable[[str], str | None] | None = None  # a str value's problem, or None
 
 
 def _opt(
@@ -86,12 +117,49 @@ def _opt(
     *,
     ge: float | None = None,
     gt: float | None = None,
+    le: float | None = None,
     choices: tuple[str, ...] | None = None,
     metavar: str | None = None,
+    check: Callable[[str], str | None] | None = None,
 ) -> _T:
     """A dataclass field whose help and limits live in metadata, so they exist at runtime."""
-    spec = _Spec(f"{what} ({tradeoff})", ge=ge, gt=gt, choices=choices, metavar=metavar)
+    spec = _Spec(f"{what} ({tradeoff})", ge=ge, gt=gt, le=le, choices=choices, metavar=metavar, check=check)
     return field(default=default, metadata={_META: spec})
+
+
+def _address_problem(address: str) -> str | None:
+    """What is wrong with a daemon address, with the fix; None if it is usable."""
+    scheme, sep, rest = address.partition("://")
+    if not sep:
+        if address.startswith(("/", ".")):
+            return f"it has no scheme: write ipc://{address} for a Unix socket"
+        return f"it has no scheme: write tcp://{address} (or ipc:///PATH for a Unix socket)"
+    if scheme not in ("tcp", "ipc"):
+        return f"the scheme {scheme}:// is not supported: write tcp://HOST:PORT or ipc:///PATH"
+    if scheme == "ipc":
+        if not rest:
+            return "it names no socket path: write ipc:///PATH"
+        if len(os.fsencode(rest)) > 107:  # sun_path holds 108 bytes with the terminating NUL
+            return "its path is longer than the 107 bytes a Unix socket allows: choose a shorter path"
+        return None
+    host, colon, port = rest.rpartition(":")
+    if not colon or not host or not (port == "*" or (port.isdigit() and int(port) <= 65535)):
+        return f"it needs a host and a port from 0 to 65535: write tcp://HOST:PORT, e.g. tcp://{host or rest or 'localhost'}:8786"
+    return None
+
+
+def check_address(address: object, what: str = "address") -> str:
+    """``address`` if it is ``tcp://HOST:PORT`` or ``ipc://PATH``.
+
+    Raises TypeError for a non-string and ConfigError (a ValueError) naming ``what`` and
+    the fix for anything else, such as ``localhost:8786`` without its scheme.
+    """
+    if not isinstance(address, str):
+        raise TypeError(f"{what} must be a string such as 'tcp://host:8786', got {type(address).__name__}")
+    problem = _address_problem(address)
+    if problem is not None:
+        raise ConfigError(f"invalid {what} {address!r}: {problem}")
+    return address
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,6 +178,7 @@ class ClusterConfig:
         "the daemon's address, tcp://host:port or ipc:///path",
         "ipc is faster but reaches the same host only",
         metavar="ADDRESS",
+        check=_address_problem,
     )
     workers: int = _opt(
         0,
@@ -191,6 +260,7 @@ class ClusterConfig:
         "ZeroMQ send high-water mark, in messages",
         "higher absorbs bursts but holds more memory before pushing back",
         ge=1,
+        le=2**31 - 1,  # ZeroMQ's high-water marks are C ints
     )
     submit_window: int = _opt(
         100_000,
@@ -414,6 +484,17 @@ def _from(source: str | None) -> str:
     return f" (from {source})" if source else ""
 
 
+def _upper(f: _Field) -> float | None:
+    """The largest number ``f`` allows (None for a non-number)."""
+    if f.spec.le is not None:
+        return f.spec.le
+    return {int: INT_MAX, float: FLOAT_MAX}.get(f.kind)
+
+
+def _number(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
 def _allowed(f: _Field) -> str:
     if f.spec.choices:
         text = "one of " + ", ".join(f.spec.choices) + " (any case)"
@@ -429,16 +510,27 @@ def _allowed(f: _Field) -> str:
         text += f" > {f.spec.gt:g}"
     if f.spec.ge is not None:
         text += f" >= {f.spec.ge:g}"
+    upper = _upper(f)
+    if upper is not None:
+        text += f" and <= {_number(upper)}"
     return text + (" or none" if f.optional else "")
 
 
-def _invalid(f: _Field, value: object, source: str | None) -> ConfigError:
+def _invalid(f: _Field, value: object, source: str | None, problem: str | None = None) -> ConfigError:
+    if problem is not None:
+        return ConfigError(f"invalid {f.name}={value!r}{_from(source)}: {problem}")
     note = " (a bool is not a number)" if isinstance(value, bool) and f.kind is not bool else ""
-    return ConfigError(f"invalid {f.name}={value!r}{_from(source)}: must be {_allowed(f)}{note}")
+    shown = repr(value) if not isinstance(value, int) or value.bit_length() <= 256 else f"<an integer of {value.bit_length()} bits>"
+    return ConfigError(f"invalid {f.name}={shown}{_from(source)}: must be {_allowed(f)}{note}")
 
 
 def _in_range(f: _Field, number: float) -> bool:
-    return (f.spec.gt is None or number > f.spec.gt) and (f.spec.ge is None or number >= f.spec.ge)
+    upper = _upper(f)
+    return (
+        (f.spec.gt is None or number > f.spec.gt)
+        and (f.spec.ge is None or number >= f.spec.ge)
+        and (upper is None or number <= upper)
+    )
 
 
 def _check_value(f: _Field, value: object, source: str | None) -> object:
@@ -456,6 +548,8 @@ def _check_value(f: _Field, value: object, source: str | None) -> object:
         if math.isfinite(value) and _in_range(f, value):
             return value
     elif isinstance(value, str) and f.kind is str:
+        if f.spec.check is not None and (problem := f.spec.check(value)) is not None:
+            raise _invalid(f, value, source, problem)
         if not f.spec.choices:
             return value
         if value.upper() in f.spec.choices:
@@ -571,15 +665,32 @@ def _parse_text(f: _Field, text: str, source: str) -> object:
 def _file_layer(path: str | os.PathLike[str], source: str) -> tuple[dict[str, Any], dict[str, str]]:
     import tomllib  # here, not at import: workers take their settings as flags, not files
 
+    # One line naming the file and the fix for each way a file cannot be read (tomllib
+    # itself lets a file that is not UTF-8 escape as a bare UnicodeDecodeError).
     try:
         with open(path, "rb") as handle:
-            data = tomllib.load(handle)
+            raw = handle.read()
     except FileNotFoundError:
         raise ConfigError(f"{source} does not exist: fix the path or drop it") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{source} is a directory: name the TOML file in it") from None
+    except PermissionError:
+        raise ConfigError(f"cannot read {source}: permission denied; make it readable or name another file") from None
     except OSError as exc:
-        raise ConfigError(f"cannot read {source}: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source} is not valid TOML: {exc}") from exc
+        raise ConfigError(f"cannot read {source}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{source} is not a text file (byte {exc.start} is not UTF-8): a config file is UTF-8"
+            " TOML text such as 'workers = 4'; name that file instead"
+        ) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:  # its message ends "(at line L, column C)"
+        raise ConfigError(f"{source} is not valid TOML: {exc}; fix that line") from None
+    except ValueError as exc:  # e.g. an integer of more than sys.get_int_max_str_digits() digits
+        raise ConfigError(f"{source} cannot be read as TOML: {exc}") from None
     if isinstance(data.get("scaler"), dict):
         raise ConfigError(
             f"{source} has a [scaler] table, but config keys go at the top level of the"
@@ -603,24 +714,66 @@ def _mapping_layer(
     return values, dict.fromkeys(values, source)
 
 
+def _edits(a: str, b: str) -> int:
+    """Levenshtein distance: insertions, deletions and substitutions that turn ``a`` into ``b``."""
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        previous = current
+    return previous[-1]
+
+
+_warned_env: set[str] = set()  # near-miss variables already warned about, once per process
+
+
+def warned_env() -> frozenset[str]:
+    """The near-miss ``SCALER_*`` variables this process has warned about."""
+    return frozenset(_warned_env)
+
+
+def _singular(name: str) -> str:
+    """``SCALER_MAX_RETRIES`` -> ``SCALER_MAX_RETRY``: a singular for a name's plural ending."""
+    if name.endswith("IES"):
+        return name[:-3] + "Y"
+    return name[:-1] if name.endswith("S") else name
+
+
+def _near_miss(name: str, known: Iterable[str]) -> tuple[int, str]:
+    """The fewest edits from ``name`` to one of ``known`` (or to its singular), and that name.
+
+    The singular counts because the commonest slip is the number: ``SCALER_MAX_RETRY`` is
+    three edits from ``SCALER_MAX_RETRIES`` but none from its singular.
+    """
+    return min((min(_edits(name, k), _edits(name, _singular(k))), k) for k in known)
+
+
+def _warn_near_misses(environ: Mapping[str, str], ours: Iterable[str]) -> None:
+    """A ConfigWarning (and a log line) for each ``SCALER_*`` variable close to one of ours."""
+    known = sorted(ours)
+    already = _warned_env | set(environ.get(WARNED_ENV, "").split(","))
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or name in known or name in already:
+            continue
+        distance, guess = _near_miss(name, known)
+        if distance > NEAR_MISS_EDITS:
+            continue  # another program's variable (SCALER_HOME, ...): not ours to judge
+        _warned_env.add(name)
+        text = (
+            f"ignoring environment variable {name}: it names no config key; did you mean {guess}?"
+            f" (rename it, or unset it if it belongs to another program)"
+        )
+        # Logged where logging is set up, and warned always (shown once by default, filterable,
+        # an error under -W error): without a handler the log line would print it twice.
+        if log.hasHandlers():
+            log.warning("%s", text)
+        warnings.warn(text, ConfigWarning, stacklevel=4)  # the caller of load()
+
+
 def _env_layer(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
     by_env = {f.env: f for f in _FIELDS.values()}
-    unknown = [
-        name
-        for name in environ
-        if name.startswith(ENV_PREFIX) and name not in by_env and name not in RESERVED_ENV
-    ]
-    if unknown:
-        known = sorted(by_env) + sorted(RESERVED_ENV)
-        named = []
-        for name in sorted(unknown):
-            guess = _closest(name, known)
-            named.append(name + (f" (did you mean {guess}?)" if guess else ""))
-        raise ConfigError(
-            f"unknown environment variable(s) {', '.join(named)}: SCALER_* variables must name"
-            f" config keys ({', '.join(known)}); unset it, or reserve a name that another"
-            " component reads in scaler_executor.config.RESERVED_ENV"
-        )
+    _warn_near_misses(environ, [*by_env, *RESERVED_ENV])
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for name, f in by_env.items():

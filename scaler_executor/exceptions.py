@@ -21,6 +21,7 @@ from concurrent.futures import BrokenExecutor, CancelledError
 __all__ = [
     "BrokenScalerExecutor",
     "ConfigError",
+    "ConfigWarning",
     "DaemonLost",
     "InitializerFailed",
     "ProtocolError",
@@ -35,6 +36,10 @@ __all__ = [
 
 class ConfigError(ValueError):
     """A configuration value, key or file is invalid; the message names it and the fix."""
+
+
+class ConfigWarning(UserWarning):
+    """A setting was ignored but looks like a mistake (a near-miss ``SCALER_*`` variable)."""
 
 
 class ProtocolError(Exception):

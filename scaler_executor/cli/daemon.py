@@ -15,12 +15,20 @@ import argparse
 import sys
 from typing import Any
 
-from scaler_executor.cli.common import daemon_security, setup_logging, tune_gc
-from scaler_executor.config import ClusterConfig, add_config_arguments, config_from_args
+from scaler_executor.cli.common import (
+    Parser,
+    bind_failure,
+    daemon_security,
+    fail,
+    load_config,
+    setup_logging,
+    tune_gc,
+)
+from scaler_executor.config import ClusterConfig, add_config_arguments
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, ClusterConfig]:
-    parser = argparse.ArgumentParser(
+def _parser() -> argparse.ArgumentParser:
+    parser = Parser(
         prog="scaler-daemon",
         description="Run the scaler-executor scheduler daemon (and, with --workers, local workers).",
     )
@@ -32,10 +40,21 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Clust
     )
     parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)  # stop when stdin closes
     parser.add_argument("--workdir", help=argparse.SUPPRESS)  # the embedded cluster's private directory
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, ClusterConfig]:
+    parser = _parser()
     args = parser.parse_args(argv)
-    config = config_from_args(args)
+    config = load_config(parser, args)
     if not config.address:
-        parser.error("an address is required: --address tcp://HOST:PORT or ipc:///PATH")
+        fail(parser.prog, "an address is required: --address tcp://HOST:PORT or ipc:///PATH")
+    if args.initializer:
+        try:
+            with open(args.initializer, "rb"):
+                pass
+        except OSError as exc:
+            fail(parser.prog, f"cannot read --initializer {args.initializer}: {exc.strerror or exc}; fix the path")
     return args, config
 
 
@@ -74,7 +93,15 @@ def main(argv: list[str] | None = None) -> int:
         from scaler_executor.security.server import ServerSecurity
 
         security = ServerSecurity(directory, ephemeral)
-    daemon = Daemon(config, config.address, lifeline_fd=0 if args.lifeline else None, manager=manager, security=security)
+    try:
+        daemon = Daemon(
+            config, config.address, lifeline_fd=0 if args.lifeline else None, manager=manager, security=security
+        )
+    except Exception as exc:
+        if manager is not None:
+            manager.stop()
+        bind_failure("scaler-daemon", config.address, exc)
+        raise
     daemon.install_signal_handlers()
     tune_gc()
     try:

@@ -1,6 +1,6 @@
 """``scaler-worker``: workers for a running daemon.
 
-    scaler-worker tcp://scheduler-host:8786 --credentials worker.cred --workers 2 --processors 8
+    scaler-worker tcp://scheduler-host:8786 --workers 2 --processors 8
 
 Each worker is one agent process driving ``--processors`` processor children.
 Stops cleanly on SIGINT or SIGTERM.
@@ -13,13 +13,25 @@ import signal
 import subprocess
 import sys
 
-from scaler_executor.cli.common import connecting_security, read_initializer, setup_logging, tune_gc
-from scaler_executor.config import add_config_arguments, config_from_args
+from scaler_executor.cli.common import (
+    Parser,
+    connecting_security,
+    fail,
+    load_config,
+    read_initializer,
+    setup_logging,
+    tune_gc,
+)
+from scaler_executor.config import add_config_arguments, check_address
+from scaler_executor.exceptions import ConfigError
 from scaler_executor.security.client import ClientSecurity
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scaler-worker", description="Run scaler-executor workers for a daemon.")
+    parser = Parser(
+        prog="scaler-worker",
+        description="Run scaler-executor workers for a daemon.",
+    )
     parser.add_argument("daemon", metavar="ADDRESS", help="the daemon's address, e.g. tcp://host:8786")
     parser.add_argument("--workers", type=int, default=1, help="worker agents to run (default 1)")
     parser.add_argument(
@@ -32,9 +44,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--resources",
         metavar="NAME=QTY,...",
-        help="resources this worker offers, e.g. cpu=4,gpu=1,mem=16e9 (default: worker_resources from the config)",
+        help="resources this worker offers, e.g. cpu=4,gpu=1,mem=16e9 (default: worker_resources from "
+        "the config file or SCALER_WORKER_RESOURCES)",
     )
-    parser.add_argument("--tags", metavar="TAG,...", help="tags this worker has, e.g. linux,ssd (default: worker_tags)")
+    parser.add_argument(
+        "--tags",
+        metavar="TAG,...",
+        help="tags this worker has, e.g. linux,ssd (default: worker_tags from the config file or SCALER_WORKER_TAGS)",
+    )
     parser.add_argument(
         "--fetch-objects-over-network",
         action="store_true",
@@ -43,9 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--initializer", metavar="FILE", help="cloudpickle.dumps((initializer, initargs)) file")
     parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)  # stop when stdin closes
+    parser.add_argument("--workers-on-host", type=int, default=1, help=argparse.SUPPRESS)  # shares memory_limit=auto
     # A worker its daemon started: its own key arrives as a line on stdin (never in a file).
     parser.add_argument("--credentials-stdin", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--workers-on-host", type=int, default=1, help=argparse.SUPPRESS)  # shares memory_limit=auto
     add_config_arguments(
         parser,
         include=[
@@ -57,8 +74,6 @@ def _parser() -> argparse.ArgumentParser:
             "max_tasks_per_child",
             "credentials",
             "insecure",
-            "worker_resources",
-            "worker_tags",
             "memory_limit",
             "object_store_threshold",
             "arrays_in_store",
@@ -70,32 +85,36 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    config = config_from_args(args)
+    config = load_config(parser, args)
+    try:
+        check_address(args.daemon, "daemon address")
+    except ConfigError as exc:
+        fail(parser.prog, str(exc))
+    processors = args.processors if args.processors is not None else config.processors_per_worker
+    if processors < 1 or args.workers < 1:
+        fail(parser.prog, "--workers and --processors must be at least 1")
+    from scaler_executor.config import parse_resources, parse_tags
+
+    try:
+        resources = parse_resources(args.resources if args.resources is not None else config.worker_resources, "--resources")
+    except ConfigError as exc:
+        fail(parser.prog, str(exc))
+    initializer = read_initializer(args.initializer, parser.prog)  # here: N workers would say it N times
     setup_logging(config, "scaler-worker")
     security: ClientSecurity | None
     if args.credentials_stdin:
-        from scaler_executor.exceptions import ConfigError
         from scaler_executor.security.keys import read_credential_line
 
         try:
             security = ClientSecurity(read_credential_line(0), args.daemon)
         except ConfigError as exc:
-            raise SystemExit(f"scaler-worker: {exc}") from None
+            fail(parser.prog, str(exc))
     else:
-        security = connecting_security(config, args.daemon, "worker", "scaler-worker")
-    processors = args.processors if args.processors is not None else config.processors_per_worker
-    if processors < 1 or args.workers < 1:
-        parser.error("--workers and --processors must be at least 1")
+        security = connecting_security(config, args.daemon, "worker", parser.prog)
     if args.workers > 1:
         return _run_several(argv or sys.argv[1:], args.workers)
-    from scaler_executor.config import parse_resources, parse_tags
-    from scaler_executor.exceptions import ConfigError
     from scaler_executor.worker.agent import WorkerAgent
 
-    try:
-        resources = parse_resources(args.resources if args.resources is not None else config.worker_resources, "--resources")
-    except ConfigError as exc:
-        parser.error(str(exc))
     tags = parse_tags(args.tags if args.tags is not None else config.worker_tags)
     from scaler_executor.worker.memory import memory_limit
 
@@ -106,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         args.daemon,
         processors=processors,
         name=args.name,
-        initializer=read_initializer(args.initializer),
+        initializer=initializer,
         max_tasks_per_child=config.max_tasks_per_child,
         lifeline_fd=0 if args.lifeline else None,
         resources=resources,

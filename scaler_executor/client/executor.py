@@ -28,13 +28,13 @@ from scaler_executor.client.agent import ClientAgent
 from scaler_executor.client.cluster import EmbeddedCluster
 from scaler_executor.client.completion import TaskInfo, task_info_of
 from scaler_executor.client.future import TaskFuture
+from scaler_executor.client.options import OPTION_NAMES as _OPTION_NAMES
+from scaler_executor.client.options import make_options as _make_options
 from scaler_executor.client.pickling import MapCache, ObjectRef, Pickled
-from scaler_executor.config import ClusterConfig
-from scaler_executor.protocol.messages import DEFAULT_OPTIONS, TaskFlags, TaskOptions
+from scaler_executor.config import ClusterConfig, check_address
+from scaler_executor.protocol.messages import TaskFlags, TaskOptions
 
 T = TypeVar("T")
-
-_OPTION_NAMES = ("resources", "tags", "priority", "task_timeout", "max_retries")
 
 
 class _MapOwner:
@@ -71,7 +71,10 @@ class ScalerExecutor(Executor):
 
     Raises:
         ValueError / TypeError: for invalid arguments, naming the fix.
-        ConfigError: tcp:// without a credential (or ``insecure``), or an unusable credential.
+        ConfigError: a ``ValueError`` for an address that is not ``tcp://HOST:PORT`` or
+            ``ipc://PATH`` (``localhost:8786`` lacks its scheme), a config file that cannot
+            be read, or a bad ``SCALER_*`` value; tcp:// without a credential (or
+            ``insecure``), or an unusable credential; the message names the fix.
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class ScalerExecutor(Executor):
         self._cluster: EmbeddedCluster | None = None
         security = None
         if address is not None:
+            check_address(address)
             _check_remote_arguments(max_workers, initializer, max_tasks_per_child, min_workers)
             if credentials is not None:
                 config = config.replace(credentials=credentials)
@@ -181,6 +185,13 @@ class ScalerExecutor(Executor):
         ``ex.options(priority=5).submit(f, x, timeout=3)`` passes ``timeout=3`` to ``f``.
         ``writable=True`` gives tasks private writable copies of arguments that travel through
         the object store (by default they are read-only zero-copy views).
+
+        Raises:
+            TypeError: a value of the wrong type (a bool is not a number).
+            ValueError: a value out of range, naming the option and its range: ``priority``
+                and ``max_retries`` are 64-bit integers (``max_retries`` >= 0), resource
+                quantities finite numbers >= 0, ``task_timeout`` seconds > 0 (see
+                :mod:`scaler_executor.client.options`).
         """
         if not isinstance(writable, bool):
             raise TypeError(f"writable must be True or False, got {writable!r}")
@@ -321,42 +332,6 @@ class _OptionsView:
 
     def __repr__(self) -> str:
         return f"<options {self._options} on {self._executor!r}>"
-
-
-def _make_options(
-    resources: dict[str, float] | None,
-    tags: Iterable[str] | None,
-    priority: int,
-    task_timeout: float | None,
-    max_retries: int | None,
-) -> TaskOptions:
-    checked: dict[str, float] = {}
-    if resources is not None:
-        if not isinstance(resources, dict):
-            raise TypeError(f"resources must be a dict like {{'gpu': 1}}, got {type(resources).__name__}")
-        for name, quantity in resources.items():
-            if not isinstance(name, str) or not name:
-                raise TypeError(f"resource names must be non-empty strings, got {name!r}")
-            if isinstance(quantity, bool) or not isinstance(quantity, (int, float)) or not quantity >= 0:
-                raise ValueError(f"resource {name!r} needs a quantity >= 0, got {quantity!r}")
-            if quantity:
-                checked[name] = float(quantity)
-    if isinstance(tags, str):
-        raise TypeError(f"tags must be a collection of strings such as {{'linux'}}, not the string {tags!r}")
-    tag_list = sorted(set(tags)) if tags is not None else []
-    for tag in tag_list:
-        if not isinstance(tag, str) or not tag:
-            raise TypeError(f"tags must be non-empty strings, got {tag!r}")
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise TypeError(f"priority must be an integer, got {type(priority).__name__}")
-    if task_timeout is not None:
-        if not isinstance(task_timeout, (int, float)) or isinstance(task_timeout, bool) or not task_timeout > 0:
-            raise ValueError(f"task_timeout must be a positive number of seconds or None, got {task_timeout!r}")
-        task_timeout = float(task_timeout)
-    if max_retries is not None and (not isinstance(max_retries, int) or isinstance(max_retries, bool) or max_retries < 0):
-        raise ValueError(f"max_retries must be an integer >= 0 or None, got {max_retries!r}")
-    options = TaskOptions(checked, tag_list, priority, task_timeout, max_retries)
-    return DEFAULT_OPTIONS if options == DEFAULT_OPTIONS else options
 
 
 # --------------------------------------------------------------------------- map

@@ -105,7 +105,11 @@ class Daemon:
         self.security = security
         if security is not None:
             security.use_counters(self.core.counters)
-        self.sock = channel.bind(address, hwm=config.send_hwm, security=security)
+        try:
+            self.sock = channel.bind(address, hwm=config.send_hwm, security=security)
+        except BaseException:  # the address is taken, say: the store region must not outlive us
+            self.objects.close()
+            raise
         self.backlog: dict[bytes, deque[list[Any]]] = {}
         self.unreachable: list[PeerUnreachable] = []
         self.bad_input = RateLimitedLog(log)
