@@ -101,6 +101,7 @@ from scaler_executor.exceptions import BrokenScalerExecutor, DaemonLost, Initial
 from scaler_executor.protocol import channel
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import TaskFlags, TaskOptions
+from scaler_executor.protocol.rejoin import is_unknown_peer
 
 log = logging.getLogger("scaler_executor.client")
 
@@ -649,6 +650,12 @@ class ClientAgent:
         self.break_with(_initializer_failed(message))
 
     def _on_refused(self, message: m.Refused, _buffers: list[Any]) -> None:
+        if is_unknown_peer(message.reason):  # policy (c) of protocol/rejoin.py: its tasks are gone
+            self.break_with(DaemonLost(
+                f"the daemon at {self.address} no longer knows this client: it restarted without a "
+                f"journal, or dropped the client after client_timeout; its pending tasks are lost"
+            ))
+            return
         self.break_with(DaemonLost(f"the daemon at {self.address} refused this client: {message.reason}"))
 
     def _on_goodbye(self, message: m.Goodbye, _buffers: list[Any]) -> None:

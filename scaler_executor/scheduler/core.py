@@ -31,6 +31,7 @@ from scaler_executor.config import ClusterConfig, parse_resources, parse_tags
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS as DEFAULT
 from scaler_executor.protocol.messages import Role, Status, TaskFlags
+from scaler_executor.protocol.rejoin import UNKNOWN_PEER
 from scaler_executor.scheduler.policies import (
     LeastLoaded,
     ScalingView,
@@ -281,7 +282,7 @@ class Scheduler:
             first = messages[0] if messages else None
             if type(first) is not m.Hello:
                 if type(first) is not m.Goodbye:
-                    self._send(peer, m.Refused("unknown peer: send Hello first (was the daemon restarted?)"))
+                    self._send(peer, m.Refused(f"{UNKNOWN_PEER}: send Hello first (was the daemon restarted?)"))
                 self.counters["dropped_messages"] += len(messages)
                 return
             self._on_hello(peer, first)

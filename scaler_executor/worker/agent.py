@@ -45,6 +45,7 @@ from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status
+from scaler_executor.protocol.rejoin import Backoff, is_unknown_peer
 from scaler_executor.worker import processor as proc
 from scaler_executor.worker.dealing import MAX_DEPTH, recall_due, takes_more, task_depth
 from scaler_executor.worker.framing import FrameReader
@@ -206,6 +207,12 @@ class WorkerAgent:
         self.zygote_warm = False  # asked the zygote to import what later processors need
         self.last_send = 0.0
         self.last_hello = 0.0
+        # Hello again until a Welcome (protocol/rejoin.py): from twice the heartbeat interval
+        # (at least a second: a second Hello on a known connection makes the daemon forget
+        # what it gave us) up to the silence limit, capped at 30 s.
+        first = max(1.0, 2 * config.heartbeat_interval)
+        self.rejoin = Backoff(first, max(first, min(30.0, config.heartbeat_interval * config.heartbeat_liveness)))
+        self.next_hello = 0.0
         self.heartbeat_interval = config.heartbeat_interval
         self.daemon_silence_limit = max(config.heartbeat_interval * config.heartbeat_liveness, config.daemon_loss_timeout)
         self.died_in_a_row = 0
@@ -305,6 +312,7 @@ class WorkerAgent:
 
     def _hello(self) -> None:
         self.last_hello = time.monotonic()
+        self.next_hello = self.last_hello + self.rejoin.next_delay()
         hello = m.Hello(
             m.Role.WORKER,
             m.PROTOCOL_VERSION,
@@ -401,7 +409,13 @@ class WorkerAgent:
         self._forget_functions(ids)  # a lane task still queued gets it again from lanes.functions
 
     def _on_welcome(self, message: m.Welcome) -> None:
+        if self.welcomed:
+            # The answer to a repeated Hello: the daemon treated it as joining again and took
+            # back what it had given us under the first Welcome.
+            log.info("worker %s: welcomed again (a repeated Hello); discarding what it held", self.name)
+            self._forget_daemon_state()
         self.welcomed = True
+        self.rejoin.reset()
         self._reach_store(message.object_store)
         # Send at least as often as the daemon expects; judge its silence by its own pace.
         self.heartbeat_interval = min(self.config.heartbeat_interval, message.heartbeat_interval)
@@ -414,10 +428,9 @@ class WorkerAgent:
 
     def _on_refused(self, message: m.Refused) -> None:
         reason = message.reason
-        if reason.startswith("unknown peer"):
-            log.warning("worker %s: the daemon does not know this worker (restarted?); joining again", self.name)
-            self._forget_daemon_state()
-            self._hello()
+        if is_unknown_peer(reason):
+            if self.welcomed:  # once per loss: the refusals of what we sent before our Hello follow
+                self._rejoin(f"the daemon at {self.address} does not know this worker (restarted without a journal?)")
         else:
             log.error("worker %s: the daemon refused it: %s", self.name, reason)
             self.exit_code = 2
@@ -964,16 +977,40 @@ class WorkerAgent:
             elif now - self.last_busy >= ZYGOTE_WARM_IDLE:
                 self.zygote_warm = True
                 self.zygote.warm()
+        self._check_daemon(now)
+
+    def _check_daemon(self, now: float) -> None:
+        """The reconnection policy's worker side (protocol/rejoin.py)."""
         silence = now - self.last_recv
-        if silence > self.daemon_silence_limit:
-            if self.lifeline_fd is not None:
+        if self.lifeline_fd is not None:
+            if silence > self.daemon_silence_limit:
                 log.error("worker %s: no message from the daemon for %.1f s; stopping", self.name, silence)
                 self.exit_code = 4
                 self.stopping = True
-            elif now - self.last_hello > self.daemon_silence_limit:
-                log.warning("worker %s: no message from the daemon for %.1f s; joining again", self.name, silence)
-                self._forget_daemon_state()
-                self._hello()
+        elif self.welcomed:
+            if silence > self.daemon_silence_limit:
+                self._rejoin(f"no message from the daemon at {self.address} for {silence:.1f} s")
+        elif silence > self.config.worker_daemon_loss_timeout:
+            log.error(
+                "worker %s: no daemon answered at %s for %.1f s (worker_daemon_loss_timeout); stopping",
+                self.name, self.address, silence,
+            )
+            self.exit_code = 4
+            self.stopping = True
+        elif now >= self.next_hello:
+            log.debug("worker %s: Hello again to %s (attempt %d)", self.name, self.address, self.rejoin.attempts)
+            self._hello()
+
+    def _rejoin(self, why: str) -> None:
+        """The link to the daemon is lost (logged once here): discard, and join again empty."""
+        log.warning(
+            "worker %s: %s; discarding its %d tasks and joining again (stopping after %.0f s "
+            "without a daemon: worker_daemon_loss_timeout)",
+            self.name, why, len(self.held), self.config.worker_daemon_loss_timeout,
+        )
+        self._forget_daemon_state()
+        self.rejoin.reset()
+        self._hello()
 
     def _flush(self, now: float) -> None:
         batch = self.outbox
