@@ -4,7 +4,7 @@ namespace; logs go to stderr.
 
 Commands (``op``): ``open`` (address, config: ClusterConfig keys, executor: further
 ScalerExecutor keyword arguments such as credentials), ``submit`` (fn, args: a list of
-argument lists) -> batch, ``done`` (batch) -> how many finished, ``wait`` (batch, timeout)
+argument lists) -> batch, ``done`` (batch) -> how many finished, ``running`` (batch) -> how many run now, ``wait`` (batch, timeout)
 -> results and errors, ``put_fetch`` (size) -> timings of a put, a remote task reading it,
 and a large result read back, ``noop`` (count, trips) -> throughput and round trip,
 ``stats``, ``close``.
@@ -47,6 +47,10 @@ def op_submit(fn: str, args: list[list[Any]]) -> dict[str, Any]:
 
 def op_done(batch: int) -> dict[str, Any]:
     return {"done": sum(f.done() for f in state["batches"][batch])}
+
+
+def op_running(batch: int) -> dict[str, Any]:
+    return {"running": sum(f.running() for f in state["batches"][batch])}
 
 
 def op_wait(batch: int, timeout: float) -> dict[str, Any]:
