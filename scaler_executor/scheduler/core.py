@@ -144,8 +144,19 @@ class SendObjects:
     object_ids: tuple[bytes, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class StoreChunk:
+    """Write the chunk that came with ``peer``'s ObjectChunk into the store (the loop holds
+    its bytes: the core never sees buffers); answer ObjectStored when it ends the object."""
+
+    peer: bytes
+    object_id: bytes
+    offset: int
+    total: int
+
+
 Event = Received | Tick | Wake | PeerUnreachable | WorkerExited | LocalWorkers
-Command = Send | StartWorkers | StopWorkers | DeleteObjects | SendObjects
+Command = Send | StartWorkers | StopWorkers | DeleteObjects | SendObjects | StoreChunk
 
 
 def refusal_for(hello: m.Hello) -> str | None:
@@ -211,6 +222,12 @@ class Scheduler:
             "dropped_messages": 0,
             "delivered_direct": 0,  # results a processor sent straight to its client (REPLY_DIRECT)
             "lane": 0,  # tasks a client submitted straight to a worker's lane (worker/lanes.py)
+            # The network object path (kept by the loop, which moves the bytes): objects
+            # and bytes sent to peers that cannot map the store, and received from them.
+            "objects_sent": 0,
+            "object_bytes_sent": 0,
+            "objects_received": 0,
+            "object_bytes_received": 0,
         }
         self._monitors: dict[bytes, float] = {}
         self._heartbeats_due = False
@@ -241,6 +258,7 @@ class Scheduler:
             m.Seceded: self._on_seceded,
             m.PinObjects: self._on_pin_objects,
             m.ObjectRequest: self._on_object_request,
+            m.ObjectChunk: self._on_object_chunk,
             m.LaneDone: self._on_lane_done,
             m.LaneStarted: self._on_lane_started,
         }
@@ -682,6 +700,9 @@ class Scheduler:
 
     def _on_object_request(self, peer: bytes, message: m.ObjectRequest) -> None:
         self._commands.append(SendObjects(peer, tuple(message.object_ids)))
+
+    def _on_object_chunk(self, peer: bytes, message: m.ObjectChunk) -> None:
+        self._commands.append(StoreChunk(peer, message.object_id, message.offset, message.total))
 
     def _on_stats_request(self, peer: bytes, message: m.StatsRequest) -> None:
         self._stats_wanted.append(peer)  # answered in _flush, after this turn's dispatch

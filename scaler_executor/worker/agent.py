@@ -156,7 +156,7 @@ class WorkerAgent:
         self.store_name = ""  # the daemon host's store, when this host can map it
         self.store: Any = None  # our handle on it
         self.threshold = config.object_store_threshold
-        self.blobs: dict[bytes, bytes] = {}  # objects fetched over the network for held tasks
+        self.blobs: dict[bytes, bytes | memoryview] = {}  # objects fetched over the network for held tasks
         self.fetching: dict[bytes, list[int]] = {}  # object id -> tasks waiting for it
         self.parked: dict[int, set[bytes]] = {}  # task id -> objects it still waits for
         self.oom = OomCounter()
@@ -494,7 +494,7 @@ class WorkerAgent:
         for object_id, found in zip(message.object_ids, message.found, strict=False):
             waiting = self.fetching.pop(object_id, [])
             if found:
-                self.blobs[object_id] = bytes(next(buffers))
+                self.blobs[object_id] = next(buffers)  # bytes, or a view of a large frame (wire.recv): no copy
             for task_id in waiting:
                 missing = self.parked.get(task_id)
                 if missing is None:

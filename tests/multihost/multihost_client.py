@@ -5,8 +5,8 @@ namespace; logs go to stderr.
 Commands (``op``): ``open`` (address, config: ClusterConfig keys, executor: further
 ScalerExecutor keyword arguments such as credentials), ``submit`` (fn, args: a list of
 argument lists) -> batch, ``done`` (batch) -> how many finished, ``running`` (batch) -> how many run now, ``wait`` (batch, timeout)
--> results and errors, ``put_fetch`` (size) -> timings of a put, a remote task reading it,
-and a large result read back, ``noop`` (count, trips) -> throughput and round trip,
+-> results and errors, ``put_fetch`` (size) -> timings of a put, a remote task reading it, the
+client reading it back, and a large result, ``noop`` (count, trips) -> throughput and round trip,
 ``stats``, ``close``.
 """
 
@@ -79,16 +79,21 @@ def op_put_fetch(size: int) -> dict[str, Any]:
     ref = ex.put(value)
     put = time.monotonic() - started
     started = time.monotonic()
-    remote = ex.submit(tasks.digest, ref).result()
+    remote = ex.submit(tasks.sample, ref).result()
     read_remotely = time.monotonic() - started
-    expect = tasks.digest(value)
+    expect = tasks.sample(value)
     del value
+    started = time.monotonic()
+    got = ref.result()
+    get = time.monotonic() - started
+    ok_get = tasks.sample(got) == expect
+    del got
     started = time.monotonic()
     back = ex.submit(tasks.make_bytes, size, 2).result()
     fetch = time.monotonic() - started
-    ok_back = tasks.digest(back) == tasks.digest(tasks.pattern(size, 2))
-    return {"put": put, "read_remotely": read_remotely, "fetch": fetch,
-            "remote_ok": remote == expect, "back_ok": ok_back, "size": size}
+    ok_back = tasks.sample(back) == tasks.sample(tasks.pattern(size, 2))
+    return {"put": put, "read_remotely": read_remotely, "get": get, "fetch": fetch,
+            "remote_ok": tuple(remote) == expect, "get_ok": ok_get, "back_ok": ok_back, "size": size}
 
 
 def op_noop(count: int, trips: int) -> dict[str, Any]:

@@ -164,7 +164,8 @@ class Party:
 class Hosts:
     """Five hosts on one bridge (see the module doc); a context manager that removes them."""
 
-    def __init__(self) -> None:
+    def __init__(self, mtu: int = 1500) -> None:
+        self.mtu = mtu  # 1500: Ethernet's; 9000: a data centre's jumbo frames (bench/multihost.py)
         self.run = f"{PREFIX}{os.getpid()}-{next(_counter)}"
         self.switch = f"{self.run}-switch"
         self.names = {role: f"{self.run}-{role}" for role in ROLES}
@@ -185,6 +186,8 @@ class Hosts:
                 ns = self.names[role]
                 self._add(ns)
                 _ip("-n", sw, "link", "add", f"p-{role}", "type", "veth", "peer", "name", "eth0", "netns", ns)
+                _ip("-n", sw, "link", "set", f"p-{role}", "mtu", str(self.mtu))
+                _ip("-n", ns, "link", "set", "eth0", "mtu", str(self.mtu))
                 _ip("-n", sw, "link", "set", f"p-{role}", "master", "br0")
                 _ip("-n", sw, "link", "set", f"p-{role}", "up")
                 _ip("-n", ns, "addr", "add", f"{self.addresses[role]}/24", "dev", "eth0")
