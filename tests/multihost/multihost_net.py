@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import IO, Any
 
 import psutil
@@ -320,6 +320,58 @@ def poll(condition: Callable[[], Any], timeout: float, what: str, interval: floa
         time.sleep(interval)
 
 
-def iter_lines(path: str) -> Iterator[str]:
-    with open(path, errors="replace") as f:
-        yield from f
+# ---------------------------------------------------------------------- a cluster on the hosts
+
+# Security: tcp:// without keys needs ``allow_tcp_unauthenticated`` for now. Every command
+# gets SECURITY_FLAGS and the client CLIENT_SECURITY: the one place to put credentials
+# (``--credentials FILE``, ``credentials=...``) once the daemon has them.
+SECURITY_FLAGS: list[str] = ["--allow-tcp-unauthenticated"]
+CLIENT_SECURITY: dict[str, Any] = {"allow_tcp_unauthenticated": True}
+
+# Liveness on the multi-host tests' clusters: a peer silent for LIVENESS_LIMIT seconds is lost.
+HEARTBEAT = 0.2
+LIVENESS = 25  # 5 s: a loaded 2-core machine's starved process stays well inside it
+LIVENESS_LIMIT = HEARTBEAT * LIVENESS
+COMMON = ["--heartbeat-interval", str(HEARTBEAT), "--heartbeat-liveness", str(LIVENESS), "--log-level", "info"]
+
+
+class Cluster:
+    """A daemon on ``daemon``, workers on ``w1`` and ``w2``, a driven client on ``client``."""
+
+    def __init__(self, hosts: Hosts, daemon_flags: list[str], worker_flags: list[str]) -> None:
+        self.hosts = hosts
+        self.address = hosts.daemon_address()
+        self.daemon_flags = daemon_flags
+        self.worker_flags = worker_flags
+        self.daemon: Party | None = None
+        self.workers: dict[str, Party] = {}
+        self.clients: list[Driver] = []
+
+    def start_daemon(self) -> Party:
+        argv = [sys.executable, "-m", "scaler_executor.cli.daemon", "--address", self.address,
+                "--workers", "0", "--object-store-size", "768M", *COMMON, *SECURITY_FLAGS, *self.daemon_flags]
+        self.daemon = self.hosts.spawn("daemon", argv)
+        return self.daemon
+
+    def kill_daemon(self) -> None:
+        assert self.daemon is not None
+        self.daemon.stop(signal.SIGKILL)
+
+    def start_worker(self, role: str) -> Party:
+        argv = [sys.executable, "-m", "scaler_executor.cli.worker", self.address, "--name", role,
+                "--processors", "2", *COMMON, *SECURITY_FLAGS, *self.worker_flags]
+        self.workers[role] = party = self.hosts.spawn(role, argv)
+        return party
+
+    def client(self, **config: Any) -> Driver:
+        here = os.path.dirname(os.path.abspath(__file__))
+        party = self.hosts.spawn("client", [sys.executable, os.path.join(here, "multihost_client.py")], stdin=True)
+        assert party.popen.stdout is not None
+        driver = Driver(party, party.popen.stdout)
+        settings = {"heartbeat_interval": HEARTBEAT, "heartbeat_liveness": LIVENESS, **CLIENT_SECURITY, **config}
+        driver.call("open", address=self.address, config=settings)
+        self.clients.append(driver)
+        return driver
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.host} ({p.pid}) ---\n{p.log()[-3000:]}" for p in self.hosts.parties)

@@ -7,7 +7,7 @@ import time
 
 import multihost_net as net
 import pytest
-from conftest import LIVENESS_LIMIT
+from multihost_net import LIVENESS_LIMIT
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
