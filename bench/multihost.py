@@ -52,8 +52,8 @@ if role == "server":
         n += k
     print(n / (time.perf_counter() - t), flush=True)
 else:
-    c = socket.create_connection((host, 9999)); c.sendall(bytes(%d)); c.close()
-""" % MB100
+    c = socket.create_connection((host, 9999)); c.sendall(bytes(MB100)); c.close()
+""".replace("MB100", str(MB100))
 
 
 def raw_tcp(hosts: net.Hosts) -> float:
@@ -129,7 +129,7 @@ def main() -> int:
             cluster.start_worker(role)
         for _ in range(args.repeat):
             client = cluster.client()
-            net.poll(lambda: client.call("stats")["stats"]["workers"] >= 2, 60, "two workers joined")
+            net.poll(lambda c=client: c.call("stats")["stats"]["workers"] >= 2, 60, "two workers joined")
             across = client.call("noop", answer_within=600, count=args.count, trips=args.trips)
             note("across.throughput", across["throughput"])
             note("across.round_trip_ms", across["round_trip_median"] * 1e3)

@@ -10,7 +10,6 @@ import sys
 
 import psutil
 import pytest
-
 from scaler_testing import REPO, child_env, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -37,7 +36,7 @@ def test_worker_without_a_daemon_exits_with_its_processors(tmp_path) -> None:
         assert wait_until(lambda: len(agent.children(recursive=True)) >= 3, timeout=60), log.read_text()
         below = agent.children(recursive=True)
         assert worker.wait(60) == 4, log.read_text()
-        gone, alive = psutil.wait_procs(below, timeout=30)
+        _gone, alive = psutil.wait_procs(below, timeout=30)
         assert not alive, f"processors outlived their worker: {alive}"
     finally:
         if worker.poll() is None:

@@ -12,7 +12,6 @@ from typing import Any
 
 import multihost_net as net
 import pytest
-
 from scaler_testing import requires_system
 
 

@@ -227,9 +227,11 @@ class Hosts:
             "ip", "netns", "exec", self.names[role],
             "unshare", "--mount", "--uts", "--propagation", "private", "--",
             "sh", "-c",
-            f"hostname {self.run}-{role} && "
-            f'mount -t tmpfs -o size={SHM_SIZE},mode=1777 tmpfs /dev/shm'
-            ' && mount -t tmpfs -o size=64m,mode=1777 tmpfs /tmp && exec "$@"',
+            (
+                f"hostname {self.run}-{role}"
+                f" && mount -t tmpfs -o size={SHM_SIZE},mode=1777 tmpfs /dev/shm"
+                ' && mount -t tmpfs -o size=64m,mode=1777 tmpfs /tmp && exec "$@"'
+            ),
             "sh", *argv,
         ]
         log_path = os.path.join(self.logdir, f"{role}-{len(self.parties)}.log")
