@@ -31,9 +31,7 @@ if TYPE_CHECKING:
     from scaler_executor.client.agent import ClientAgent
     from scaler_executor.client.routes import DaemonRoute
 
-# Large enough that a chunk's per-transmission cost (a message, a poll, a store write) is
-# small beside copying it, small enough that the daemon's copy of one chunk is no burden.
-CHUNK_BYTES = 4 << 20
+CHUNK_BYTES = m.OBJECT_CHUNK_BYTES
 
 
 class RemoteStoreError(RuntimeError):

@@ -41,8 +41,8 @@ ReleaseObjects         C→D      object references dropped by the client (objec
 PinObjects             C→D      objects the client holds (ex.put, a map's shared argument)
 ObjectRequest          W/C→D    a worker or client that cannot map the store asks for bytes
 ObjectData             D→W/C    those bytes, one out-of-band frame per object
-ObjectChunk            C→D      part of an object a client on another host puts (one frame)
-ObjectStored           D→C      that object is sealed in the store (or why it is not)
+ObjectChunk            C/W→D    part of an object a client or worker on another host puts (one frame)
+ObjectStored           D→C/W    that object is sealed in the store (or why it is not)
 ClusterBroken          D→C, W→D the cluster cannot run tasks (e.g. a failing initializer)
 Seceded                W→D      running tasks that wait on sub-tasks: they no longer
                                 count against the worker's capacity
@@ -317,6 +317,11 @@ class ObjectData(NamedTuple):
     found: list[bool]
 
 
+# A put's chunk: large enough that a chunk's own cost (a message, a poll, a store call) is
+# small beside moving it, small enough that the daemon's copy of one is no burden.
+OBJECT_CHUNK_BYTES = 4 << 20
+
+
 class ObjectChunk(NamedTuple):
     """Bytes ``offset`` onwards of object ``object_id`` of ``total`` bytes, as the one
     out-of-band frame of its transmission: a client that cannot map the store streams a
@@ -419,6 +424,8 @@ ACCEPTED_FROM: dict[str, frozenset[type]] = {
             StatsRequest,
         }
     ),
-    Role.WORKER: frozenset({Heartbeat, Goodbye, TaskResults, ClusterBroken, Seceded, ObjectRequest, LaneDone, LaneStarted}),
+    Role.WORKER: frozenset(
+        {Heartbeat, Goodbye, TaskResults, ClusterBroken, Seceded, ObjectRequest, ObjectChunk, LaneDone, LaneStarted}
+    ),
     Role.MONITOR: frozenset({Heartbeat, Goodbye, StatsRequest}),
 }

@@ -224,6 +224,11 @@ class Daemon:
         self._send(peer, codec.encode([m.ObjectStored(object_id, error)]), now)
 
     def _execute(self, commands: list[core.Command], now: float) -> None:
+        # Chunks first: a result sent this turn may refer to the object they complete (a
+        # worker on another host streams a large result before the result itself).
+        for command in commands:
+            if type(command) is StoreChunk:
+                self._store_chunk(command.peer, command.object_id, command.offset, command.total, now)
         for command in commands:
             match command:
                 case Send(peer, messages):
@@ -241,8 +246,8 @@ class Daemon:
                     self.core.counters["objects_sent"] += len(buffers)
                     self.core.counters["object_bytes_sent"] += sum(b.nbytes for b in buffers)
                     self._send(peer, codec.encode([m.ObjectData(list(object_ids), found)], buffers), now)
-                case StoreChunk(peer, object_id, offset, total):
-                    self._store_chunk(peer, object_id, offset, total, now)
+                case StoreChunk():
+                    pass  # written above, before any send
                 case _:
                     raise TypeError(f"daemon loop cannot execute unknown command {command!r}")
 

@@ -193,7 +193,12 @@ class WorkerAgent:
             m.Refused: self._on_refused,
             m.Goodbye: self._on_goodbye,
             m.Heartbeat: self._on_heartbeat,
+            m.ObjectStored: self._on_object_stored,
         }
+        # Chunks of large results streamed to the daemon's store (_offload), sent before
+        # the next batch; the daemon's store, as its Welcome named it ("" for none).
+        self.raw_out: deque[list[Any]] = deque()
+        self.daemon_store = ""
         self.mean_task: float | None = None  # EWMA of task durations; None until one finished
         self.fn_means: dict[int, float] = {}  # the same per callable (fn_id; 0: inline ones)
         self.straggler_watch = False  # housekeeping every HOUSEKEEPING_SECONDS: see _recall
@@ -409,6 +414,7 @@ class WorkerAgent:
         self._forget_functions(ids)  # a lane task still queued gets it again from lanes.functions
 
     def _on_welcome(self, message: m.Welcome) -> None:
+        self.daemon_store = message.object_store
         if self.welcomed:
             # The answer to a repeated Hello: the daemon treated it as joining again and took
             # back what it had given us under the first Welcome.
@@ -442,6 +448,40 @@ class WorkerAgent:
             self.stopping = True
         else:
             self._forget_daemon_state()
+
+    def _on_object_stored(self, message: m.ObjectStored) -> None:
+        if message.error:  # the result it held is lost: its client hears that reading it
+            log.warning("worker %s: the daemon could not store a result: %s", self.name, message.error)
+
+    def _offload(self, results: list[m.TaskResult]) -> list[m.TaskResult]:
+        """Large results of processors that cannot map the store, streamed to the daemon's
+        store in chunks (``ObjectChunk``, zero-copy frames) and sent as store headers, so
+        that no message carries them whole: msgpack copies a 100 MB field into the body,
+        and the daemon and the client would each decode and copy it again."""
+        out = []
+        for result in results:
+            payload = result.payload
+            if result.objects or result.status != Status.OK or len(payload) < max(self.threshold, m.OBJECT_CHUNK_BYTES):
+                out.append(result)
+                continue
+            from scaler_executor.objstore.payload import stream_in_store_header
+
+            object_id, view, step = os.urandom(16), memoryview(payload), m.OBJECT_CHUNK_BYTES
+            for offset in range(0, len(view), step):
+                self.raw_out.append(codec.encode([m.ObjectChunk(object_id, offset, len(view))], [view[offset : offset + step]]))
+            out.append(result._replace(payload=stream_in_store_header(), objects=[object_id]))
+        return out
+
+    def _send_raw(self) -> bool:
+        """Send the chunks waiting in ``raw_out``; False if the daemon's queue is full."""
+        while self.raw_out:
+            try:
+                self.sock.send(self.raw_out[0])
+            except channel.Again:
+                return False
+            self.raw_out.popleft()
+            self.last_send = time.monotonic()
+        return True
 
     def _on_heartbeat(self, message: m.Heartbeat) -> None:
         pass  # only a sign of life: _on_daemon noted the time the transmission came
@@ -544,6 +584,7 @@ class WorkerAgent:
         self.fetching.clear()
         self.blobs.clear()
         self.results.clear()
+        self.raw_out.clear()
         self.lanes.close(self.poller)  # their clients submit what they had there again, to the daemon
 
     def _cancel(self, task_ids: list[int], force: bool) -> None:
@@ -1040,13 +1081,16 @@ class WorkerAgent:
                 or len(self.results) >= RESULT_BATCH
                 or now - self.results_since >= RESULT_LINGER
             ):
-                batch.append(m.TaskResults(self.results))
+                results = self._offload(self.results) if self.fetch_objects and self.daemon_store else self.results
+                batch.append(m.TaskResults(results))
                 self.results = []
                 self.results_since = 0.0
         if not batch and now - self.last_send >= self.heartbeat_interval:
             running = sum(1 for p in self.processors.values() if p.outstanding)
             batch.append(m.Heartbeat(len(self.queue), running))
         if batch and self.welcomed:
+            if self.raw_out and not self._send_raw():
+                return  # a result's chunks go before it: the batch waits in the outbox
             self.outbox = []
             self._send_now(batch)
 

@@ -67,3 +67,16 @@ def test_a_chunk_out_of_order_or_from_another_peer_aborts_the_object(host_store:
 def test_an_object_larger_than_the_store_is_refused_with_the_reason(host_store: HostStore) -> None:
     error = host_store.write_chunk(b"c", OID, 0, 1 << 30, b"x" * 10)
     assert error and "cannot create the object in the daemon's store" in error
+
+
+def test_a_plain_pickle_streamed_into_the_store_reads_back_with_its_header(host_store: HostStore) -> None:
+    """What a worker on another host sends for a large result: the pickle as one object,
+    and a header that says the stream is in the store."""
+    import pickle
+
+    from scaler_executor.objstore import payload as packing
+
+    value = {"a": b"x" * 100_000, "b": list(range(10))}
+    stream = pickle.dumps(value, protocol=5)
+    assert host_store.write_chunk(b"w", OID, 0, len(stream), stream) == ""
+    assert packing.unpack(packing.stream_in_store_header(), [OID], host_store.store) == value
