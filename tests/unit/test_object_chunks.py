@@ -1,5 +1,5 @@
-"""A put streamed in chunks by a client on another host (ObjectChunk): the core accepts it
-from clients only (StoreChunk), and the daemon's store writes the chunks in place."""
+"""A put streamed in chunks by a client or worker on another host (ObjectChunk): the core
+accepts it from those roles (StoreChunk), and the daemon's store writes the chunks in place."""
 
 from __future__ import annotations
 
@@ -21,12 +21,13 @@ def _hello(role: str) -> m.Hello:
                    role, 1, "h", 1, {}, [])
 
 
-def test_core_turns_a_clients_chunk_into_a_store_command_and_drops_a_workers() -> None:
+def test_core_turns_a_clients_or_workers_chunk_into_a_store_command_and_drops_a_monitors() -> None:
     core = Scheduler(ClusterConfig())
-    core.handle(Received(b"c", [_hello(m.Role.CLIENT)], 1.0), Received(b"w", [_hello(m.Role.WORKER)], 1.0))
-    commands = core.handle(Received(b"c", [m.ObjectChunk(OID, 0, 10)], 2.0))
-    assert [c for c in commands if type(c) is StoreChunk] == [StoreChunk(b"c", OID, 0, 10)]
-    commands = core.handle(Received(b"w", [m.ObjectChunk(OID, 0, 10)], 3.0))
+    core.handle(*(Received(p, [_hello(r)], 1.0) for p, r in ((b"c", m.Role.CLIENT), (b"w", m.Role.WORKER), (b"m", m.Role.MONITOR))))
+    for peer in (b"c", b"w"):
+        commands = core.handle(Received(peer, [m.ObjectChunk(OID, 0, 10)], 2.0))
+        assert [c for c in commands if type(c) is StoreChunk] == [StoreChunk(peer, OID, 0, 10)]
+    commands = core.handle(Received(b"m", [m.ObjectChunk(OID, 0, 10)], 3.0))
     assert not [c for c in commands if type(c) is StoreChunk]
     assert core.statistics()["dropped_messages"] == 1
     for key in ("objects_sent", "object_bytes_sent", "objects_received", "object_bytes_received"):
