@@ -20,14 +20,17 @@ store, so object bytes between hosts can only cross the network.
 
 Names carry the run's prefix (``scx-<pid>-<n>``); ``Hosts.close`` kills every process in
 the namespaces and deletes them, on every exit path (the fixtures' finalizers), and
-``sweep`` removes what a killed earlier run left (its pid is gone) at session start.
+``sweep`` removes what a killed earlier run left (its pid is gone) at session start; the
+parties' logs (a temporary directory per ``Hosts``) go with them.
 """
 
 from __future__ import annotations
 
+import glob
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,8 +57,6 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 def probe() -> str | None:
     """Why namespaces cannot be made here, or None (tries one, then removes it)."""
-    import shutil
-
     for command in ("ip", "unshare", "mount"):
         if shutil.which(command) is None:
             return f"needs `{command}` (iproute2, util-linux: .ci/system-deps) for network namespaces"
@@ -98,7 +99,7 @@ def _kill_inside(namespace: str) -> None:
 
 
 def sweep() -> list[str]:
-    """Remove namespaces an earlier run left (its pid is gone) and what runs in them."""
+    """Remove namespaces an earlier run left (its pid is gone), what runs in them, and its logs."""
     removed = []
     for name in _namespaces():
         if not name.startswith(PREFIX):
@@ -108,6 +109,11 @@ def sweep() -> list[str]:
             _kill_inside(name)
             _ip("netns", "del", name, check=False)
             removed.append(name)
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{PREFIX}*-logs-*")):
+        owner = os.path.basename(path)[len(PREFIX) :].split("-")[0]
+        if owner.isdigit() and int(owner) != os.getpid() and not psutil.pid_exists(int(owner)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
     return removed
 
 
@@ -263,6 +269,7 @@ class Hosts:
             _kill_inside(ns)
             _ip("netns", "del", ns, check=False)
         self._made.clear()
+        shutil.rmtree(self.logdir, ignore_errors=True)  # a failed test's fixture printed them first
 
     def __enter__(self) -> Hosts:
         return self.create()
