@@ -225,6 +225,15 @@ class ClusterConfig:
         gt=0,
         metavar="SECONDS",
     )
+    worker_daemon_loss_timeout: float = _opt(
+        300.0,
+        "seconds a worker connected over the network (not started by the daemon) tries to join "
+        "a daemon again before it exits with its processors",
+        "longer rides out a daemon's restart and a journal's grace period; shorter frees the "
+        "host of a cluster that is gone",
+        gt=0,
+        metavar="SECONDS",
+    )
     cancel_wait: float = _opt(
         0.05,
         "seconds Future.cancel() on a user thread waits for the daemon to say whether a "

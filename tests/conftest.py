@@ -5,6 +5,8 @@
 * ``fresh_executor``: a factory for tests that exercise a cluster's lifecycle; every
   executor it made is shut down after the test.
 * The package is byte-compiled at session start (see ``pytest_sessionstart``).
+* ``@pytest.mark.requires_system(commands=(...), root=...)``: skips a test that lacks a system
+  part (``scaler_testing.requires_system``), a failure under ``CI=true``.
 * Leak checks: after every module, no child process of the test process may remain,
   no ``scaler-*`` socket directory this run created may be left in the temp dir, and no
   object-store region may outlive the daemon that created it.
@@ -27,7 +29,7 @@ from typing import Any
 import psutil
 import pytest
 
-from scaler_testing import FAST, Gate, fast_config, wait_until  # noqa: F401  (re-exported for tests)
+from scaler_testing import FAST, Gate, fast_config, missing_system, requires_system, wait_until  # noqa: F401  (re-exported)
 
 from scaler_executor import ScalerExecutor
 
@@ -41,6 +43,20 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     import scaler_executor
 
     compileall.compile_dir(os.path.dirname(scaler_executor.__file__), quiet=1)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "requires_system(commands=(), root=False): needs these commands on PATH (and root); "
+        "skipped without them, a failure under CI=true",
+    )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("requires_system"):
+        requires_system(missing_system(tuple(mark.kwargs.get("commands", ())), bool(mark.kwargs.get("root", False))))
+
 
 def _scaler_dirs() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), f"scaler-{os.getpid()}-*")))

@@ -58,6 +58,41 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: f
     return predicate()
 
 
+# --------------------------------------------------------------------------- system parts
+
+
+def under_ci() -> bool:
+    """CI sets CI=true (.ci/run does too): there every system part must be present."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def missing_system(commands: tuple[str, ...] = (), root: bool = False) -> str | None:
+    """Why a test cannot have the system parts it needs (commands on PATH, root), or None."""
+    import shutil
+
+    absent = [c for c in commands if shutil.which(c) is None]
+    if absent:
+        return f"needs {', '.join(absent)} on PATH (install the packages .ci/system-deps lists)"
+    if root and os.geteuid() != 0:
+        return "needs root (network and mount namespaces)"
+    return None
+
+
+def requires_system(reason: str | None) -> None:
+    """Skip the running test for a missing system part, named in ``reason`` (None: present).
+
+    Under CI (CI=true) the skip is a failure: CI installs every part (.ci/system-deps), so a
+    part missing there is a broken image, not a test to pass over quietly.
+    """
+    import pytest
+
+    if reason is None:
+        return
+    if under_ci():
+        pytest.fail(f"CI=true and a system part is missing: {reason}; run .ci/system-deps", pytrace=False)
+    pytest.skip(reason)
+
+
 
 
 # --------------------------------------------------------------------------- processes

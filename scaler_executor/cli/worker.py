@@ -69,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
             "heartbeat_interval",
             "heartbeat_liveness",
             "daemon_loss_timeout",
+            "worker_daemon_loss_timeout",
             "send_hwm",
             "log_level",
             "max_tasks_per_child",

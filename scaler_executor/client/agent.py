@@ -77,6 +77,7 @@ from scaler_executor.client.pickling import (
     Packer,
     Pickled,
 )
+from scaler_executor.client.remote_store import RemoteStore
 from scaler_executor.client.routes import DaemonRoute, LaneRoute, ReplyInbox
 from scaler_executor.client.state import (
     FETCH_OBJECTS,
@@ -99,6 +100,7 @@ from scaler_executor.exceptions import BrokenScalerExecutor, DaemonLost, Initial
 from scaler_executor.protocol import channel
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import TaskFlags, TaskOptions
+from scaler_executor.protocol.rejoin import is_unknown_peer
 
 log = logging.getLogger("scaler_executor.client")
 
@@ -145,6 +147,7 @@ class ClientAgent:
         self.completion = Completion(self)
         self.stats_waiters: deque[Future[dict[str, Any]]] = deque()
         self.fetch_waiters: deque[Future[dict[bytes, bytes]]] = deque()
+        self.remote_store: RemoteStore | None = None  # the daemon's store, when this host cannot map it
         self.shutdown_requested = False
         self.broken: BaseException | None = None
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -168,6 +171,7 @@ class ClientAgent:
             m.TasksCancelled: self.cancels.answered,
             m.Welcome: self._on_welcome,
             m.ObjectData: self._on_object_data,
+            m.ObjectStored: self._on_object_stored,
             m.Stats: self._on_stats,
             m.ClusterBroken: self._on_cluster_broken,
             m.Refused: self._on_refused,
@@ -504,6 +508,8 @@ class ClientAgent:
                 return
             if daemon.welcomed:
                 self._drain_outbox()
+                if self.remote_store is not None and daemon.pending is None:
+                    self.remote_store.send_pending(daemon)  # a put's chunks, after what it depends on
             if daemon.pending is not None:
                 daemon.retry()
             elif daemon.heartbeat_due(now):
@@ -614,13 +620,18 @@ class ClientAgent:
     def _on_object_data(self, message: m.ObjectData, buffers: list[Any]) -> None:
         if self.fetch_waiters:
             data = iter(buffers)
-            got = {oid: bytes(next(data)) for oid, ok in zip(message.object_ids, message.found, strict=False) if ok}
+            # bytes, or views of large frames (wire.recv): not copied again here
+            got = {oid: next(data) for oid, ok in zip(message.object_ids, message.found, strict=False) if ok}
             waiter = self.fetch_waiters.popleft()
             missing = [oid.hex() for oid, ok in zip(message.object_ids, message.found, strict=False) if not ok]
             if missing:
                 waiter.set_exception(LookupError(f"objects no longer in the store: {missing}"))
             else:
                 waiter.set_result(got)
+
+    def _on_object_stored(self, message: m.ObjectStored, _buffers: list[Any]) -> None:
+        if self.remote_store is not None:
+            self.remote_store.stored(message)
 
     def _on_stats(self, message: m.Stats, _buffers: list[Any]) -> None:
         if self.stats_waiters:
@@ -630,6 +641,12 @@ class ClientAgent:
         self.break_with(_initializer_failed(message))
 
     def _on_refused(self, message: m.Refused, _buffers: list[Any]) -> None:
+        if is_unknown_peer(message.reason):  # policy (c) of protocol/rejoin.py: its tasks are gone
+            self.break_with(DaemonLost(
+                f"the daemon at {self.address} no longer knows this client: it restarted without a "
+                f"journal, or dropped the client after client_timeout; its pending tasks are lost"
+            ))
+            return
         self.break_with(DaemonLost(f"the daemon at {self.address} refused this client: {message.reason}"))
 
     def _on_goodbye(self, message: m.Goodbye, _buffers: list[Any]) -> None:
@@ -666,7 +683,8 @@ class ClientAgent:
 
                 self.packer.store = ObjectStore.attach(name, fallback_dir=tempfile.gettempdir())
             except Exception as exc:  # noqa: BLE001 - another host: objects travel through the daemon
-                log.debug("client cannot map the object store %s: %s", name, exc)
+                log.info("client cannot map the object store %s (%s): objects travel over the network", name, exc)
+                self.remote_store = self.packer.store = RemoteStore(self, name)
         self.packer.store_ready.set()
 
     # ------------------------------------------------------------------ the end
@@ -693,6 +711,8 @@ class ClientAgent:
             self.broken = exc
             self.core.outbox.clear()
         log.debug("client broken: %s", exc)
+        if self.remote_store is not None:
+            self.remote_store.fail_all(exc)
         self.completer.put(FAIL_ALL, exc)
 
     def _teardown(self) -> None:

@@ -261,6 +261,13 @@ def _dump(obj: Any, buffer_callback: Any, reducer: Any = None) -> io.BytesIO:
     return stream
 
 
+def stream_in_store_header() -> bytes:
+    """The header of a value whose whole pickle stream (with no out-of-band buffers) is
+    one store object: a peer that cannot map the store sends this with a large inline
+    pickle it streamed there (the worker agent, for its processors' large results)."""
+    return _PREFIX.pack(_MAGIC, _VERSION, _STREAM_IN_STORE, 0, 0)
+
+
 def inline_stream(header: bytes) -> bytes | None:
     """The bare pickle stream of a header that refers to no store object, else None."""
     flags, count, body = _parse(header)

@@ -41,6 +41,8 @@ ReleaseObjects         C→D      object references dropped by the client (objec
 PinObjects             C→D      objects the client holds (ex.put, a map's shared argument)
 ObjectRequest          W/C→D    a worker or client that cannot map the store asks for bytes
 ObjectData             D→W/C    those bytes, one out-of-band frame per object
+ObjectChunk            C/W→D    part of an object a client or worker on another host puts (one frame)
+ObjectStored           D→C/W    that object is sealed in the store (or why it is not)
 ClusterBroken          D→C, W→D the cluster cannot run tasks (e.g. a failing initializer)
 Seceded                W→D      running tasks that wait on sub-tasks: they no longer
                                 count against the worker's capacity
@@ -315,6 +317,28 @@ class ObjectData(NamedTuple):
     found: list[bool]
 
 
+# A put's chunk: large enough that a chunk's own cost (a message, a poll, a store call) is
+# small beside moving it, small enough that the daemon's copy of one is no burden.
+OBJECT_CHUNK_BYTES = 4 << 20
+
+
+class ObjectChunk(NamedTuple):
+    """Bytes ``offset`` onwards of object ``object_id`` of ``total`` bytes, as the one
+    out-of-band frame of its transmission: a client that cannot map the store streams a
+    put in chunks (the one at offset 0 creates the object, the one that ends it seals it)."""
+
+    object_id: bytes
+    offset: int
+    total: int
+
+
+class ObjectStored(NamedTuple):
+    """The answer to the last chunk of an object (or to a chunk that failed): "" or why."""
+
+    object_id: bytes
+    error: str
+
+
 class ClusterBroken(NamedTuple):
     reason: str
     payload: bytes  # pickled exception with remote traceback, may be empty
@@ -378,6 +402,8 @@ MESSAGE_TAGS: dict[type, int] = {
     LaneDone: 23,
     LaneStarted: 24,
     TasksCancelled: 25,
+    ObjectChunk: 40,
+    ObjectStored: 41,
 }
 
 # Which roles may send which messages to the daemon.
@@ -394,9 +420,12 @@ ACCEPTED_FROM: dict[str, frozenset[type]] = {
             ReleaseObjects,
             PinObjects,
             ObjectRequest,
+            ObjectChunk,
             StatsRequest,
         }
     ),
-    Role.WORKER: frozenset({Heartbeat, Goodbye, TaskResults, ClusterBroken, Seceded, ObjectRequest, LaneDone, LaneStarted}),
+    Role.WORKER: frozenset(
+        {Heartbeat, Goodbye, TaskResults, ClusterBroken, Seceded, ObjectRequest, ObjectChunk, LaneDone, LaneStarted}
+    ),
     Role.MONITOR: frozenset({Heartbeat, Goodbye, StatsRequest}),
 }

@@ -5,8 +5,9 @@ values (``zmq.SNDMORE | flags``) for every frame, and a receive loop that stops
 on ``zmq.Again`` builds an exception each turn; together that was about 20 us of
 a no-op task's round trip, spent in four processes.  These helpers call the
 backend socket methods with plain ``int`` flags and poll (without waiting) before
-reading.  Semantics are unchanged: non-blocking, copying, whole multipart
-messages (ZeroMQ delivers all parts of a message or none).
+reading.  Semantics are unchanged: non-blocking, whole multipart messages (ZeroMQ
+delivers all parts of a message or none); frames of ``ZERO_COPY_BYTES`` or more are
+not copied (below).
 """
 
 from __future__ import annotations
@@ -24,13 +25,25 @@ _MORE_NOBLOCK = int(zmq.SNDMORE) | _NOBLOCK
 _POLLIN = int(zmq.POLLIN)
 
 
+# Frames at least this long are handed to libzmq without a copy (it holds the buffer until
+# the I/O thread has written it) and read back as views of libzmq's message: an object's
+# bytes are then copied by the kernel only, instead of twice more in user space (a 100 MB
+# object crossing two namespaces: see bench/multihost.py).  Smaller ones are copied: a
+# zero-copy frame costs pyzmq an object and a release callback, more than copying 64 KiB.
+ZERO_COPY_BYTES = 1 << 16
+
+
 def send(sock: zmq.Socket[Any], frames: list[Any]) -> None:
     """Send ``frames`` as one message without blocking; raises ``zmq.Again`` (queue
     full) or another ``zmq.ZMQError`` (``EHOSTUNREACH`` with ROUTER_MANDATORY)
-    before any part is queued."""
+    before any part is queued.  A frame of ``ZERO_COPY_BYTES`` or more must not change
+    until it is sent (bytes, a sealed store object, a buffer whose owner waits)."""
     last = len(frames) - 1
     for i, frame in enumerate(frames):
-        _send(sock, frame, _MORE_NOBLOCK if i < last else _NOBLOCK)
+        if len(frame) >= ZERO_COPY_BYTES:
+            _send(sock, frame, _MORE_NOBLOCK if i < last else _NOBLOCK, False)
+        else:
+            _send(sock, frame, _MORE_NOBLOCK if i < last else _NOBLOCK)
 
 
 def readable(sock: zmq.Socket[Any]) -> bool:
@@ -40,13 +53,16 @@ def readable(sock: zmq.Socket[Any]) -> bool:
     return bool(_poll([(sock, _POLLIN)], 0))
 
 
-def recv(sock: zmq.Socket[Any]) -> list[bytes]:
-    """One whole message as bytes frames; raises ``zmq.Again`` if none waits."""
+def recv(sock: zmq.Socket[Any]) -> list[Any]:
+    """One whole message, its frames as bytes (a large one as a memoryview); raises
+    ``zmq.Again`` if none waits."""
     frame = _recv(sock, _NOBLOCK, False)  # a Frame knows whether more parts follow
-    frames = [frame.bytes]
+    frames: list[Any] = [frame.bytes]
     while frame.more:
         frame = _recv(sock, _NOBLOCK, False)
-        frames.append(frame.bytes)
+        # A large frame (an object's bytes) as a read-only view of libzmq's message, alive
+        # as long as the view is: no copy.  Only out-of-band buffers are that large.
+        frames.append(frame.bytes if len(frame) < ZERO_COPY_BYTES else frame.buffer)
     return frames
 
 

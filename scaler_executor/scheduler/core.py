@@ -31,6 +31,7 @@ from scaler_executor.config import ClusterConfig, parse_resources, parse_tags
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS as DEFAULT
 from scaler_executor.protocol.messages import Role, Status, TaskFlags
+from scaler_executor.protocol.rejoin import UNKNOWN_PEER
 from scaler_executor.scheduler.policies import (
     LeastLoaded,
     ScalingView,
@@ -151,8 +152,19 @@ class SendObjects:
     object_ids: tuple[bytes, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class StoreChunk:
+    """Write the chunk that came with ``peer``'s ObjectChunk into the store (the loop holds
+    its bytes: the core never sees buffers); answer ObjectStored when it ends the object."""
+
+    peer: bytes
+    object_id: bytes
+    offset: int
+    total: int
+
+
 Event = Received | Tick | Wake | PeerUnreachable | WorkerExited | LocalWorkers
-Command = Send | StartWorkers | StopWorkers | DeleteObjects | SendObjects
+Command = Send | StartWorkers | StopWorkers | DeleteObjects | SendObjects | StoreChunk
 
 
 def refusal_for(hello: m.Hello) -> str | None:
@@ -222,6 +234,12 @@ class Scheduler:
             "refused": 0,  # messages acted on by nobody: another party's ids, or a status not the sender's to give
             "delivered_direct": 0,  # results a processor sent straight to its client (REPLY_DIRECT)
             "lane": 0,  # tasks a client submitted straight to a worker's lane (worker/lanes.py)
+            # The network object path (kept by the loop, which moves the bytes): objects
+            # and bytes sent to peers that cannot map the store, and received from them.
+            "objects_sent": 0,
+            "object_bytes_sent": 0,
+            "objects_received": 0,
+            "object_bytes_received": 0,
         }
         self._monitors: dict[bytes, float] = {}
         self._refusals_logged: dict[tuple[bytes, str], float] = {}  # (peer, what) -> when last logged
@@ -253,6 +271,7 @@ class Scheduler:
             m.Seceded: self._on_seceded,
             m.PinObjects: self._on_pin_objects,
             m.ObjectRequest: self._on_object_request,
+            m.ObjectChunk: self._on_object_chunk,
             m.LaneDone: self._on_lane_done,
             m.LaneStarted: self._on_lane_started,
         }
@@ -294,7 +313,7 @@ class Scheduler:
             first = messages[0] if messages else None
             if type(first) is not m.Hello:
                 if type(first) is not m.Goodbye:
-                    self._send(peer, m.Refused("unknown peer: send Hello first (was the daemon restarted?)"))
+                    self._send(peer, m.Refused(f"{UNKNOWN_PEER}: send Hello first (was the daemon restarted?)"))
                 self.counters["dropped_messages"] += len(messages)
                 return
             self._on_hello(peer, first)
@@ -723,6 +742,9 @@ class Scheduler:
 
     def _on_object_request(self, peer: bytes, message: m.ObjectRequest) -> None:
         self._commands.append(SendObjects(peer, tuple(message.object_ids)))
+
+    def _on_object_chunk(self, peer: bytes, message: m.ObjectChunk) -> None:
+        self._commands.append(StoreChunk(peer, message.object_id, message.offset, message.total))
 
     def _on_stats_request(self, peer: bytes, message: m.StatsRequest) -> None:
         self._stats_wanted.append(peer)  # answered in _flush, after this turn's dispatch

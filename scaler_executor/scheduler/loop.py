@@ -43,6 +43,7 @@ from scaler_executor.scheduler.core import (
     SendObjects,
     StartWorkers,
     StopWorkers,
+    StoreChunk,
     Tick,
     Wake,
     WorkerExited,
@@ -113,6 +114,9 @@ class Daemon:
         self.backlog: dict[bytes, deque[list[Any]]] = {}
         self.unreachable: list[PeerUnreachable] = []
         self.bad_input = RateLimitedLog(log)
+        # Chunks of puts received this turn, by (peer, object id, offset): the core decides
+        # whether to store each (StoreChunk); what it did not take is dropped after the turn.
+        self.chunks: dict[tuple[bytes, bytes, int], Any] = {}
         self._signal_r, self._signal_w = os.pipe()
         os.set_blocking(self._signal_r, False)
         os.set_blocking(self._signal_w, False)
@@ -185,6 +189,7 @@ class Daemon:
                         log.exception("daemon: the core failed to handle %d events", len(events))
                         continue
                     self._execute(commands, now)
+                self.chunks.clear()  # those the core refused (a peer not allowed to put)
                 if self.backlog:
                     self._retry_backlog(now)
         finally:
@@ -239,7 +244,7 @@ class Daemon:
                 )
                 continue
             try:
-                messages, _buffers = codec.decode(frames[1:])
+                messages, buffers = codec.decode(frames[1:])
                 if security is not None:
                     messages = security.within_role(peer, allowed, messages, frame)
             except codec.VersionMismatch as exc:
@@ -250,10 +255,32 @@ class Daemon:
                 self.core.counters["dropped_messages"] += 1
                 self.bad_input.warning("decode", "daemon: dropped a bad transmission from %r: %s", peer, exc)
                 continue
+            if buffers:  # a put's chunks (ObjectChunk): held for the core's StoreChunk, this turn
+                chunks = [c for c in messages if type(c) is m.ObjectChunk]
+                for chunk, buffer in zip(chunks, buffers, strict=False):
+                    self.chunks[(peer, chunk.object_id, chunk.offset)] = buffer
             if messages:
                 events.append(Received(peer, messages, now))
 
+    def _store_chunk(self, peer: bytes, object_id: bytes, offset: int, total: int, now: float) -> None:
+        data = self.chunks.pop((peer, object_id, offset), None)
+        if data is None:
+            error: str | None = f"chunk at offset {offset} came without its bytes"
+        else:
+            error = self.objects.write_chunk(peer, object_id, offset, total, data)
+            self.core.counters["object_bytes_received"] += memoryview(data).nbytes
+        if error is None:
+            return
+        if not error:
+            self.core.counters["objects_received"] += 1
+        self._send(peer, codec.encode([m.ObjectStored(object_id, error)]), now)
+
     def _execute(self, commands: list[core.Command], now: float) -> None:
+        # Chunks first: a result sent this turn may refer to the object they complete (a
+        # worker on another host streams a large result before the result itself).
+        for command in commands:
+            if type(command) is StoreChunk:
+                self._store_chunk(command.peer, command.object_id, command.offset, command.total, now)
         for command in commands:
             match command:
                 case Send(peer, messages):
@@ -268,7 +295,11 @@ class Daemon:
                     self.objects.delete(object_ids)
                 case SendObjects(peer, object_ids):
                     found, buffers = self.objects.read(object_ids)
+                    self.core.counters["objects_sent"] += len(buffers)
+                    self.core.counters["object_bytes_sent"] += sum(b.nbytes for b in buffers)
                     self._send(peer, codec.encode([m.ObjectData(list(object_ids), found)], buffers), now)
+                case StoreChunk():
+                    pass  # written above, before any send
                 case _:
                     raise TypeError(f"daemon loop cannot execute unknown command {command!r}")
 

@@ -87,6 +87,7 @@ class HostStore:
 
         self.store: Any = None
         self.name = ""
+        self.partial: dict[bytes, list[Any]] = {}  # puts being streamed: [peer, view, bytes so far]
         size = store_size(config)
         if size is None:
             return
@@ -128,7 +129,49 @@ class HostStore:
                 buffers.append(view)
         return found, buffers
 
+    def write_chunk(self, peer: bytes, object_id: bytes, offset: int, total: int, data: Any) -> str | None:
+        """Write one chunk of a put streamed by a peer that cannot map the store.
+
+        Chunks of one object come in order on one connection (ZeroMQ keeps a peer's order):
+        the one at offset 0 creates the object, the one that reaches ``total`` seals it.
+        Returns None while the object is incomplete, "" once it is sealed, or why it failed
+        (the partial object is aborted and the peer told; later chunks of it are refused).
+        """
+        if self.store is None:
+            return "the daemon has no object store (object_store_size = none)"
+        size = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
+        partial = self.partial.get(object_id)
+        if offset == 0 and partial is None:
+            if total < 0 or size > total:
+                return f"chunk of {size} bytes larger than its object's {total}"
+            try:
+                view = self.store.create_buffer(object_id, total)
+            except Exception as exc:  # noqa: BLE001 - full, exists...: the putter hears why
+                return f"cannot create the object in the daemon's store: {exc}"
+            partial = self.partial[object_id] = [peer, view, 0]
+        if partial is None or partial[0] != peer or partial[2] != offset or offset + size > total:
+            self._abort(object_id)
+            return f"chunk at offset {offset} out of order or beyond {total} bytes"
+        view = partial[1]
+        view[offset : offset + size] = data
+        partial[2] = offset + size
+        if partial[2] < total:
+            return None
+        del self.partial[object_id]
+        self.store.seal(object_id)  # releases the view
+        return ""
+
+    def _abort(self, object_id: bytes) -> None:
+        partial = self.partial.pop(object_id, None)
+        if partial is not None:
+            try:
+                self.store.abort(object_id)
+            except Exception as exc:  # noqa: BLE001 - already gone: nothing to free
+                log.debug("abort of partial object %s: %s", object_id.hex(), exc)
+
     def close(self) -> None:
+        for object_id in list(self.partial):
+            self._abort(object_id)
         if self.store is not None:
             try:
                 self.store.unlink()

@@ -45,6 +45,7 @@ from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status
+from scaler_executor.protocol.rejoin import Backoff, is_unknown_peer
 from scaler_executor.worker import processor as proc
 from scaler_executor.worker.dealing import MAX_DEPTH, recall_due, takes_more, task_depth
 from scaler_executor.worker.framing import FrameReader
@@ -156,7 +157,7 @@ class WorkerAgent:
         self.store_name = ""  # the daemon host's store, when this host can map it
         self.store: Any = None  # our handle on it
         self.threshold = config.object_store_threshold
-        self.blobs: dict[bytes, bytes] = {}  # objects fetched over the network for held tasks
+        self.blobs: dict[bytes, bytes | memoryview] = {}  # objects fetched over the network for held tasks
         self.fetching: dict[bytes, list[int]] = {}  # object id -> tasks waiting for it
         self.parked: dict[int, set[bytes]] = {}  # task id -> objects it still waits for
         self.oom = OomCounter()
@@ -193,7 +194,12 @@ class WorkerAgent:
             m.Refused: self._on_refused,
             m.Goodbye: self._on_goodbye,
             m.Heartbeat: self._on_heartbeat,
+            m.ObjectStored: self._on_object_stored,
         }
+        # Chunks of large results streamed to the daemon's store (_offload), sent before
+        # the next batch; the daemon's store, as its Welcome named it ("" for none).
+        self.raw_out: deque[list[Any]] = deque()
+        self.daemon_store = ""
         self.mean_task: float | None = None  # EWMA of task durations; None until one finished
         self.fn_means: dict[int, float] = {}  # the same per callable (fn_id; 0: inline ones)
         self.straggler_watch = False  # housekeeping every HOUSEKEEPING_SECONDS: see _recall
@@ -207,6 +213,12 @@ class WorkerAgent:
         self.zygote_warm = False  # asked the zygote to import what later processors need
         self.last_send = 0.0
         self.last_hello = 0.0
+        # Hello again until a Welcome (protocol/rejoin.py): from twice the heartbeat interval
+        # (at least a second: a second Hello on a known connection makes the daemon forget
+        # what it gave us) up to the silence limit, capped at 30 s.
+        first = max(1.0, 2 * config.heartbeat_interval)
+        self.rejoin = Backoff(first, max(first, min(30.0, config.heartbeat_interval * config.heartbeat_liveness)))
+        self.next_hello = 0.0
         self.heartbeat_interval = config.heartbeat_interval
         self.daemon_silence_limit = max(config.heartbeat_interval * config.heartbeat_liveness, config.daemon_loss_timeout)
         self.died_in_a_row = 0
@@ -306,6 +318,7 @@ class WorkerAgent:
 
     def _hello(self) -> None:
         self.last_hello = time.monotonic()
+        self.next_hello = self.last_hello + self.rejoin.next_delay()
         hello = m.Hello(
             m.Role.WORKER,
             m.PROTOCOL_VERSION,
@@ -402,7 +415,14 @@ class WorkerAgent:
         self._forget_functions(ids)  # a lane task still queued gets it again from lanes.functions
 
     def _on_welcome(self, message: m.Welcome) -> None:
+        self.daemon_store = message.object_store
+        if self.welcomed:
+            # The answer to a repeated Hello: the daemon treated it as joining again and took
+            # back what it had given us under the first Welcome.
+            log.info("worker %s: welcomed again (a repeated Hello); discarding what it held", self.name)
+            self._forget_daemon_state()
         self.welcomed = True
+        self.rejoin.reset()
         self._reach_store(message.object_store)
         # Send at least as often as the daemon expects; judge its silence by its own pace.
         self.heartbeat_interval = min(self.config.heartbeat_interval, message.heartbeat_interval)
@@ -415,10 +435,9 @@ class WorkerAgent:
 
     def _on_refused(self, message: m.Refused) -> None:
         reason = message.reason
-        if reason.startswith("unknown peer"):
-            log.warning("worker %s: the daemon does not know this worker (restarted?); joining again", self.name)
-            self._forget_daemon_state()
-            self._hello()
+        if is_unknown_peer(reason):
+            if self.welcomed:  # once per loss: the refusals of what we sent before our Hello follow
+                self._rejoin(f"the daemon at {self.address} does not know this worker (restarted without a journal?)")
         else:
             log.error("worker %s: the daemon refused it: %s", self.name, reason)
             self.exit_code = 2
@@ -430,6 +449,40 @@ class WorkerAgent:
             self.stopping = True
         else:
             self._forget_daemon_state()
+
+    def _on_object_stored(self, message: m.ObjectStored) -> None:
+        if message.error:  # the result it held is lost: its client hears that reading it
+            log.warning("worker %s: the daemon could not store a result: %s", self.name, message.error)
+
+    def _offload(self, results: list[m.TaskResult]) -> list[m.TaskResult]:
+        """Large results of processors that cannot map the store, streamed to the daemon's
+        store in chunks (``ObjectChunk``, zero-copy frames) and sent as store headers, so
+        that no message carries them whole: msgpack copies a 100 MB field into the body,
+        and the daemon and the client would each decode and copy it again."""
+        out = []
+        for result in results:
+            payload = result.payload
+            if result.objects or result.status != Status.OK or len(payload) < max(self.threshold, m.OBJECT_CHUNK_BYTES):
+                out.append(result)
+                continue
+            from scaler_executor.objstore.payload import stream_in_store_header
+
+            object_id, view, step = os.urandom(16), memoryview(payload), m.OBJECT_CHUNK_BYTES
+            for offset in range(0, len(view), step):
+                self.raw_out.append(codec.encode([m.ObjectChunk(object_id, offset, len(view))], [view[offset : offset + step]]))
+            out.append(result._replace(payload=stream_in_store_header(), objects=[object_id]))
+        return out
+
+    def _send_raw(self) -> bool:
+        """Send the chunks waiting in ``raw_out``; False if the daemon's queue is full."""
+        while self.raw_out:
+            try:
+                self.sock.send(self.raw_out[0])
+            except channel.Again:
+                return False
+            self.raw_out.popleft()
+            self.last_send = time.monotonic()
+        return True
 
     def _on_heartbeat(self, message: m.Heartbeat) -> None:
         pass  # only a sign of life: _on_daemon noted the time the transmission came
@@ -482,7 +535,7 @@ class WorkerAgent:
         for object_id, found in zip(message.object_ids, message.found, strict=False):
             waiting = self.fetching.pop(object_id, [])
             if found:
-                self.blobs[object_id] = bytes(next(buffers))
+                self.blobs[object_id] = next(buffers)  # bytes, or a view of a large frame (wire.recv): no copy
             for task_id in waiting:
                 missing = self.parked.get(task_id)
                 if missing is None:
@@ -532,6 +585,7 @@ class WorkerAgent:
         self.fetching.clear()
         self.blobs.clear()
         self.results.clear()
+        self.raw_out.clear()
         self.lanes.close(self.poller)  # their clients submit what they had there again, to the daemon
 
     def _cancel(self, task_ids: list[int], force: bool) -> None:
@@ -965,16 +1019,40 @@ class WorkerAgent:
             elif now - self.last_busy >= ZYGOTE_WARM_IDLE:
                 self.zygote_warm = True
                 self.zygote.warm()
+        self._check_daemon(now)
+
+    def _check_daemon(self, now: float) -> None:
+        """The reconnection policy's worker side (protocol/rejoin.py)."""
         silence = now - self.last_recv
-        if silence > self.daemon_silence_limit:
-            if self.lifeline_fd is not None:
+        if self.lifeline_fd is not None:
+            if silence > self.daemon_silence_limit:
                 log.error("worker %s: no message from the daemon for %.1f s; stopping", self.name, silence)
                 self.exit_code = 4
                 self.stopping = True
-            elif now - self.last_hello > self.daemon_silence_limit:
-                log.warning("worker %s: no message from the daemon for %.1f s; joining again", self.name, silence)
-                self._forget_daemon_state()
-                self._hello()
+        elif self.welcomed:
+            if silence > self.daemon_silence_limit:
+                self._rejoin(f"no message from the daemon at {self.address} for {silence:.1f} s")
+        elif silence > self.config.worker_daemon_loss_timeout:
+            log.error(
+                "worker %s: no daemon answered at %s for %.1f s (worker_daemon_loss_timeout); stopping",
+                self.name, self.address, silence,
+            )
+            self.exit_code = 4
+            self.stopping = True
+        elif now >= self.next_hello:
+            log.debug("worker %s: Hello again to %s (attempt %d)", self.name, self.address, self.rejoin.attempts)
+            self._hello()
+
+    def _rejoin(self, why: str) -> None:
+        """The link to the daemon is lost (logged once here): discard, and join again empty."""
+        log.warning(
+            "worker %s: %s; discarding its %d tasks and joining again (stopping after %.0f s "
+            "without a daemon: worker_daemon_loss_timeout)",
+            self.name, why, len(self.held), self.config.worker_daemon_loss_timeout,
+        )
+        self._forget_daemon_state()
+        self.rejoin.reset()
+        self._hello()
 
     def _flush(self, now: float) -> None:
         batch = self.outbox
@@ -1004,13 +1082,16 @@ class WorkerAgent:
                 or len(self.results) >= RESULT_BATCH
                 or now - self.results_since >= RESULT_LINGER
             ):
-                batch.append(m.TaskResults(self.results))
+                results = self._offload(self.results) if self.fetch_objects and self.daemon_store else self.results
+                batch.append(m.TaskResults(results))
                 self.results = []
                 self.results_since = 0.0
         if not batch and now - self.last_send >= self.heartbeat_interval:
             running = sum(1 for p in self.processors.values() if p.outstanding)
             batch.append(m.Heartbeat(len(self.queue), running))
         if batch and self.welcomed:
+            if self.raw_out and not self._send_raw():
+                return  # a result's chunks go before it: the batch waits in the outbox
             self.outbox = []
             self._send_now(batch)
 

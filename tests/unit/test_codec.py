@@ -91,6 +91,8 @@ SAMPLES: dict[type, Any] = {
     m.PinObjects: m.PinObjects([b"\x01" * 16]),
     m.ObjectRequest: m.ObjectRequest([b"\x01" * 16, b"\x02" * 16]),
     m.ObjectData: m.ObjectData([b"\x01" * 16, b"\x02" * 16], [True, False]),
+    m.ObjectChunk: m.ObjectChunk(b"\x01" * 16, 4 << 20, 100_000_000),
+    m.ObjectStored: m.ObjectStored(b"\x01" * 16, ""),
     m.StatsRequest: m.StatsRequest(),
     m.Stats: m.Stats({"tasks": 3, "mean_seconds": 0.25, "state": "ok"}),
 }

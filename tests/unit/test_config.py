@@ -46,6 +46,7 @@ def test_defaults() -> None:
         "heartbeat_interval": 0.5,
         "heartbeat_liveness": 10,
         "daemon_loss_timeout": 15.0,
+        "worker_daemon_loss_timeout": 300.0,
         "cancel_wait": 0.05,
         "client_timeout": 60.0,
         "max_retries": 3,

@@ -22,6 +22,7 @@ from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.codec import decode, encode
 from scaler_executor.protocol.messages import TASK_ID_BITS, Status, TaskFlags
+from scaler_executor.protocol.rejoin import is_unknown_peer
 from scaler_executor.scheduler.core import (
     PeerUnreachable,
     Received,
@@ -261,7 +262,8 @@ def test_client_needs_no_capacity(cluster: Cluster) -> None:
 
 def test_unknown_peer_must_send_hello_first(cluster: Cluster) -> None:
     out = cluster.send(b"stranger", m.SubmitTasks([spec(1)]), m.Heartbeat(0, 0))
-    assert "send Hello first" in out.one(b"stranger", m.Refused).reason
+    reason = out.one(b"stranger", m.Refused).reason
+    assert "send Hello first" in reason and is_unknown_peer(reason)  # what peers act on (protocol/rejoin.py)
     assert cluster.stat("dropped_messages") == 2
     assert cluster.stat("tasks") == 0
 

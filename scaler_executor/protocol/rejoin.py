@@ -1,0 +1,60 @@
+"""The reconnection policy: libzmq reconnects the socket; joining again is ours.
+
+ZeroMQ re-establishes a dropped TCP connection by itself (``ZMQ_RECONNECT_IVL``), so a
+peer never reconnects by hand. What the application decides is whether the daemon still
+knows the peer, and what the peer does when it does not:
+
+(a) A link drop shorter than the liveness limit (``heartbeat_interval * heartbeat_liveness``)
+    resumes as if nothing happened: messages queued meanwhile flow again, no task is retried,
+    no future fails.
+(b) After a longer drop the daemon has declared the peer lost and retried its tasks
+    elsewhere. A worker that hears nothing for its silence limit, or is told it is unknown,
+    discards what it held and joins again empty. A client's record outlives a worker's
+    (``client_timeout``), so a client back within it resubmits nothing and gets its results.
+(c) A daemon restarted without a journal does not know the peer: it answers anything but a
+    Hello with ``Refused`` whose reason starts with ``UNKNOWN_PEER``. A worker joins again
+    empty; a client fails its pending futures with ``DaemonLost`` at once (its tasks are gone).
+    A client whose daemon stays silent fails them after ``daemon_loss_timeout``; a worker that
+    finds no daemon for ``worker_daemon_loss_timeout`` exits with its processors.
+
+A worker says Hello again on a ``Backoff`` (capped exponential, jittered) until a Welcome:
+many workers of a restarted daemon then do not all knock at the same instant, and a Hello
+is not repeated faster than a round trip on a slow link (the daemon treats a second Hello on
+a known connection as joining again). The lost link is logged once per loss, not per retry.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+# The one phrase the daemon's refusal of a peer it does not know starts with; peers act on it.
+UNKNOWN_PEER = "unknown peer"
+
+
+def is_unknown_peer(reason: str) -> bool:
+    return reason.startswith(UNKNOWN_PEER)
+
+
+class Backoff:
+    """Delays between attempts: ``base * 2^n`` capped at ``cap``, each scaled by a factor in
+    [0.5, 1) ("equal jitter": spread out, yet never less than half the nominal delay).
+
+    ``rng`` returns floats in [0, 1); a test passes a fixed one.
+    """
+
+    def __init__(self, base: float, cap: float, rng: Callable[[], float] = random.random) -> None:
+        if not 0 < base <= cap:
+            raise ValueError(f"Backoff needs 0 < base <= cap, got base={base!r}, cap={cap!r}")
+        self.base = base
+        self.cap = cap
+        self.rng = rng
+        self.attempts = 0
+
+    def next_delay(self) -> float:
+        nominal = min(self.cap, self.base * 2.0 ** min(self.attempts, 62))
+        self.attempts += 1
+        return nominal * (0.5 + 0.5 * self.rng())
+
+    def reset(self) -> None:
+        self.attempts = 0

@@ -1,0 +1,143 @@
+"""A client on its own host, driven by a test through one JSON line per command (stdin) and
+one JSON answer per line (stdout).  Run by ``multihost_net.Hosts.spawn`` inside the client's
+namespace; logs go to stderr.
+
+Commands (``op``): ``open`` (address, config: ClusterConfig keys, executor: further
+ScalerExecutor keyword arguments such as credentials), ``submit`` (fn, args: a list of
+argument lists) -> batch, ``done`` (batch) -> how many finished, ``running`` (batch) -> how many run now, ``wait`` (batch, timeout)
+-> results and errors, ``put_fetch`` (size) -> timings of a put, a remote task reading it, the
+client reading it back, and a large result, ``noop`` (count, trips) -> throughput and round trip,
+``stats``, ``close``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import statistics
+import sys
+import time
+import traceback
+from typing import Any
+
+import multihost_tasks as tasks
+
+from scaler_executor import ClusterConfig, ScalerExecutor
+
+state: dict[str, Any] = {"ex": None, "batches": []}
+
+
+def _ex() -> ScalerExecutor:
+    ex = state["ex"]
+    assert ex is not None, "open first"
+    return ex
+
+
+def op_open(address: str, config: dict[str, Any], executor: dict[str, Any] | None = None) -> dict[str, Any]:
+    state["ex"] = ScalerExecutor(address=address, config=ClusterConfig(**config), **(executor or {}))
+    return {"ok": True}
+
+
+def op_submit(fn: str, args: list[list[Any]]) -> dict[str, Any]:
+    ex, function = _ex(), getattr(tasks, fn)
+    state["batches"].append([ex.submit(function, *a) for a in args])
+    return {"batch": len(state["batches"]) - 1}
+
+
+def op_done(batch: int) -> dict[str, Any]:
+    return {"done": sum(f.done() for f in state["batches"][batch])}
+
+
+def op_running(batch: int) -> dict[str, Any]:
+    return {"running": sum(f.running() for f in state["batches"][batch])}
+
+
+def op_wait(batch: int, timeout: float) -> dict[str, Any]:
+    futures = state["batches"][batch]
+    started = time.monotonic()
+    done, _ = concurrent.futures.wait(futures, timeout)
+    results, errors = [], []
+    for f in futures:
+        if f not in done:
+            results.append(None)
+            errors.append(None)
+        elif f.exception() is not None:
+            exc = f.exception()
+            results.append(None)
+            errors.append([type(exc).__name__, str(exc)])
+        else:
+            results.append(f.result())
+            errors.append(None)
+    return {"results": results, "errors": errors, "seconds": time.monotonic() - started}
+
+
+def op_put_fetch(size: int) -> dict[str, Any]:
+    ex = _ex()
+    value = tasks.pattern(size, 1)
+    started = time.monotonic()
+    ref = ex.put(value)
+    put = time.monotonic() - started
+    started = time.monotonic()
+    remote = ex.submit(tasks.sample, ref).result()
+    read_remotely = time.monotonic() - started
+    expect = tasks.sample(value)
+    del value
+    started = time.monotonic()
+    got = ref.result()
+    get = time.monotonic() - started
+    ok_get = tasks.sample(got) == expect
+    del got
+    started = time.monotonic()
+    back = ex.submit(tasks.make_bytes, size, 2).result()
+    fetch = time.monotonic() - started
+    ok_back = tasks.sample(back) == tasks.sample(tasks.pattern(size, 2))
+    return {"put": put, "read_remotely": read_remotely, "get": get, "fetch": fetch,
+            "remote_ok": tuple(remote) == expect, "get_ok": ok_get, "back_ok": ok_back, "size": size}
+
+
+def op_noop(count: int, trips: int) -> dict[str, Any]:
+    ex = _ex()
+    list(ex.map(tasks.noop, range(100)))  # warm
+    started = time.monotonic()
+    list(ex.map(tasks.noop, range(count)))
+    throughput = count / (time.monotonic() - started)
+    times = []
+    for i in range(trips):
+        t0 = time.perf_counter()
+        ex.submit(tasks.noop, i).result()
+        times.append(time.perf_counter() - t0)
+    return {"throughput": throughput, "round_trip_median": statistics.median(times)}
+
+
+def op_stats() -> dict[str, Any]:
+    return {"stats": _ex().statistics()}
+
+
+def op_close() -> dict[str, Any]:
+    ex = state["ex"]
+    if ex is not None:
+        ex.shutdown(wait=True, cancel_futures=True)
+    state["ex"] = None
+    return {"ok": True}
+
+
+def main() -> int:
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="client %(asctime)s %(name)s %(message)s")
+    for line in sys.stdin:
+        command = json.loads(line)
+        op = command.pop("op")
+        try:
+            answer = globals()[f"op_{op}"](**command)
+        except Exception:  # noqa: BLE001  (the test sees it as a failure, with the traceback)
+            answer = {"bug": traceback.format_exc()}
+        sys.stdout.write(json.dumps(answer, default=repr) + "\n")
+        sys.stdout.flush()
+        if op == "close":
+            break
+    op_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

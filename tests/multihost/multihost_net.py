@@ -1,0 +1,386 @@
+"""Hosts on real separate network stacks, for the multi-host tests.
+
+::
+
+      netns <run>-daemon      <run>-w1          <run>-w2          <run>-client     <run>-rogue
+      10.231.0.1 eth0         10.231.0.2 eth0   10.231.0.3 eth0   10.231.0.4 eth0  10.231.0.5 eth0
+            │                     │                 │                 │                │
+      ──────┴── p-daemon ─────── p-w1 ──────────── p-w2 ──────────── p-client ─────── p-rogue ──
+                              bridge br0 in netns <run>-switch
+
+Each host is a network namespace joined to a bridge by a veth pair; the bridge and the
+switch side of every pair live in a namespace of their own, so nothing is added to the
+machine's own network stack, and no interface name can collide with another run's. Cutting a
+host's link (``Hosts.cut``) sets its switch port down: the host keeps its address and route
+and its TCP connections see silence, as with a pulled cable.
+
+Every process a test starts on a host runs through ``ip netns exec`` and ``unshare --mount
+--uts`` (its own host name) with fresh tmpfs mounts on ``/dev/shm`` and ``/tmp``: no host can map another's object
+store, so object bytes between hosts can only cross the network.
+
+Names carry the run's prefix (``scx-<pid>-<n>``); ``Hosts.close`` kills every process in
+the namespaces and deletes them, on every exit path (the fixtures' finalizers), and
+``sweep`` removes what a killed earlier run left (its pid is gone) at session start; the
+parties' logs (a temporary directory per ``Hosts``) go with them.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import IO, Any
+
+import psutil
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(HERE)
+REPO = os.path.dirname(TESTS)
+PREFIX = "scx-"
+SUBNET = "10.231.0"
+ROLES = ("daemon", "w1", "w2", "client", "rogue")
+SHM_SIZE = "1g"  # each host's private /dev/shm: the daemon's store (object_store_size) fits
+_counter = itertools.count()
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
+
+
+def probe() -> str | None:
+    """Why namespaces cannot be made here, or None (tries one, then removes it)."""
+    for command in ("ip", "unshare", "mount"):
+        if shutil.which(command) is None:
+            return f"needs `{command}` (iproute2, util-linux: .ci/system-deps) for network namespaces"
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces (ip netns add)"
+    name = f"{PREFIX}{os.getpid()}-probe"
+    made = _ip("netns", "add", name, check=False)
+    if made.returncode != 0:
+        return f"cannot create a network namespace: {made.stderr.strip()}"
+    try:
+        run = subprocess.run(
+            ["ip", "netns", "exec", name, "unshare", "--mount", "--propagation", "private", "--",
+             "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", "/dev/shm"],
+            capture_output=True, text=True, timeout=30,
+        )
+        if run.returncode != 0:
+            return f"cannot mount a private /dev/shm in a mount namespace: {run.stderr.strip()}"
+    finally:
+        _ip("netns", "del", name, check=False)
+    return None
+
+
+def _namespaces() -> list[str]:
+    out = _ip("netns", "list", check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _kill_inside(namespace: str) -> None:
+    pids = _ip("netns", "pids", namespace, check=False).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+    for pid in pids:
+        try:
+            psutil.Process(int(pid)).wait(10)
+        except (psutil.NoSuchProcess, psutil.TimeoutExpired, ValueError, ChildProcessError):
+            pass
+
+
+def sweep() -> list[str]:
+    """Remove namespaces an earlier run left (its pid is gone), what runs in them, and its logs."""
+    removed = []
+    for name in _namespaces():
+        if not name.startswith(PREFIX):
+            continue
+        owner = name[len(PREFIX) :].split("-")[0]
+        if owner.isdigit() and int(owner) != os.getpid() and not psutil.pid_exists(int(owner)):
+            _kill_inside(name)
+            _ip("netns", "del", name, check=False)
+            removed.append(name)
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{PREFIX}*-logs-*")):
+        owner = os.path.basename(path)[len(PREFIX) :].split("-")[0]
+        if owner.isdigit() and int(owner) != os.getpid() and not psutil.pid_exists(int(owner)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+class Party:
+    """A process on one host (its own session: killing it takes its children along)."""
+
+    def __init__(self, host: str, argv: list[str], popen: subprocess.Popen[str], log_path: str) -> None:
+        self.host = host
+        self.argv = argv
+        self.popen = popen
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int | None:
+        """Signal the process group and reap it; SIGKILL if it outlives ``timeout``."""
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.popen.wait(10)
+        try:  # what the group left behind (a processor that ignored SIGTERM)
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for stream in (self.popen.stdin, self.popen.stdout):
+            if stream is not None:
+                stream.close()
+        return self.popen.returncode
+
+    def __repr__(self) -> str:
+        return f"<Party {self.host} pid {self.popen.pid} {' '.join(self.argv[-3:])!r}>"
+
+
+class Hosts:
+    """Five hosts on one bridge (see the module doc); a context manager that removes them."""
+
+    def __init__(self, mtu: int = 1500) -> None:
+        self.mtu = mtu  # 1500: Ethernet's; 9000: a data centre's jumbo frames (bench/multihost.py)
+        self.run = f"{PREFIX}{os.getpid()}-{next(_counter)}"
+        self.switch = f"{self.run}-switch"
+        self.names = {role: f"{self.run}-{role}" for role in ROLES}
+        self.addresses = {role: f"{SUBNET}.{i + 1}" for i, role in enumerate(ROLES)}
+        self.parties: list[Party] = []
+        self.logdir = tempfile.mkdtemp(prefix=f"{self.run}-logs-")
+        self._made: list[str] = []
+
+    # ------------------------------------------------------------------ network
+
+    def create(self) -> Hosts:
+        try:
+            self._add(self.switch)
+            sw = self.switch
+            _ip("-n", sw, "link", "add", "br0", "type", "bridge")
+            _ip("-n", sw, "link", "set", "br0", "up")
+            for role in ROLES:
+                ns = self.names[role]
+                self._add(ns)
+                _ip("-n", sw, "link", "add", f"p-{role}", "type", "veth", "peer", "name", "eth0", "netns", ns)
+                _ip("-n", sw, "link", "set", f"p-{role}", "mtu", str(self.mtu))
+                _ip("-n", ns, "link", "set", "eth0", "mtu", str(self.mtu))
+                _ip("-n", sw, "link", "set", f"p-{role}", "master", "br0")
+                _ip("-n", sw, "link", "set", f"p-{role}", "up")
+                _ip("-n", ns, "addr", "add", f"{self.addresses[role]}/24", "dev", "eth0")
+                _ip("-n", ns, "link", "set", "eth0", "up")
+                _ip("-n", ns, "link", "set", "lo", "up")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _add(self, ns: str) -> None:
+        _ip("netns", "add", ns)
+        self._made.append(ns)
+
+    def cut(self, role: str) -> None:
+        """Take ``role``'s link down at the switch (its address and routes stay)."""
+        _ip("-n", self.switch, "link", "set", f"p-{role}", "down")
+
+    def restore(self, role: str) -> None:
+        _ip("-n", self.switch, "link", "set", f"p-{role}", "up")
+
+    def port_bytes(self, role: str) -> tuple[int, int]:
+        """Bytes (received, sent) by ``role``'s eth0: the kernel's counters of what crossed its link."""
+        out = _ip("-n", self.names[role], "-j", "-s", "link", "show", "eth0").stdout
+        stats = json.loads(out)[0]["stats64"]
+        return int(stats["rx"]["bytes"]), int(stats["tx"]["bytes"])
+
+    # ------------------------------------------------------------------ processes
+
+    def spawn(self, role: str, argv: list[str], env: dict[str, str] | None = None, stdin: bool = False) -> Party:
+        """Run ``argv`` on ``role``'s host with a private /dev/shm and /tmp.
+
+        stdout and stderr go to a log file (``Party.log``), unless ``stdin`` asks for a
+        line-protocol party (``Driver``): then stdout is a pipe and stderr the log.
+        """
+        wrapped = [
+            "ip", "netns", "exec", self.names[role],
+            "unshare", "--mount", "--uts", "--propagation", "private", "--",
+            "sh", "-c",
+            (
+                f"hostname {self.run}-{role}"
+                f" && mount -t tmpfs -o size={SHM_SIZE},mode=1777 tmpfs /dev/shm"
+                ' && mount -t tmpfs -o size=64m,mode=1777 tmpfs /tmp && exec "$@"'
+            ),
+            "sh", *argv,
+        ]
+        log_path = os.path.join(self.logdir, f"{role}-{len(self.parties)}.log")
+        log = open(log_path, "w")  # noqa: SIM115  (the child holds it; closed here right after)
+        try:
+            popen = subprocess.Popen(
+                wrapped,
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE if stdin else log,
+                stderr=log,
+                env=env if env is not None else child_env(),
+                text=True,
+                start_new_session=True,
+                cwd=REPO,
+            )
+        finally:
+            log.close()
+        party = Party(role, argv, popen, log_path)
+        self.parties.append(party)
+        return party
+
+    def daemon_address(self, port: int = 8786) -> str:
+        return f"tcp://{self.addresses['daemon']}:{port}"
+
+    def close(self) -> None:
+        for party in reversed(self.parties):
+            party.stop(signal.SIGKILL, timeout=10)
+        for ns in reversed(self._made):
+            _kill_inside(ns)
+            _ip("netns", "del", ns, check=False)
+        self._made.clear()
+        shutil.rmtree(self.logdir, ignore_errors=True)  # a failed test's fixture printed them first
+
+    def __enter__(self) -> Hosts:
+        return self.create()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a party: no SCALER_* leaks in; the tests' task modules import."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCALER_") and k != "TMPDIR"}
+    paths = [REPO, HERE] + [os.getcwd() if p == "" else p for p in sys.path]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+class Driver:
+    """A client on its host (``multihost_client.py``), driven by one JSON line per command."""
+
+    def __init__(self, party: Party, stdout: IO[str]) -> None:
+        self.party = party
+        self.stdout = stdout
+
+    def call(self, op: str, answer_within: float = 60.0, **fields: Any) -> dict[str, Any]:
+        stdin = self.party.popen.stdin
+        assert stdin is not None
+        stdin.write(json.dumps({"op": op, **fields}) + "\n")
+        stdin.flush()
+        line = _readline(self.stdout, answer_within)
+        if not line:
+            raise AssertionError(f"the client exited during {op!r}; its log:\n{self.party.log()[-4000:]}")
+        answer: dict[str, Any] = json.loads(line)
+        if "bug" in answer:
+            raise AssertionError(f"the client failed in {op!r}: {answer['bug']}\nits log:\n{self.party.log()[-4000:]}")
+        return answer
+
+
+def _readline(stream: IO[str], timeout: float) -> str:
+    import select
+
+    if not select.select([stream], [], [], timeout)[0]:
+        raise AssertionError(f"no answer from the client within {timeout} s")
+    return stream.readline()
+
+
+def poll(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Poll a real condition until it holds (its value) or fail after ``timeout`` naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(interval)
+
+
+# ---------------------------------------------------------------------- a cluster on the hosts
+
+# Security: tcp:// without keys needs ``--insecure`` (``insecure = true``) for now. Every command
+# gets SECURITY_FLAGS and the client CLIENT_SECURITY: the one place to put credentials
+# (``--credentials FILE``, ``credentials=...``) once the daemon has them.
+SECURITY_FLAGS: list[str] = ["--insecure"]
+CLIENT_SECURITY: dict[str, Any] = {"insecure": True}
+
+# Liveness on the multi-host tests' clusters: a peer silent for LIVENESS_LIMIT seconds is lost.
+HEARTBEAT = 0.2
+LIVENESS = 25  # 5 s: a loaded 2-core machine's starved process stays well inside it
+LIVENESS_LIMIT = HEARTBEAT * LIVENESS
+COMMON = ["--heartbeat-interval", str(HEARTBEAT), "--heartbeat-liveness", str(LIVENESS), "--log-level", "info"]
+
+
+class Cluster:
+    """A daemon on ``daemon``, workers on ``w1`` and ``w2``, a driven client on ``client``."""
+
+    def __init__(self, hosts: Hosts, daemon_flags: list[str], worker_flags: list[str]) -> None:
+        self.hosts = hosts
+        self.address = hosts.daemon_address()
+        self.daemon_flags = daemon_flags
+        self.worker_flags = worker_flags
+        self.daemon: Party | None = None
+        self.workers: dict[str, Party] = {}
+        self.clients: list[Driver] = []
+
+    def start_daemon(self) -> Party:
+        argv = [sys.executable, "-m", "scaler_executor.cli.daemon", "--address", self.address,
+                "--workers", "0", "--object-store-size", "768M", *COMMON, *SECURITY_FLAGS, *self.daemon_flags]
+        self.daemon = self.hosts.spawn("daemon", argv)
+        return self.daemon
+
+    def kill_daemon(self) -> None:
+        assert self.daemon is not None
+        self.daemon.stop(signal.SIGKILL)
+
+    def start_worker(self, role: str) -> Party:
+        argv = [sys.executable, "-m", "scaler_executor.cli.worker", self.address, "--name", role,
+                "--processors", "2", *COMMON, *SECURITY_FLAGS, *self.worker_flags]
+        self.workers[role] = party = self.hosts.spawn(role, argv)
+        return party
+
+    def client(self, **config: Any) -> Driver:
+        here = os.path.dirname(os.path.abspath(__file__))
+        party = self.hosts.spawn("client", [sys.executable, os.path.join(here, "multihost_client.py")], stdin=True)
+        assert party.popen.stdout is not None
+        driver = Driver(party, party.popen.stdout)
+        settings = {"heartbeat_interval": HEARTBEAT, "heartbeat_liveness": LIVENESS, **CLIENT_SECURITY, **config}
+        driver.call("open", address=self.address, config=settings)
+        self.clients.append(driver)
+        return driver
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.host} ({p.pid}) ---\n{p.log()[-3000:]}" for p in self.hosts.parties)

@@ -1,0 +1,55 @@
+"""Tasks and objects across hosts on separate network stacks (tests/multihost/conftest.py)."""
+
+from __future__ import annotations
+
+import multihost_net as net
+import pytest
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+
+
+def _workers_joined(client: net.Driver, count: int) -> bool:
+    return client.call("stats")["stats"]["workers"] >= count
+
+
+def test_tasks_cross_hosts_both_ways(make_cluster) -> None:
+    cluster = make_cluster()
+    client = cluster.client()
+    net.poll(lambda: _workers_joined(client, 2), 60, f"two workers joined\n{cluster.logs()}")
+    batch = client.call("submit", fn="where", args=[[i] for i in range(200)])["batch"]
+    answer = client.call("wait", batch=batch, timeout=60)
+    assert answer["errors"] == [None] * 200, answer["errors"][:3]
+    assert [r[0] for r in answer["results"]] == list(range(200))
+    hosts = {r[1] for r in answer["results"]}
+    assert hosts == {cluster.hosts.names["w1"], cluster.hosts.names["w2"]}, hosts
+
+
+MB100 = 100_000_000
+
+
+def test_large_objects_cross_the_network_both_ways(make_cluster) -> None:
+    """A client on its own host puts 100 MB (streamed to the daemon in chunks), a worker on
+    another host reads it (fetched through the daemon), the client reads it back, and a
+    100 MB result comes back (the worker streams it to the daemon's store, the client
+    fetches it): the daemon's counters of the network object path and the hosts' link
+    counters both show the bytes crossed the network."""
+    cluster = make_cluster(workers=("w1",))
+    client = cluster.client()
+    net.poll(lambda: _workers_joined(client, 1), 60, f"the worker joined\n{cluster.logs()}")
+    before = {role: cluster.hosts.port_bytes(role) for role in ("client", "w1")}
+    answer = client.call("put_fetch", answer_within=120, size=MB100)
+    assert answer["remote_ok"] and answer["get_ok"] and answer["back_ok"], answer
+    stats = client.call("stats")["stats"]
+    # Into the daemon's store: the client's put and the worker's result, streamed in chunks.
+    assert stats["objects_received"] == 2 and stats["object_bytes_received"] >= 2 * MB100, stats
+    # Out of it: the worker's read of the put, the client's read back, and the result.
+    assert stats["objects_sent"] == 3 and stats["object_bytes_sent"] >= 3 * MB100, stats
+    after = {role: cluster.hosts.port_bytes(role) for role in ("client", "w1")}
+    client_rx = after["client"][0] - before["client"][0]
+    client_tx = after["client"][1] - before["client"][1]
+    worker_rx = after["w1"][0] - before["w1"][0]
+    worker_tx = after["w1"][1] - before["w1"][1]
+    assert client_tx >= MB100 and worker_rx >= MB100 and worker_tx >= MB100, (client_tx, worker_rx, worker_tx)
+    assert client_rx >= 2 * MB100, client_rx  # its read back, and the result
+    rate = {k: MB100 / answer[k] / 1e6 for k in ("put", "read_remotely", "get", "fetch")}
+    print(f"\n100 MB across namespaces, MB/s: {rate}")
