@@ -14,8 +14,12 @@ fast path's pickle, kept alive while the call was pickled again into a ``BytesIO
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import tracemalloc
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -87,3 +91,24 @@ def test_a_large_result_is_read_with_at_most_one_copy(
     peak, value = traced_peak(lambda: ex.submit(make, SIZE).result(timeout=120))
     assert size_of(value) == SIZE
     assert peak < copies * SIZE + SLACK, f"a {kind} result of {SIZE >> 20} MiB cost {peak / SIZE:.2f} private copies"
+
+
+@pytest.mark.timeout(120)
+def test_bench_memory_runs() -> None:
+    """``bench/memory.py`` (the whole figure: USS outside the store plus the store's bytes)
+    runs, at a size too small for its figures to mean anything: asserting none of them."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, str(root / "bench" / "memory.py"), "--sizes", "1M", "--json"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    cases = [json.loads(line) for line in out.stdout.splitlines()]
+    assert {(c["kind"], c["direction"]) for c in cases} == {
+        (kind, direction) for kind in ("bytes", "ndarray") for direction in ("argument", "result")
+    }
+    assert all({"private", "store", "peak", "copies"} <= set(c) for c in cases)
