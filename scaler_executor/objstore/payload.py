@@ -327,10 +327,10 @@ class _Writer:
                     end = offset + raw.nbytes
                     target[offset:end] = raw
                 offset = end
+            self.store.seal(oid)  # releases the view (dropping it unsealed would abort)
         except BaseException:
             self.store.abort(oid)  # releases the view too
             raise
-        self.store.seal(oid)  # releases the view (dropping it unsealed would abort)
         self.created.append(oid)
         return oid
 
