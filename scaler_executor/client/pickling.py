@@ -67,9 +67,11 @@ class Packer:
         self.store_ready = threading.Event()  # set once the handshake said whether there is one
 
     def pickle_args(self, args: tuple[Any, ...], kwargs: dict[str, Any], shared: Any = None) -> Pickled:
-        fast = ser.dumps_plain_args(args, kwargs)
-        if fast is not None and len(fast) < self.config.object_store_threshold:
+        threshold = self.config.object_store_threshold
+        fast = ser.dumps_plain_args(args, kwargs, threshold)
+        if fast is not None and len(fast) < threshold:
             return Pickled(fast, NO_DEPS, NO_OBJECTS, 0)
+        del fast  # not kept alive beside the copy pickle_obj makes
         return self.pickle_obj((args, kwargs), shared)  # large bytes or str go through the store
 
     def pickle_args_waiting(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Pickled:

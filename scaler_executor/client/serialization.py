@@ -33,6 +33,7 @@ from scaler_executor.exceptions import (
 from scaler_executor.protocol.messages import Status
 
 _PLAIN = frozenset({int, float, str, bytes, bool, type(None), complex})
+_SIZED = frozenset({str, bytes})  # plain, and as large as they like
 
 
 def describe_callable(fn: Any) -> str:
@@ -44,13 +45,17 @@ def dumps(obj: Any) -> bytes:
     return cloudpickle.dumps(obj, protocol=5)  # type: ignore[no-any-return]  # untyped: it returns bytes
 
 
-def dumps_plain_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes | None:
-    """``pickle.dumps((args, kwargs))`` when every argument is a builtin scalar, else None."""
+def dumps_plain_args(args: tuple[Any, ...], kwargs: dict[str, Any], limit: int | None = None) -> bytes | None:
+    """``pickle.dumps((args, kwargs))`` when every argument is a builtin scalar, else None.
+
+    Also None when a ``bytes`` or ``str`` argument has ``limit`` or more items: such a
+    call goes through the object store, and a pickle of it here would be a copy of the
+    argument made only to be thrown away."""
     for a in args:
-        if type(a) not in _PLAIN:
+        if type(a) not in _PLAIN or (limit is not None and type(a) in _SIZED and len(a) >= limit):
             return None
     for v in kwargs.values():
-        if type(v) not in _PLAIN:
+        if type(v) not in _PLAIN or (limit is not None and type(v) in _SIZED and len(v) >= limit):
             return None
     return pickle.dumps((args, kwargs), protocol=5)
 

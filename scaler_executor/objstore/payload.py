@@ -18,8 +18,10 @@ Wire format (the header)::
                  buffer, in the order the unpickler consumes them]
 
 When the pickle stream itself exceeds ``threshold`` (a large ``bytes``, a big list) it is
-stored as one object and the header shrinks to the prefix; it is unpickled straight from
-the shared view, so reading it costs the one copy that building the objects needs.
+stored as one object and the header shrinks to the prefix; the pickler's writes are kept
+as references and copied once into that object (a large ``bytes`` straight from the
+user's object: see :class:`_Parts`), and it is unpickled straight from the shared view,
+so reading it costs the one copy that building the objects needs.
 :func:`pack_inline` produces the same format with everything in the stream (for peers on
 other hosts); :func:`unpack` and :func:`unpack_inline` both read it.
 
@@ -55,7 +57,6 @@ every object the header refers to, shared ones included.
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import struct
@@ -193,34 +194,25 @@ def pack(
     writer = _Writer(store, shared)
     try:
         ids = [writer.buffer(buffer) for buffer in out_of_band]
-        flags = 0
-        with stream.getbuffer() as whole:
-            if len(whole) > threshold:
-                with whole[_PREFIX.size :] as body:
-                    ids.insert(0, writer.fresh(body))
-                flags = _STREAM_IN_STORE
-            else:
-                _PREFIX.pack_into(whole, 0, _MAGIC, _VERSION, 0, 0, len(out_of_band))
-        if flags:
-            header = _PREFIX.pack(_MAGIC, _VERSION, flags, 0, len(out_of_band))
+        if _PREFIX.size + stream.size > threshold:  # the header it would otherwise be
+            ids.insert(0, writer.fresh_parts(stream.parts, stream.size))
+            header = _PREFIX.pack(_MAGIC, _VERSION, _STREAM_IN_STORE, 0, len(out_of_band))
         else:
-            header = stream.getvalue()
+            header = stream.join(_PREFIX.pack(_MAGIC, _VERSION, 0, 0, len(out_of_band)))
     except BaseException:
         writer.undo()
         raise
     finally:
         for buffer in out_of_band:
             buffer.release()
+        stream.parts.clear()
     return Packed(header, ids, writer.created)
 
 
 def pack_inline(obj: Any) -> bytes:
     """The value format of :func:`pack` with everything in band, for a peer without
     access to the store. Read it with :func:`unpack_inline` (or :func:`unpack`)."""
-    stream = _dump(obj, None)
-    with stream.getbuffer() as whole:
-        _PREFIX.pack_into(whole, 0, _MAGIC, _VERSION, 0, 0, 0)
-    return stream.getvalue()
+    return _dump(obj, None).join(_PREFIX.pack(_MAGIC, _VERSION, 0, 0, 0))
 
 
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle is untyped
@@ -250,11 +242,50 @@ def _view_as(array: Any, dtype: Any) -> Any:
     return array.view(dtype)
 
 
-def _dump(obj: Any, buffer_callback: Any, reducer: Any = None) -> io.BytesIO:
-    # The prefix is reserved first and filled in afterwards, so that a large stream is
-    # never copied just to put a few bytes in front of it.
-    stream = io.BytesIO()
-    stream.write(bytes(_PREFIX.size))
+class _Parts:
+    """The pickler's file: it keeps what the pickler writes instead of copying it.
+
+    CPython's pickler writes its own buffer in frames of about 64 KiB, and hands a large
+    ``bytes``, ``bytearray`` or in-band buffer to ``write`` as the very object, unframed
+    (``_Pickler_write_bytes``). A ``BytesIO`` would copy each into one growing buffer,
+    which is then copied again into the store: two private copies of a large ``bytes``
+    argument on the way to its one copy in the store. Holding references instead, the
+    bytes are copied once, straight from the user's object into the store object
+    (:meth:`_Writer.fresh_parts`); small values are joined into the header.
+
+    The references are read before :func:`pack` returns, so a ``bytearray`` changed
+    later does not change what was sent.
+    """
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self) -> None:
+        self.parts: list[Any] = []
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        with memoryview(data) as view:
+            size = view.nbytes
+        self.parts.append(data)
+        self.size += size
+        return size
+
+    def join(self, prefix: bytes) -> bytes:
+        """``prefix`` + the stream, as one bytes object (one copy)."""
+        return b"".join([prefix, *(_raw_bytes(part) for part in self.parts)])
+
+
+def _raw_bytes(part: Any) -> Any:
+    # bytes and bytearray join as they are; an in-band PickleBuffer (or anything else)
+    # as its raw bytes, which also flattens a Fortran-ordered buffer in memory order
+    if type(part) is bytes or type(part) is bytearray:
+        return part
+    with pickle.PickleBuffer(part).raw() as raw:
+        return raw.tobytes()
+
+
+def _dump(obj: Any, buffer_callback: Any, reducer: Any = None) -> _Parts:
+    stream = _Parts()
     pickler = _Pickler(stream, protocol=PROTOCOL, buffer_callback=buffer_callback)
     pickler.reducer = reducer  # e.g. the executor's: futures and object refs become references
     pickler.dump(obj)
@@ -286,6 +317,27 @@ class _Writer:
     def fresh(self, data: Any) -> bytes:
         oid = os.urandom(16)
         self.store.put(oid, data)
+        self.created.append(oid)
+        return oid
+
+    def fresh_parts(self, parts: list[Any], size: int) -> bytes:
+        """A new object holding ``parts`` end to end: each copied once, in place."""
+        if len(parts) == 1:
+            with pickle.PickleBuffer(parts[0]).raw() as raw:
+                return self.fresh(raw)
+        oid = os.urandom(16)
+        target = self.store.create_buffer(oid, size)
+        try:
+            offset = 0
+            for part in parts:
+                with pickle.PickleBuffer(part).raw() as raw:  # 1-D bytes, whatever its shape
+                    end = offset + raw.nbytes
+                    target[offset:end] = raw
+                offset = end
+            self.store.seal(oid)  # releases the view (dropping it unsealed would abort)
+        except BaseException:
+            self.store.abort(oid)  # releases the view too
+            raise
         self.created.append(oid)
         return oid
 
