@@ -73,13 +73,39 @@ class EmbeddedCluster:
             "--workdir",
             self.directory,
         ]
+        initializer_file = None
         if initializer is not None:
             initializer_file = os.path.join(self.directory, "initializer.pickle")
             with open(initializer_file, "wb") as f:
                 f.write(initializer)
             command += ["--initializer", initializer_file]
+        command += ["--early-workers", self._write_early_workers(initializer_file)]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, env=_worker_environment(), start_new_session=True)
         self._stopped = False
+
+    def _write_early_workers(self, initializer_file: str | None) -> str:
+        """The file that lets the daemon start its first workers before its own imports.
+
+        The command is the one the daemon's LocalWorkerManager builds from the same
+        configuration (run with -P, as the daemon is); see cli/daemon.py."""
+        import json
+
+        from scaler_executor.manager.local import LocalWorkerManager
+
+        c = self.config
+        manager = LocalWorkerManager(
+            c,
+            self.address,
+            count=c.workers,
+            processors=c.processors_per_worker,
+            minimum=c.min_workers,
+            initializer_file=initializer_file,
+            max_tasks_per_child=c.max_tasks_per_child,
+        )
+        path = os.path.join(self.directory, "workers.json")
+        with open(path, "w") as f:
+            json.dump({"command": manager.command(safe_path=True), "count": manager.initial_count}, f)
+        return path
 
     def exit_status(self) -> str | None:
         """How the daemon ended, or None while it runs."""

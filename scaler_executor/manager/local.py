@@ -20,6 +20,7 @@ import time
 
 from scaler_executor._compat import describe_wait_status
 from scaler_executor.config import ClusterConfig
+from scaler_executor.manager.process import WorkerProcess
 
 log = logging.getLogger("scaler_executor.manager")
 
@@ -47,19 +48,23 @@ class LocalWorkerManager:
         self.processors = processors
         self.initializer_file = initializer_file
         self.max_tasks_per_child = max_tasks_per_child
-        self.workers: dict[int, tuple[subprocess.Popen[bytes], float]] = {}
+        self.workers: dict[int, tuple[WorkerProcess, float]] = {}
         self.young_deaths = 0
         self.next_start = 0.0
         self.stopping = False
 
-    def command(self) -> list[str]:
-        """The worker's command line; the settings travel as flags, so no file outlives a crash."""
+    def command(self, safe_path: bool | None = None) -> list[str]:
+        """The worker's command line; the settings travel as flags, so no file outlives a crash.
+
+        ``safe_path``: run it with ``-P``; default: when this process runs with it."""
         c = self.config
+        if safe_path is None:
+            safe_path = bool(sys.flags.safe_path)
         cmd = [
             sys.executable,
             # A daemon started with -P (the embedded cluster's, whose PYTHONPATH is the
             # client's whole sys.path) starts its workers the same way: see client/cluster.py.
-            *(["-P"] if sys.flags.safe_path else []),
+            *(["-P"] if safe_path else []),
             "-m",
             "scaler_executor.cli.worker",
             self.address,
@@ -96,9 +101,19 @@ class LocalWorkerManager:
             cmd += ["--max-tasks-per-child", str(self.max_tasks_per_child)]
         return cmd
 
+    def adopt(self, processes: list[WorkerProcess]) -> None:
+        """Keep workers started from this manager's command before it existed (cli/daemon.py)."""
+        now = time.monotonic()
+        for process in processes:
+            self.workers[process.pid] = (process, now)
+
+    @property
+    def initial_count(self) -> int:
+        """The workers :meth:`start` keeps: all of them, or with autoscaling the minimum."""
+        return self.count if self.minimum is None else self.minimum
+
     def start(self) -> None:
-        target = self.count if self.minimum is None else self.minimum
-        while len(self.workers) < target:
+        while len(self.workers) < self.initial_count:
             self._start_one()
 
     def pids(self) -> frozenset[int]:
@@ -120,7 +135,7 @@ class LocalWorkerManager:
                     pass
 
     def _start_one(self) -> None:
-        process = subprocess.Popen(self.command(), stdin=subprocess.PIPE)
+        process = WorkerProcess(self.command())
         self.workers[process.pid] = (process, time.monotonic())
 
     def poll(self) -> list[tuple[int, str]]:
@@ -169,7 +184,7 @@ class LocalWorkerManager:
 
 
 def _wait_status(returncode: int) -> int:
-    """A waitpid-style status from a Popen returncode (negative = signal)."""
+    """A waitpid-style status from a returncode (negative = signal)."""
     if returncode < 0:
         return -returncode  # WIFSIGNALED: low 7 bits hold the signal
     return returncode << 8
