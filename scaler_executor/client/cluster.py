@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 
-from scaler_executor._compat import describe_wait_status
+from scaler_executor._compat import describe_wait_status, exited_within
 from scaler_executor.config import ClusterConfig
 
 STOP_TIMEOUT = 5.0  # seconds for the daemon to stop its workers before the group is killed
@@ -87,24 +87,25 @@ class EmbeddedCluster:
         """The file that lets the daemon start its first workers before its own imports.
 
         The command is the one the daemon's LocalWorkerManager builds from the same
-        configuration (run with -P, as the daemon is); see cli/daemon.py."""
+        configuration (with -P, as the daemon runs); see cli/daemon.py."""
         import json
 
-        from scaler_executor.manager.local import LocalWorkerManager
+        from scaler_executor.worker_command import worker_command
 
         c = self.config
-        manager = LocalWorkerManager(
+        command = worker_command(
             c,
             self.address,
-            count=c.workers,
             processors=c.processors_per_worker,
-            minimum=c.min_workers,
+            workers_on_host=c.workers,
             initializer_file=initializer_file,
             max_tasks_per_child=c.max_tasks_per_child,
+            safe_path=True,
         )
+        count = c.workers if c.min_workers is None else c.min_workers  # LocalWorkerManager.initial_count
         path = os.path.join(self.directory, "workers.json")
         with open(path, "w") as f:
-            json.dump({"command": manager.command(safe_path=True), "count": manager.initial_count}, f)
+            json.dump({"command": command, "count": count}, f)
         return path
 
     def exit_status(self) -> str | None:
@@ -125,7 +126,10 @@ class EmbeddedCluster:
             except OSError:
                 pass
         try:
-            self.process.wait(STOP_TIMEOUT)
+            # Not Popen.wait(timeout), which sleeps in steps of up to 50 ms: see exited_within.
+            if not exited_within(self.process.pid, STOP_TIMEOUT, lambda: self.process.poll() is not None):
+                raise subprocess.TimeoutExpired(self.process.args, STOP_TIMEOUT)
+            self.process.wait()
         except subprocess.TimeoutExpired:
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)

@@ -15,12 +15,12 @@ from __future__ import annotations
 import logging
 import signal
 import subprocess
-import sys
 import time
 
 from scaler_executor._compat import describe_wait_status
 from scaler_executor.config import ClusterConfig
 from scaler_executor.manager.process import WorkerProcess
+from scaler_executor.worker_command import worker_command
 
 log = logging.getLogger("scaler_executor.manager")
 
@@ -54,52 +54,16 @@ class LocalWorkerManager:
         self.stopping = False
 
     def command(self, safe_path: bool | None = None) -> list[str]:
-        """The worker's command line; the settings travel as flags, so no file outlives a crash.
-
-        ``safe_path``: run it with ``-P``; default: when this process runs with it."""
-        c = self.config
-        if safe_path is None:
-            safe_path = bool(sys.flags.safe_path)
-        cmd = [
-            sys.executable,
-            # A daemon started with -P (the embedded cluster's, whose PYTHONPATH is the
-            # client's whole sys.path) starts its workers the same way: see client/cluster.py.
-            *(["-P"] if safe_path else []),
-            "-m",
-            "scaler_executor.cli.worker",
+        """The worker's command line (see :func:`~scaler_executor.worker_command.worker_command`)."""
+        return worker_command(
+            self.config,
             self.address,
-            "--processors",
-            str(self.processors),
-            "--lifeline",
-            "--workers-on-host",
-            str(self.count),
-            "--heartbeat-interval",
-            repr(c.heartbeat_interval),
-            "--heartbeat-liveness",
-            str(c.heartbeat_liveness),
-            "--daemon-loss-timeout",
-            repr(c.daemon_loss_timeout),
-            "--send-hwm",
-            str(c.send_hwm),
-            "--log-level",
-            c.log_level,
-            "--worker-resources",
-            c.worker_resources,
-            "--worker-tags",
-            c.worker_tags,
-            "--memory-limit",
-            c.memory_limit,
-            "--object-store-threshold",
-            str(c.object_store_threshold),
-            "--arrays-in-store",
-            str(c.arrays_in_store),
-            "--allow-tcp-unauthenticated" if c.allow_tcp_unauthenticated else "--no-allow-tcp-unauthenticated",
-        ]
-        if self.initializer_file:
-            cmd += ["--initializer", self.initializer_file]
-        if self.max_tasks_per_child:
-            cmd += ["--max-tasks-per-child", str(self.max_tasks_per_child)]
-        return cmd
+            processors=self.processors,
+            workers_on_host=self.count,
+            initializer_file=self.initializer_file,
+            max_tasks_per_child=self.max_tasks_per_child,
+            safe_path=safe_path,
+        )
 
     def adopt(self, processes: list[WorkerProcess]) -> None:
         """Keep workers started from this manager's command before it existed (cli/daemon.py)."""

@@ -5,7 +5,8 @@ first workers before it imports anything but this module (``cli/daemon.py``),
 so the workers' interpreter start overlaps the daemon's; importing
 ``subprocess`` there would cost a few milliseconds on that path.  And
 ``Popen.wait(timeout)`` sleeps in steps of up to 50 ms, which a stopping
-cluster would pay: :meth:`WorkerProcess.wait` waits on a pidfd instead.
+cluster would pay: :meth:`WorkerProcess.wait` waits on a pidfd instead
+(``_compat.exited_within``).
 
 The object offers what :class:`~scaler_executor.manager.local.LocalWorkerManager`
 uses of a ``Popen``: ``pid``, ``stdin`` (the write end of the lifeline, held by
@@ -17,12 +18,11 @@ with code 3) is known.
 
 from __future__ import annotations
 
-import math
 import os
-import select
 import signal
-import time
 from typing import IO
+
+from scaler_executor._compat import exited_within
 
 
 class WorkerProcess:
@@ -77,24 +77,7 @@ class WorkerProcess:
         self.send_signal(signal.SIGKILL)
 
     def _exited_within(self, timeout: float) -> bool:
-        try:
-            pidfd = os.pidfd_open(self.pid)
-        except (AttributeError, OSError):  # no pidfd (not Linux >= 5.3): poll the wait status
-            deadline = time.monotonic() + timeout
-            delay = 0.0005
-            while self.poll() is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                time.sleep(min(delay, left))
-                delay = min(delay * 2, 0.01)
-            return True
-        try:
-            poller = select.poll()
-            poller.register(pidfd, select.POLLIN)
-            return bool(poller.poll(max(0, math.ceil(timeout * 1000))))
-        finally:
-            os.close(pidfd)
+        return exited_within(self.pid, timeout, lambda: self.poll() is not None)
 
     def _reap(self, flags: int) -> None:
         while True:
