@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import select
 import signal
+import sys
 import time
-from collections.abc import Callable
-from typing import Any
+
+TYPE_CHECKING = False  # not typing's: see scaler_executor/__init__.py
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 
 def python_version() -> str:
     """'3.11': the part of the version that must match for pickles to travel."""
-    return ".".join(platform.python_version_tuple()[:2])
+    return f"{sys.version_info[0]}.{sys.version_info[1]}"  # platform.python_version_tuple()'s, without importing platform
 
 
 # Set by worker agents for the processes that run tasks: the daemon that get_executor() joins.

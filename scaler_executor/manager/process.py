@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import IO
 
 from scaler_executor._compat import exited_within
+
+TYPE_CHECKING = False  # not typing's: cli/daemon.py imports this before starting its workers
+if TYPE_CHECKING:
+    from typing import IO
 
 
 class WorkerProcess:
