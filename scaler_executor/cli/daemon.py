@@ -142,4 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _code = main()
+    from scaler_executor.cli.common import exit_now
+
+    exit_now(_code)

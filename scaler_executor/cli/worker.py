@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 
-from scaler_executor.cli.common import check_tcp, read_initializer, setup_logging, tune_gc
+from scaler_executor.cli.common import check_tcp, exit_now, read_initializer, setup_logging, tune_gc
 from scaler_executor.config import add_config_arguments, config_from_args
 
 
@@ -129,4 +129,4 @@ def _run_several(argv: list[str], count: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
