@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import subprocess
 import time
 
 from scaler_executor._compat import describe_wait_status
@@ -140,7 +139,7 @@ class LocalWorkerManager:
         for process, _ in self.workers.values():
             try:
                 process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            except TimeoutError:
                 log.warning("local worker pid %d did not stop in %.0f s; killing it", process.pid, STOP_GRACE_SECONDS)
                 process.kill()
                 process.wait()

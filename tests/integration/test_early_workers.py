@@ -157,7 +157,7 @@ def test_worker_process_lifeline_is_its_stdin_and_its_exit_code_is_known() -> No
         assert stat.S_ISFIFO(os.stat(f"/proc/{child.pid}/fd/0").st_mode)
         assert child.poll() is None
         # It blocks reading its lifeline: it cannot have exited in any time at all.
-        with pytest.raises(subprocess.TimeoutExpired):
+        with pytest.raises(TimeoutError, match=f"worker pid {child.pid} still running after 0.001 s"):
             child.wait(0.001)
         assert child.stdin is not None
         child.stdin.close()  # the lifeline closes: it reads EOF and exits
