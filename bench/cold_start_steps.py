@@ -1,6 +1,11 @@
 """Where the embedded cluster's cold start goes: a breakdown by step, from system calls.
 
     PYTHONPATH=. python bench/cold_start_steps.py [--runs 7] [--workers 2]
+    python bench/cold_start_steps.py --python BEFORE/bin/python --python AFTER/bin/python
+
+With ``--python`` (repeatable) the runs alternate between those interpreters (e.g. two
+venvs with two versions installed) and each gets its own table: a before/after
+comparison under the same conditions.
 
 Each run is a fresh interpreter that imports scaler_executor, builds a
 ``ScalerExecutor(max_workers=N)``, waits for one trivial task and shuts down,
@@ -50,24 +55,24 @@ mark("shutdown_returned")
 print(f"RESULT {t1 - t0} {t2 - t1} {t3 - t1} {t4 - t3}")
 """
 
-SYSCALLS = "execve,clone,clone3,fork,vfork,bind,connect,ftruncate,fallocate,unlink,access,faccessat,faccessat2,exit_group"
+SYSCALLS = "execve,clone,clone3,fork,vfork,bind,connect,sendmsg,ftruncate,fallocate,unlink,access,faccessat,faccessat2,exit_group"
 LINE = re.compile(r"^(\d+)\s+(\d+\.\d+)\s+(.*)$")
 PROCESS_CLONE = re.compile(r"^(clone|clone3|fork|vfork)\(")
 
 
-def untraced(workers: int) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(workers)], capture_output=True, text=True, check=True)
+def untraced(python: str, workers: int) -> dict[str, float]:
+    out = subprocess.run([python, "-c", CHILD, str(workers)], capture_output=True, text=True, check=True)
     line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
     imp, construct, first, shutdown = (float(v) for v in line.split()[1:])
     return {"import": imp, "construct": construct, "first result": first, "shutdown": shutdown}
 
 
-def traced(workers: int, strace: str) -> dict[str, float]:
+def traced(python: str, workers: int, strace: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "trace")
         subprocess.run(
             [strace, "-f", "-ttt", "--seccomp-bpf", "-q", "-e", f"trace={SYSCALLS}", "-e", "signal=none",
-             "-o", log, sys.executable, "-c", CHILD, str(workers)],
+             "-o", log, python, "-c", CHILD, str(workers)],
             check=True, capture_output=True,
         )
         with open(log) as f:
@@ -92,23 +97,28 @@ def milestones(lines: list[str]) -> dict[str, float]:
     client = events[0][0]
     at: dict[str, float] = {}
     parent: dict[int, int] = {}
+    owner: dict[int, int] = {}  # thread id -> its process
     daemon = worker = zygote = -1
-    processors = 0
     exits: dict[int, float] = {}
+    to_daemon: dict[int, int] = {}  # process -> the fd of its connection to the daemon
 
     def first(name: str, ts: float) -> None:
         at.setdefault(name, ts)
 
-    for pid, ts, text in events:
+    for tid, ts, text in events:
+        pid = owner.get(tid, tid)
         if text.startswith(("access(", "faccessat")):
             mark = re.search(r"/scaler-cold-start-mark/(\w+)", text)
             if mark:
                 first(mark.group(1), ts)
-        elif PROCESS_CLONE.match(text) and "CLONE_THREAD" not in text:
+        elif PROCESS_CLONE.match(text):
             child = re.search(r"= (\d+)\s*$", text)
             if not child:
                 continue
             kid = int(child.group(1))
+            if "CLONE_THREAD" in text:
+                owner[kid] = pid
+                continue
             parent[kid] = pid
             if pid == daemon and worker < 0:
                 worker = kid  # forked by the daemon (its execve, if any, is seen below)
@@ -117,7 +127,6 @@ def milestones(lines: list[str]) -> dict[str, float]:
                 zygote = kid
                 first("zygote forked", ts)
             elif pid == zygote:
-                processors += 1
                 first("first processor forked", ts)
         elif text.startswith("execve(") and text.rstrip().endswith("= 0"):
             if "scaler_executor.cli.daemon" in text:
@@ -131,14 +140,24 @@ def milestones(lines: list[str]) -> dict[str, float]:
         elif text.startswith("bind(") and "daemon.sock" in text and pid == daemon:
             first("daemon bound", ts)
         elif text.startswith("connect(") and "daemon.sock" in text and text.rstrip().endswith("= 0"):
+            fd = int(text[len("connect(") :].split(",")[0])
+            to_daemon.setdefault(pid, fd)
             if pid == worker:
                 first("worker connected", ts)
-            elif parent.get(pid, client) == client and pid not in (daemon, worker):
+            elif pid == client:
                 first("client connected", ts)
+        elif text.startswith("sendmsg("):
+            fd = int(text[len("sendmsg(") :].split(",")[0])
+            if pid == daemon:
+                first("daemon's first reply sent", ts)
+            elif to_daemon.get(pid) == fd and pid == worker:
+                first("worker's Hello sent", ts)
+            elif to_daemon.get(pid) == fd and pid == client:
+                first("client's Hello sent", ts)
         elif text.startswith("unlink(") and "/dev/shm/scaler-" in text and text.rstrip().endswith("= 0"):
             first("store unlinked", ts)
-        elif text.startswith(("+++ exited", "+++ killed")):
-            exits[pid] = ts
+        elif text.startswith(("+++ exited", "+++ killed")) and tid not in owner:
+            exits[tid] = ts
     zero = at["construct"]
     out = {k: v - zero for k, v in at.items() if k not in ("construct", "shutdown", "shutdown_returned")}
     if "shutdown" in at:
@@ -174,23 +193,29 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=7)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--python", action="append", help="interpreter to run (repeatable; default this one)")
+    p.add_argument("--no-trace", action="store_true", help="only the untraced figures")
     args = p.parse_args(argv)
-    strace = shutil.which("strace")
-    plain: list[dict[str, float]] = []
-    steps: list[dict[str, float]] = []
-    for _ in range(args.runs):  # alternated, so that a busy spell hits both kinds alike
-        plain.append(untraced(args.workers))
-        if strace:
-            steps.append(traced(args.workers, strace))
-    print(f"untraced, {args.runs} fresh interpreters, {args.workers} processors: median (min-max), ms")
-    for k, med, lo, hi in summarize(plain):
-        print(f"  {k:34} {med * 1e3:7.1f}  ({lo * 1e3:.1f}-{hi * 1e3:.1f})")
-    if strace:
-        print("traced steps, offset from ScalerExecutor() (shutdown: from shutdown()), ms")
-        for k, med, lo, hi in summarize(steps):
+    pythons = args.python or [sys.executable]
+    strace = None if args.no_trace else shutil.which("strace")
+    plain: dict[str, list[dict[str, float]]] = {py: [] for py in pythons}
+    steps: dict[str, list[dict[str, float]]] = {py: [] for py in pythons}
+    for i in range(args.runs):  # alternated, so that a busy spell hits every kind alike
+        for py in pythons if i % 2 == 0 else pythons[::-1]:
+            plain[py].append(untraced(py, args.workers))
+            if strace:
+                steps[py].append(traced(py, args.workers, strace))
+    for py in pythons:
+        print(f"== {py}")
+        print(f"untraced, {args.runs} fresh interpreters, {args.workers} processors: median (min-max), ms")
+        for k, med, lo, hi in summarize(plain[py]):
             print(f"  {k:34} {med * 1e3:7.1f}  ({lo * 1e3:.1f}-{hi * 1e3:.1f})")
-    else:
-        print("strace not found: no breakdown by step")
+        if strace:
+            print("traced steps, offset from ScalerExecutor() (shutdown: from shutdown()), ms")
+            for k, med, lo, hi in summarize(steps[py]):
+                print(f"  {k:34} {med * 1e3:7.1f}  ({lo * 1e3:.1f}-{hi * 1e3:.1f})")
+        elif not args.no_trace:
+            print("strace not found: no breakdown by step")
     return 0
 
 
