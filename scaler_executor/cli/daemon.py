@@ -125,13 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         # (an interpreter and its imports) then overlaps ours; they connect and wait.
         manager.adopt(early)
         manager.start()
-    # The store's region is made on a thread beside the imports below (see HostStore).
-    from scaler_executor.scheduler.objects import HostStore
-
-    store = HostStore(config, in_background=True)
     from scaler_executor.scheduler.loop import Daemon
 
-    daemon = Daemon(config, config.address, lifeline_fd=0 if args.lifeline else None, manager=manager, objects=store)
+    daemon = Daemon(config, config.address, lifeline_fd=0 if args.lifeline else None, manager=manager)
     daemon.install_signal_handlers()
     tune_gc()
     try:

@@ -23,7 +23,7 @@ import signal
 import socket
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import channel, codec
@@ -44,9 +44,6 @@ from scaler_executor.scheduler.core import (
     Wake,
     WorkerExited,
 )
-
-if TYPE_CHECKING:
-    from scaler_executor.scheduler.objects import HostStore
 
 log = logging.getLogger("scaler_executor.daemon")
 
@@ -85,16 +82,12 @@ class Daemon:
         *,
         lifeline_fd: int | None = None,
         manager: CapacityAdapter | None = None,
-        objects: HostStore | None = None,
     ) -> None:
-        """``objects``: the host's store, if already begun (cli/daemon.py makes it beside its imports)."""
         self.config = config
         self.address = address
-        if objects is None:
-            from scaler_executor.scheduler.objects import HostStore
+        from scaler_executor.scheduler.objects import HostStore
 
-            objects = HostStore(config)
-        self.objects = objects.ready()
+        self.objects = HostStore(config)
         self.core = Scheduler(config, self.objects.name)
         self.lifeline_fd = lifeline_fd
         self.manager = manager

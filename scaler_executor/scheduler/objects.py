@@ -79,65 +79,30 @@ def index_size(size: int, config: ClusterConfig) -> int:
 
 
 class HostStore:
-    """The daemon's handle on its host's store.
+    """The daemon's handle on its host's store."""
 
-    ``in_background``: make the region on a thread (``ready()`` waits for it). Making it is
-    C through cffi, which releases the GIL: reserving the first 64 MiB step and writing the
-    object index took ~25-35 ms on a 2-core VM, so cli/daemon.py starts it before importing
-    the scheduler and it runs beside those imports. Everything in Python (the stale-region
-    sweep, the name) happens here, on the caller's thread; the thread ends in ``ready()``,
-    before the daemon's loop starts.
-    """
-
-    def __init__(self, config: ClusterConfig, *, in_background: bool = False) -> None:
+    def __init__(self, config: ClusterConfig) -> None:
         from scaler_executor.objstore import ObjectStore
 
         self.store: Any = None
         self.name = ""
-        self._thread: Any = None
-        self._made: list[Any] = []  # the thread's outcome: [store] or [exception]
         size = store_size(config)
         if size is None:
             return
         remove_stale_regions()
         name = f"scaler-{os.getpid()}-{os.urandom(8).hex()}"
-        max_objects = index_size(size, config)
-        fallback = tempfile.gettempdir()
-
-        def make() -> None:
-            try:
-                self._made.append(ObjectStore.create(name, size, max_objects=max_objects, fallback_dir=fallback))
-            except Exception as exc:  # noqa: BLE001 - reported by ready(), on the caller's thread
-                self._made.append(exc)
-
-        self._pending_name = name
-        if in_background:
-            import threading
-
-            self._thread = threading.Thread(target=make, name="scaler-store-maker")
-            self._thread.start()
-        else:
-            make()
-            self.ready()
-
-    def ready(self) -> HostStore:
-        """Wait for the region (if made in the background); without one values go inline."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if not self._made:
-            return self
-        outcome = self._made.pop()
-        if isinstance(outcome, Exception):
+        try:
+            self.store = ObjectStore.create(
+                name, size, max_objects=index_size(size, config), fallback_dir=tempfile.gettempdir()
+            )
+        except Exception as exc:  # noqa: BLE001 - without a store the daemon runs, values go inline
             log.warning(
                 "no object store (%s): large arguments and results will travel inline; set "
                 "object_store_size smaller, or give the machine more /dev/shm",
-                outcome,
+                exc,
             )
-        else:
-            self.store = outcome
-            self.name = self._pending_name
-        return self
+            return
+        self.name = name
 
     def delete(self, object_ids: tuple[bytes, ...]) -> None:
         if self.store is None:
