@@ -9,10 +9,14 @@ block: starting the cluster, the work, and the shutdown that waits for every
 process of the cluster to exit.  The start time printed is the real one, from
 ``ScalerExecutor()`` to its first result (a trivial task), not the constructor's.
 
-The default size (~3 s of serial work on a 2-core VM, 120 tasks of ~25 ms) keeps
-the cluster's fixed costs, ~0.2 s to start and ~0.05 s to stop, small beside the
-work, as in a real job: with 2 cores the speed-up is ~1.7x.  A job of a fraction
-of a second would mostly measure those fixed costs (see docs/performance.rst).
+The default size (~2.2 s of serial work on a 2-core VM, 120 tasks of ~20 ms)
+keeps the cluster's fixed costs, ~0.2 s to start and ~0.05 s to stop, small
+beside the work, as in a real job: with both cores free the speed-up was 1.65x
+there.  A job of a fraction of a second would mostly measure those fixed costs.
+On a machine other sessions keep busy there is little speed-up to show: Linux
+divides the CPUs between sessions (autogroups), and the serial run's session and
+the cluster's (it runs in one of its own) each get about one share (see
+docs/performance.rst, "Cold start and shutdown").
 """
 
 from __future__ import annotations
