@@ -127,7 +127,10 @@ class EmbeddedCluster:
                 pass
         try:
             # Not Popen.wait(timeout), which sleeps in steps of up to 50 ms: see exited_within.
-            if not exited_within(self.process.pid, STOP_TIMEOUT, lambda: self.process.poll() is not None):
+            # poll() first: once reaped, its pid may be another process's.
+            if self.process.poll() is None and not exited_within(
+                self.process.pid, STOP_TIMEOUT, lambda: self.process.poll() is not None
+            ):
                 raise subprocess.TimeoutExpired(self.process.args, STOP_TIMEOUT)
             self.process.wait()
         except subprocess.TimeoutExpired:
