@@ -11,11 +11,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from scaler_executor._version import __version__
 
+# Not typing.TYPE_CHECKING: this package is the first import of every process of the
+# cluster, and importing typing (with re, functools, ...) here put a few ms in front of
+# the daemon's start of its workers (cli/daemon.py). Type checkers read the name itself.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from scaler_executor.client.completion import TaskInfo
     from scaler_executor.client.executor import ScalerExecutor, get_executor, task_info
     from scaler_executor.client.pickling import ObjectRef
@@ -32,6 +36,7 @@ if TYPE_CHECKING:
         WorkerLost,
     )
     from scaler_executor.objstore.errors import ObjectStoreFull
+del TYPE_CHECKING  # not a name of the package
 
 # Imported on first use (PEP 562): the daemon and worker processes import this
 # package too, and must not pay for the client's modules at start-up.

@@ -11,23 +11,71 @@ DaemonLost; local workers stop with it).
 
 from __future__ import annotations
 
-import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from scaler_executor.cli.common import (
-    Parser,
-    bind_failure,
-    daemon_security,
-    fail,
-    load_config,
-    setup_logging,
-    tune_gc,
-)
-from scaler_executor.config import ClusterConfig, add_config_arguments
+# Nothing heavier at module level: the embedded cluster's first workers start before the
+# daemon imports its own modules (see start_early_workers).
+from scaler_executor.manager.process import WorkerProcess
+
+if TYPE_CHECKING:
+    import argparse
+
+    from scaler_executor.config import ClusterConfig
+
+EARLY_WORKERS_FLAG = "--early-workers"
+MAX_EARLY_WORKERS = 1024
+
+
+def start_early_workers(argv: list[str]) -> list[WorkerProcess]:
+    """Start the workers named by ``--early-workers FILE``, before any other import.
+
+    The embedded cluster (``client/cluster.py``) writes FILE in its private directory: a
+    JSON object ``{"command": [...], "count": N}``, the worker command line its
+    ``LocalWorkerManager`` would build.  Started here, the workers' interpreter start and
+    imports run beside the daemon's own instead of after its argument parsing and
+    configuration (see docs/architecture.rst, "Cold start"); they are this process's
+    children with their lifelines held here, as the manager's own workers are, and the
+    manager adopts them.  A bad file starts nothing here: ``parse_args`` reports it.
+    """
+    try:
+        path = argv[argv.index(EARLY_WORKERS_FLAG) + 1]
+    except (ValueError, IndexError):
+        return []
+    spec = read_early_workers(path)
+    if isinstance(spec, str):
+        return []
+    command, count = spec
+    return [WorkerProcess(command) for _ in range(count)]
+
+
+def read_early_workers(path: str) -> tuple[list[str], int] | str:
+    """The (command, count) of an ``--early-workers`` file, or what is wrong with it."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            spec = json.loads(f.read())
+    except OSError as exc:
+        return f"cannot read {path}: {exc.strerror}"
+    except ValueError as exc:
+        return f"{path} is not JSON ({exc})"
+    if not isinstance(spec, dict) or set(spec) != {"command", "count"}:
+        return f'{path} must hold {{"command": [...], "count": N}}'
+    command, count = spec["command"], spec["count"]
+    if not (isinstance(command, list) and command and all(isinstance(a, str) for a in command)):
+        return f"{path}: command must be a non-empty list of strings"
+    if not (type(count) is int and 0 <= count <= MAX_EARLY_WORKERS):
+        return f"{path}: count must be an integer from 0 to {MAX_EARLY_WORKERS}"
+    return command, count
 
 
 def _parser() -> argparse.ArgumentParser:
+    import argparse
+
+    from scaler_executor.cli.common import Parser
+    from scaler_executor.config import add_config_arguments
+
     parser = Parser(
         prog="scaler-daemon",
         description="Run the scaler-executor scheduler daemon (and, with --workers, local workers).",
@@ -40,10 +88,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)  # stop when stdin closes
     parser.add_argument("--workdir", help=argparse.SUPPRESS)  # the embedded cluster's private directory
+    # The embedded cluster's first workers, started before the daemon's imports: see start_early_workers.
+    parser.add_argument(EARLY_WORKERS_FLAG, metavar="FILE", help=argparse.SUPPRESS)
     return parser
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, ClusterConfig]:
+    from scaler_executor.cli.common import fail, load_config
+
     parser = _parser()
     args = parser.parse_args(argv)
     config = load_config(parser, args)
@@ -55,11 +107,21 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Clust
                 pass
         except OSError as exc:
             fail(parser.prog, f"cannot read --initializer {args.initializer}: {exc.strerror or exc}; fix the path")
+    if args.early_workers is not None:
+        if not config.workers:
+            fail(parser.prog, f"{EARLY_WORKERS_FLAG} needs local workers (--workers N)")
+        spec = read_early_workers(args.early_workers)
+        if isinstance(spec, str):
+            fail(parser.prog, f"{EARLY_WORKERS_FLAG}: {spec}")
     return args, config
 
 
 def main(argv: list[str] | None = None) -> int:
+    # First of all, before the imports below: the workers' start overlaps ours.
+    early = start_early_workers(sys.argv[1:] if argv is None else argv)
     args, config = parse_args(argv)
+    from scaler_executor.cli.common import bind_failure, daemon_security, setup_logging, tune_gc
+
     setup_logging(config, "scaler-daemon")
     assert config.address is not None
     directory = daemon_security(config, config.address)
@@ -83,8 +145,10 @@ def main(argv: list[str] | None = None) -> int:
             max_tasks_per_child=config.max_tasks_per_child,
             keys=keys,
         )
-        # Start the workers before importing the daemon's own modules: their start-up
-        # (an interpreter and its imports) then overlaps ours; they connect and wait.
+        # Early workers (the embedded cluster's, ipc:// only: they need no key) are adopted;
+        # the others start before the daemon's own modules are imported, so their start-up
+        # (an interpreter and its imports) overlaps ours; they connect and wait.
+        manager.adopt(early)
         manager.start()
     from scaler_executor.scheduler.loop import Daemon
 
@@ -116,4 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _code = main()
+    from scaler_executor.cli.common import exit_now
+
+    exit_now(_code)

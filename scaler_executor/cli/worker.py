@@ -16,6 +16,7 @@ import sys
 from scaler_executor.cli.common import (
     Parser,
     connecting_security,
+    exit_now,
     fail,
     load_config,
     read_initializer,
@@ -164,4 +165,4 @@ def _run_several(argv: list[str], count: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 
-from scaler_executor._compat import describe_wait_status
+from scaler_executor._compat import describe_wait_status, exited_within
 from scaler_executor.config import ClusterConfig
 
 STOP_TIMEOUT = 5.0  # seconds for the daemon to stop its workers before the group is killed
@@ -74,13 +74,40 @@ class EmbeddedCluster:
             "--workdir",
             self.directory,
         ]
+        initializer_file = None
         if initializer is not None:
             initializer_file = os.path.join(self.directory, "initializer.pickle")
             with open(initializer_file, "wb") as f:
                 f.write(initializer)
             command += ["--initializer", initializer_file]
+        command += ["--early-workers", self._write_early_workers(initializer_file)]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, env=_worker_environment(), start_new_session=True)
         self._stopped = False
+
+    def _write_early_workers(self, initializer_file: str | None) -> str:
+        """The file that lets the daemon start its first workers before its own imports.
+
+        The command is the one the daemon's LocalWorkerManager builds from the same
+        configuration (with -P, as the daemon runs); see cli/daemon.py."""
+        import json
+
+        from scaler_executor.worker_command import worker_command
+
+        c = self.config
+        command = worker_command(
+            c,
+            self.address,
+            processors=c.processors_per_worker,
+            workers_on_host=c.workers,
+            initializer_file=initializer_file,
+            max_tasks_per_child=c.max_tasks_per_child,
+            safe_path=True,
+        )
+        count = c.workers if c.min_workers is None else c.min_workers  # LocalWorkerManager.initial_count
+        path = os.path.join(self.directory, "workers.json")
+        with open(path, "w") as f:
+            json.dump({"command": command, "count": count}, f)
+        return path
 
     def exit_status(self) -> str | None:
         """How the daemon ended, or None while it runs."""
@@ -100,7 +127,13 @@ class EmbeddedCluster:
             except OSError:
                 pass
         try:
-            self.process.wait(STOP_TIMEOUT)
+            # Not Popen.wait(timeout), which sleeps in steps of up to 50 ms: see exited_within.
+            # poll() first: once reaped, its pid may be another process's.
+            if self.process.poll() is None and not exited_within(
+                self.process.pid, STOP_TIMEOUT, lambda: self.process.poll() is not None
+            ):
+                raise subprocess.TimeoutExpired(self.process.args, STOP_TIMEOUT)
+            self.process.wait()
         except subprocess.TimeoutExpired:
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import logging
 import signal
-import subprocess
-import sys
 import time
 from typing import TYPE_CHECKING
 
 from scaler_executor._compat import describe_wait_status
 from scaler_executor.config import ClusterConfig
+from scaler_executor.manager.process import WorkerProcess
+from scaler_executor.worker_command import worker_command
 
 if TYPE_CHECKING:
     from scaler_executor.security.keys import Credential, EphemeralKeys
@@ -55,61 +55,37 @@ class LocalWorkerManager:
         self.processors = processors
         self.initializer_file = initializer_file
         self.max_tasks_per_child = max_tasks_per_child
-        self.workers: dict[int, tuple[subprocess.Popen[bytes], float]] = {}
+        self.workers: dict[int, tuple[WorkerProcess, float]] = {}
         self.young_deaths = 0
         self.next_start = 0.0
         self.stopping = False
 
-    def command(self) -> list[str]:
-        """The worker's command line; the settings travel as flags, so no file outlives a crash."""
-        c = self.config
-        cmd = [
-            sys.executable,
-            # A daemon started with -P (the embedded cluster's, whose PYTHONPATH is the
-            # client's whole sys.path) starts its workers the same way: see client/cluster.py.
-            *(["-P"] if sys.flags.safe_path else []),
-            "-m",
-            "scaler_executor.cli.worker",
+    def command(self, safe_path: bool | None = None) -> list[str]:
+        """The worker's command line (see :func:`~scaler_executor.worker_command.worker_command`)."""
+        return worker_command(
+            self.config,
             self.address,
-            "--processors",
-            str(self.processors),
-            "--lifeline",
-            "--workers-on-host",
-            str(self.count),
-            "--heartbeat-interval",
-            repr(c.heartbeat_interval),
-            "--heartbeat-liveness",
-            str(c.heartbeat_liveness),
-            "--daemon-loss-timeout",
-            repr(c.daemon_loss_timeout),
-            "--send-hwm",
-            str(c.send_hwm),
-            "--log-level",
-            c.log_level,
-            "--resources",
-            c.worker_resources,
-            "--tags",
-            c.worker_tags,
-            "--memory-limit",
-            c.memory_limit,
-            "--object-store-threshold",
-            str(c.object_store_threshold),
-            "--arrays-in-store",
-            str(c.arrays_in_store),
-        ]
-        if self.keys is not None:
-            cmd.append("--credentials-stdin")
-        elif c.insecure:
-            cmd.append("--insecure")
-        if self.initializer_file:
-            cmd += ["--initializer", self.initializer_file]
-        if self.max_tasks_per_child:
-            cmd += ["--max-tasks-per-child", str(self.max_tasks_per_child)]
-        return cmd
+            processors=self.processors,
+            workers_on_host=self.count,
+            initializer_file=self.initializer_file,
+            max_tasks_per_child=self.max_tasks_per_child,
+            safe_path=safe_path,
+            credentials_stdin=self.keys is not None,
+        )
+
+    def adopt(self, processes: list[WorkerProcess]) -> None:
+        """Keep workers started from this manager's command before it existed (cli/daemon.py)."""
+        now = time.monotonic()
+        for process in processes:
+            self.workers[process.pid] = (process, now)
+
+    @property
+    def initial_count(self) -> int:
+        """The workers :meth:`start` keeps: all of them, or with autoscaling the minimum."""
+        return self.count if self.minimum is None else self.minimum
 
     def start(self) -> None:
-        target = self.count if self.minimum is None else self.minimum
-        while len(self.workers) < target:
+        while len(self.workers) < self.initial_count:
             self._start_one()
 
     def pids(self) -> frozenset[int]:
@@ -131,7 +107,7 @@ class LocalWorkerManager:
                     pass
 
     def _start_one(self) -> None:
-        process = subprocess.Popen(self.command(), stdin=subprocess.PIPE)
+        process = WorkerProcess(self.command())
         self.workers[process.pid] = (process, time.monotonic())
         if self.keys is not None and process.stdin is not None:
             credential = self.keys.issue(f"local-worker-{process.pid}")
@@ -182,7 +158,7 @@ class LocalWorkerManager:
         for process, _ in self.workers.values():
             try:
                 process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            except TimeoutError:
                 log.warning("local worker pid %d did not stop in %.0f s; killing it", process.pid, STOP_GRACE_SECONDS)
                 process.kill()
                 process.wait()
@@ -194,7 +170,7 @@ class LocalWorkerManager:
 
 
 def _wait_status(returncode: int) -> int:
-    """A waitpid-style status from a Popen returncode (negative = signal)."""
+    """A waitpid-style status from a returncode (negative = signal)."""
     if returncode < 0:
         return -returncode  # WIFSIGNALED: low 7 bits hold the signal
     return returncode << 8

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import tempfile
 from typing import Any
 
@@ -92,7 +91,7 @@ class HostStore:
         if size is None:
             return
         remove_stale_regions()
-        name = f"scaler-{os.getpid()}-{secrets.token_hex(8)}"
+        name = f"scaler-{os.getpid()}-{os.urandom(8).hex()}"
         try:
             self.store = ObjectStore.create(
                 name, size, max_objects=index_size(size, config), fallback_dir=tempfile.gettempdir()

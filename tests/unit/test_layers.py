@@ -33,6 +33,7 @@ LAYERS = {
     "exceptions": 0,
     "_compat": 0,
     "sizes": 0,
+    "worker_command": 2,
     "_locks": 0,
     "protocol": 1,
     "objstore": 1,
