@@ -695,7 +695,7 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[mis
         if n_jobs == 0:
             raise ValueError("n_jobs == 0 in Parallel has no meaning")
         if self._below_threads_in_task():
-            if n_jobs != 1:
+            if n_jobs not in (1, None):  # loky: None is 1, without a warning
                 warnings.warn(
                     "scaler-backed parallel loops cannot start a cluster below the threads of "
                     "a nested call inside a task (as loky's), setting n_jobs=1",
