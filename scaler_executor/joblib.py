@@ -115,7 +115,8 @@ Nested ``Parallel`` (inside a task)
   first use and kept for that process's life (as loky's nested executor), at the nesting
   level of the task's backend.  Like loky, it refuses to start one from a thread of a nested
   call inside a task (``n_jobs`` becomes 1 with a warning); outside tasks, threads share the
-  process's embedded cluster at any level.
+  process's embedded cluster at any level.  Clusters nested deeper than loky's ``MAX_DEPTH``
+  (``LOKY_MAX_DEPTH``, default 10) are refused with ``RuntimeError``, as loky refuses pools.
 * Under ``parallel_config("scaler", n_jobs=1)`` the call runs sequentially in the calling
   process at level 0, and a ``Parallel`` call inside it uses the scaler backend again.
 
@@ -161,6 +162,9 @@ NESTED_MODES = ("joblib", "cluster")
 # What Parallel.configure passes to every backend (joblib 1.4-1.6), each handled in
 # ScalerBackend.configure; anything else is an unknown keyword, as for loky.
 _CONFIGURE_KEYWORDS = frozenset({"max_nbytes", "mmap_mode", "temp_folder", "verbose", "context"})
+# How many embedded clusters deep this process is (a task starting a pool of its own starts
+# one more); past loky's limit (LOKY_MAX_DEPTH, default 10) a new one is refused, as loky does.
+_DEPTH_ENV = "JOBLIB_SCALER_CLUSTER_DEPTH"
 _MMAP_MODES = ("r", "c")  # the loky mmap_modes the store can keep ("r+"/"w+" share writes)
 
 
@@ -217,16 +221,6 @@ class _Setup:
         )
         return key
 
-    def environment(self, backend: ParallelBackendBase, processors: int) -> dict[str, str]:
-        # joblib's own rule for loky's workers (ParallelBackendBase._prepare_worker_env),
-        # given the cluster's processors as n_jobs: a cluster serves calls of every n_jobs.
-        limit = backend.inner_max_num_threads
-        try:
-            backend.inner_max_num_threads = self.inner_max_num_threads
-            return dict(backend._prepare_worker_env(n_jobs=processors))
-        finally:
-            backend.inner_max_num_threads = limit
-
 
 def _start_processor(
     environment: dict[str, str],
@@ -239,12 +233,25 @@ def _start_processor(
         initializer(*initargs)
 
 
+def _check_depth(depth: int) -> None:
+    from joblib.externals.loky import process_executor  # type: ignore[import-untyped]
+
+    limit = int(process_executor.MAX_DEPTH)
+    if 0 < limit < depth:
+        raise RuntimeError(
+            f"could not start an embedded scaler cluster at nesting depth {depth}, beyond "
+            f"MAX_DEPTH={limit} (loky's limit on nested pools); if this is intended, raise it "
+            "with the LOKY_MAX_DEPTH environment variable"
+        )
+
+
 def _acquire_embedded(n_jobs: int, setup: _Setup, backend: ParallelBackendBase) -> _Cluster:
     """The process-wide embedded cluster with at least ``n_jobs`` processors and ``setup``, leased."""
     global _embedded
     from scaler_executor.client.executor import ScalerExecutor
 
     key = setup.key()
+    depth = int(os.environ.get(_DEPTH_ENV, "0")) + 1
     with _lock:
         current = _embedded
         usable = current is not None and not current.broken
@@ -254,10 +261,16 @@ def _acquire_embedded(n_jobs: int, setup: _Setup, backend: ParallelBackendBase) 
                 _default_size(),
                 current.size if current is not None and usable and current.setup == key else 0,
             )
+            # joblib's own rule for loky's workers (ParallelBackendBase._prepare_worker_env:
+            # inner_max_num_threads, else the variable's value here, else cpu_count() //
+            # n_jobs), given the processors as n_jobs: one cluster serves calls of every n_jobs.
+            environment = dict(backend._prepare_worker_env(n_jobs=size))
+            environment[_DEPTH_ENV] = str(depth)
+            _check_depth(depth)
             executor = ScalerExecutor(
                 max_workers=size,
                 initializer=_start_processor,
-                initargs=(setup.environment(backend, size), setup.initializer, setup.initargs),
+                initargs=(environment, setup.initializer, setup.initargs),
             )
             replacement = _Cluster(executor, size, key)
             if current is not None:

@@ -477,3 +477,50 @@ def test_exceptions_keep_their_type_as_with_loky(
     result = both(raised(program, *args))
     assert result[LOKY] is not None
     assert result[SCALER] == result[LOKY]
+
+
+# =========================================================================== depth limit
+
+DEPTH_PROGRAM = """
+import sys
+import scaler_executor.joblib
+from joblib import Parallel, delayed, parallel_config
+
+def own_pool(backend):
+    with parallel_config(backend, n_jobs=2):
+        return Parallel()(delayed(abs)(i) for i in range(2))
+
+backend = sys.argv[1]
+with parallel_config(backend, n_jobs=2):
+    try:
+        Parallel()(delayed(own_pool)(backend) for _ in range(2))
+    except RuntimeError as exc:
+        print("RuntimeError", "MAX_DEPTH=1" in str(exc), "LOKY_MAX_DEPTH" in str(exc))
+    else:
+        print("no error")
+scaler_executor.joblib.shutdown()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_nested_pools_stop_at_lokys_depth_limit() -> None:
+    """LOKY_MAX_DEPTH=1: a task may not start a pool of its own, with either backend."""
+    import subprocess
+    import sys
+
+    from scaler_testing import child_env
+
+    env = dict(child_env(), LOKY_MAX_DEPTH="1")
+    out = {}
+    for backend in BACKENDS:
+        proc = subprocess.run(
+            [sys.executable, "-c", DEPTH_PROGRAM, backend],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=100,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out[backend] = proc.stdout.split()
+    assert out[SCALER] == out[LOKY] == ["RuntimeError", "True", "True"]
