@@ -23,6 +23,7 @@ import pytest
 joblib = pytest.importorskip("joblib")
 from joblib import Parallel, delayed, parallel_config
 from joblib.parallel import get_active_backend
+from scaler_testing import wait_until
 
 import scaler_executor.joblib as sj
 from scaler_executor import InitializerFailed, ScalerExecutor
@@ -274,7 +275,8 @@ def test_another_initializer_gets_a_new_embedded_cluster(tmp_path: Path) -> None
     second, second_daemons = with_init("B")
     assert all(seen == ["B"] for _, seen in second)  # fresh processes: only B ran there
     assert not {pid for pid, _ in second} & {pid for pid, _ in first + again}
-    assert first_daemons.isdisjoint(second_daemons)  # new cluster; the old one stopped
+    assert second_daemons - first_daemons  # a new cluster; the old one stops once idle
+    assert wait_until(lambda: daemons().isdisjoint(first_daemons), timeout=30), daemons()
     plain = run(SCALER, initialized_program)
     assert all(seen == [] for _, seen in plain)  # no initializer: a cluster without one
 
