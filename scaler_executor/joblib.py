@@ -8,7 +8,8 @@ Importing this module registers the backend ``"scaler"`` (class :class:`ScalerBa
     with joblib.parallel_config("scaler", n_jobs=-1):
         results = joblib.Parallel()(joblib.delayed(f)(i) for i in range(100))
 
-Works with joblib 1.4 and later (``apply_async`` before joblib 1.5, ``submit`` after).
+Works with joblib 1.4 and later (``apply_async`` before joblib 1.5, ``submit`` after); the
+suite runs its joblib tests under 1.4.x, 1.5.x and the installed release.
 
 Which cluster
 -------------
@@ -23,16 +24,26 @@ Which cluster
   call that needs it and reused by every later one (scikit-learn calls ``Parallel`` many
   times: the cluster's start-up is paid once).  It starts with as many processors as this
   process may use (``os.sched_getaffinity``), or ``n_jobs`` if that is larger.  If a later
-  call asks for more ``n_jobs`` than it has, it is **resized**: a larger cluster replaces it
-  for new work, and the old one is shut down once the calls still using it have finished
-  (its outstanding tasks complete first).  It is never shrunk: a smaller ``n_jobs`` limits
-  how many of *that call's* batches run at once instead.  :func:`shutdown` stops it (it is
-  also registered with :mod:`atexit`); the next call starts a new one.
+  call asks for more ``n_jobs`` than it has, or for another ``initializer``/``initargs`` or
+  ``inner_max_num_threads``, it is **replaced**: a new cluster takes new work, and the old
+  one is shut down once the calls still using it have finished (its outstanding tasks
+  complete first) — as loky restarts its reusable executor when these change.  It is never
+  shrunk: a smaller ``n_jobs`` limits how many of *that call's* batches run at once.
+  :func:`shutdown` stops it (also registered with :mod:`atexit`); the next call starts anew.
+* ``initializer=f, initargs=(...)`` (joblib 1.5's process-backend parameters, also taken
+  under joblib 1.4): ``f(*initargs)`` runs once in every processor of the embedded cluster
+  before its first task, replacements included, as with loky.  If it raises, the call fails
+  with :class:`~scaler_executor.InitializerFailed` and the next call starts a new cluster.
+  With ``executor=`` or ``address=`` the processors are not the backend's to start: it
+  raises ``ValueError`` (give the initializer to ``ScalerExecutor(initializer=...)`` or to
+  ``scaler-worker --initializer``).
 * ``max_retries``, ``priority``, ``task_timeout``: scheduling options for every task of the
   call, as ``ex.options(...)`` (``max_retries=0``: at-most-once; a batch whose process died
   on every attempt fails the call with :class:`~scaler_executor.WorkerLost`).
 * ``wait_for_workers_timeout`` (seconds, default 10): with ``address=``, how long
   ``n_jobs=-1`` waits for the cluster to have a processor before raising ``TimeoutError``.
+* ``nested="joblib"`` (default) or ``"cluster"``: what ``Parallel`` calls inside tasks use
+  (see below).
 
 ``n_jobs``
 ----------
@@ -45,59 +56,89 @@ Which cluster
   in this process, not in the cluster's queue), even on a larger shared cluster.
 * ``n_jobs=1`` runs sequentially in the calling process, as with every joblib backend.
 
+What joblib passes to process backends
+--------------------------------------
+
+* ``inner_max_num_threads`` (``parallel_config``): as loky, the embedded cluster's
+  processors get ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``,
+  ``BLIS_NUM_THREADS``, ``VECLIB_MAXIMUM_THREADS``, ``NUMBA_NUM_THREADS`` and
+  ``NUMEXPR_NUM_THREADS`` set to it (and ``ENABLE_IPC=1`` for TBB unless set), before the
+  initializer and the first task.  Without it each variable is this process's value if set,
+  else ``cpu_count() // processors`` (at least 1): loky's rule, with the cluster's processors
+  for ``n_jobs`` since one cluster serves calls of every ``n_jobs``.  With ``executor=`` or
+  ``address=`` an explicit value raises ``ValueError`` (set the variables in the workers'
+  environment) and nothing is set.
+* ``max_nbytes`` and ``mmap_mode`` (loky's automatic memory mapping): NumPy arrays among a
+  task's arguments (at any depth of lists, tuples and dicts) larger than ``max_nbytes``
+  (default ``"1M"``) arrive as with loky's ``mmap_mode``: ``"r"`` (the default) read-only,
+  ``"c"`` writable and private to the task; arrays up to ``max_nbytes``, and every array with
+  ``max_nbytes=None``, arrive as writable copies.  Large arrays still travel through the
+  shared-memory object store once, not through files.  ``"r+"`` and ``"w+"`` (writes shared
+  through the file) cannot be kept: the call raises ``ValueError``.
+* ``temp_folder``: not used — nothing is memory-mapped from files (the store lives in
+  shared memory), so no folder is created, as with joblib's thread-based backend.
+* ``prefer``/``require``: joblib applies them before the backend is chosen (this backend
+  declares no shared memory, so ``require="sharedmem"`` runs in threads, as for loky).
+* ``verbose``: joblib's own progress messages work as with every backend; the value
+  joblib hands the backend (``verbose - 50``) drives loky's memory-mapping debug output,
+  which has nothing to report here.
+* ``context`` (the multiprocessing start method): processors are forked by the cluster's
+  worker, not by :mod:`multiprocessing`; it does not apply.
+* Any other keyword (e.g. loky's ``idle_worker_timeout`` through ``Parallel(...)``) raises
+  ``TypeError``, as an unknown keyword does with loky and multiprocessing.
+
 Failures
 --------
 
 A task's exception is re-raised by ``Parallel`` with its original type (its remote traceback
-is its ``__cause__``).  When one batch fails, joblib calls :meth:`ScalerBackend.abort_everything`:
-the call's batches that have not started are cancelled — *that call's only*: other
-``Parallel`` calls and other users of the same executor are untouched, and the backend stays
-usable.  Batches already running finish and their results are dropped (the executor has no
-public way to kill a running task).  A process killed under a task is retried by the cluster
-(``max_retries``, default 3) and then fails the future with ``WorkerLost``, which ``Parallel``
-raises: it never hangs.  If the cluster is gone (``DaemonLost``, a ``BrokenExecutor``), the
-call fails and the next call starts a fresh embedded cluster (or a fresh client).
+is its ``__cause__``); the backend passes it on unchanged.  When one batch fails, joblib calls
+:meth:`ScalerBackend.abort_everything`: the call's batches that have not started are
+cancelled — *that call's only*: other ``Parallel`` calls and other users of the same
+executor are untouched, and the backend stays usable.  Batches already running finish and
+their results are dropped (the executor has no public way to kill a running task).  A
+process killed under a task is retried by the cluster (``max_retries``, default 3) and then
+fails the future with ``WorkerLost``, which ``Parallel`` raises: it never hangs.  If the
+cluster is gone (``DaemonLost``, a ``BrokenExecutor``), the call fails and the next call
+starts a fresh embedded cluster (or a fresh client).
 
 Nested ``Parallel`` (inside a task)
 -----------------------------------
 
-Batches carry a copy of the backend (``get_nested_backend``; the backend is picklable and
-drops its executor on the way).  A ``Parallel`` call made *inside a task* — by that copy, or
-because the task's own code says ``parallel_config("scaler")`` — does **not** start an
-embedded cluster of its own: it runs sequentially in the task's process (joblib's rule for
-nested calls, with ``nesting_level`` one deeper).  Why:
+``nested="joblib"`` (the default) follows joblib's rules, as loky does for the same program:
 
-* every task starting its own embedded cluster would fork a daemon and a set of processors
-  per task, and a task of those would start another: a runaway recursion of clusters, each
-  process oversubscribing the same CPUs;
-* the outer call already keeps every processor busy, so the nested work gains nothing from
-  more processes on the same machine;
-* running them on the *same* cluster makes each waiting outer task secede, and the worker
-  forks a processor per waiting task: with every processor busy with outer tasks, that
-  doubles the processes on the same CPUs (the oversubscription joblib avoids).
+* A ``Parallel`` call inside a task with no configuration of its own uses joblib's
+  ``ThreadingBackend`` at nesting level 1 (``n_jobs`` defaults to 1 there, so
+  ``Parallel()`` runs sequentially and ``Parallel(n_jobs=2)`` in two threads of the task's
+  process; ``effective_n_jobs(-1)`` is the CPU count), and ``SequentialBackend`` deeper.
+* A task that says ``parallel_config("scaler")`` itself gets what ``parallel_config("loky")``
+  gets under loky: a pool of its own — an embedded cluster started by the task's process on
+  first use and kept for that process's life (as loky's nested executor), at the nesting
+  level of the task's backend.  Like loky, it refuses to start one from a thread of a nested
+  call inside a task (``n_jobs`` becomes 1 with a warning); outside tasks, threads share the
+  process's embedded cluster at any level.  Clusters nested deeper than loky's ``MAX_DEPTH``
+  (``LOKY_MAX_DEPTH``, default 10) are refused with ``RuntimeError``, as loky refuses pools.
+* Under ``parallel_config("scaler", n_jobs=1)`` the call runs sequentially in the calling
+  process at level 0, and a ``Parallel`` call inside it uses the scaler backend again.
 
-With ``address=`` the nested calls run on that cluster.  A task running on that very
-cluster reaches it through ``scaler_executor.get_executor()``, which *secedes* the task (the
-worker starts another processor while it waits and hands back the tasks queued behind it),
-so nested waits cannot deadlock; a task on another cluster joins ``address`` with a client.
-The address must be spelled as the workers know it (``SCALER_DAEMON_ADDRESS`` in the task)
-for the first case to apply.  :func:`_executor_for_nested_call` is the hook where an opt-in
-mode can send nested calls without an address to the task's own cluster too.
-
-Data
-----
-
-Each batch's functions and arguments are pickled (cloudpickle) and sent through the
-cluster; joblib's memmapping options (``max_nbytes``, ``mmap_mode``, ``temp_folder``) do not
-apply and are ignored.  Large arrays passed to many tasks are sent with each batch.
+``nested="cluster"`` is the explicit choice to send nested calls back to the cluster: the
+tasks' ``Parallel`` calls get a copy of the backend one level deeper, whose tasks go to the
+cluster the task runs on through ``scaler_executor.get_executor()``.  That *secedes* the
+waiting task (the worker starts another processor and hands back the tasks queued behind
+it), so nested waits cannot deadlock — but each waiting task keeps its process, so a full
+cluster of waiting outer tasks doubles the processes on the same CPUs, which joblib's rule
+avoids.  ``n_jobs=-1`` there is the cluster's capacity.  With ``address=`` the copies join
+that address (seceding when it is the task's own cluster, spelled as the workers know it:
+``SCALER_DAEMON_ADDRESS`` in the task).
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 import time
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -105,6 +146,7 @@ from concurrent.futures import BrokenExecutor, Executor, Future
 from functools import partial
 from typing import Any
 
+import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
 import joblib  # type: ignore[import-untyped]
 from joblib._parallel_backends import (  # type: ignore[import-untyped]
     FallbackToBackend,
@@ -116,6 +158,14 @@ __all__ = ["ScalerBackend", "shutdown"]
 
 BACKEND_NAME = "scaler"
 _OPTION_NAMES = ("max_retries", "priority", "task_timeout")
+NESTED_MODES = ("joblib", "cluster")
+# What Parallel.configure passes to every backend (joblib 1.4-1.6), each handled in
+# ScalerBackend.configure; anything else is an unknown keyword, as for loky.
+_CONFIGURE_KEYWORDS = frozenset({"max_nbytes", "mmap_mode", "temp_folder", "verbose", "context"})
+# How many embedded clusters deep this process is (a task starting a pool of its own starts
+# one more); past loky's limit (LOKY_MAX_DEPTH, default 10) a new one is refused, as loky does.
+_DEPTH_ENV = "JOBLIB_SCALER_CLUSTER_DEPTH"
+_MMAP_MODES = ("r", "c")  # the loky mmap_modes the store can keep ("r+"/"w+" share writes)
 
 
 # =========================================================================== clusters
@@ -124,11 +174,12 @@ _OPTION_NAMES = ("max_retries", "priority", "task_timeout")
 class _Cluster:
     """One executor the module owns (the embedded cluster, or a client of an address)."""
 
-    __slots__ = ("broken", "closed", "executor", "retired", "size", "users")
+    __slots__ = ("broken", "closed", "executor", "retired", "setup", "size", "users")
 
-    def __init__(self, executor: Executor, size: int) -> None:
+    def __init__(self, executor: Executor, size: int, setup: bytes = b"") -> None:
         self.executor = executor
         self.size = size  # processors (embedded); 0 for a client of an address
+        self.setup = setup  # the processors' initializer and thread limits, pickled
         self.users = 0  # Parallel calls between configure() and terminate()
         self.retired = False  # replaced; shut down when the last user leaves
         self.broken = False  # failed with a BrokenExecutor: never handed out again
@@ -148,20 +199,80 @@ def _default_size() -> int:
         return os.cpu_count() or 1
 
 
-def _acquire_embedded(n_jobs: int) -> _Cluster:
-    """The process-wide embedded cluster with at least ``n_jobs`` processors, leased."""
+class _Setup:
+    """How the backend's own processors start: thread limits, then the user's initializer."""
+
+    __slots__ = ("initargs", "initializer", "inner_max_num_threads")
+
+    def __init__(
+        self,
+        initializer: Callable[..., object] | None,
+        initargs: tuple[Any, ...],
+        inner_max_num_threads: int | None,
+    ) -> None:
+        self.initializer = initializer
+        self.initargs = initargs
+        self.inner_max_num_threads = inner_max_num_threads
+
+    def key(self) -> bytes:
+        """Equal for the same initializer, initargs and thread limit (what picks the cluster)."""
+        key: bytes = cloudpickle.dumps(
+            (self.initializer, self.initargs, self.inner_max_num_threads), protocol=5
+        )
+        return key
+
+
+def _start_processor(
+    environment: dict[str, str],
+    initializer: Callable[..., object] | None,
+    initargs: tuple[Any, ...],
+) -> None:
+    """The embedded cluster's initializer: loky's worker environment, then the user's."""
+    os.environ.update(environment)
+    if initializer is not None:
+        initializer(*initargs)
+
+
+def _check_depth(depth: int) -> None:
+    from joblib.externals.loky import process_executor  # type: ignore[import-untyped]
+
+    limit = int(process_executor.MAX_DEPTH)
+    if 0 < limit < depth:
+        raise RuntimeError(
+            f"could not start an embedded scaler cluster at nesting depth {depth}, beyond "
+            f"MAX_DEPTH={limit} (loky's limit on nested pools); if this is intended, raise it "
+            "with the LOKY_MAX_DEPTH environment variable"
+        )
+
+
+def _acquire_embedded(n_jobs: int, setup: _Setup, backend: ParallelBackendBase) -> _Cluster:
+    """The process-wide embedded cluster with at least ``n_jobs`` processors and ``setup``, leased."""
     global _embedded
     from scaler_executor.client.executor import ScalerExecutor
 
+    key = setup.key()
+    depth = int(os.environ.get(_DEPTH_ENV, "0")) + 1
     with _lock:
         current = _embedded
-        if current is None or current.broken or current.size < n_jobs:
+        usable = current is not None and not current.broken
+        if current is None or not usable or current.size < n_jobs or current.setup != key:
             size = max(
                 n_jobs,
                 _default_size(),
-                current.size if current is not None and not current.broken else 0,
+                current.size if current is not None and usable and current.setup == key else 0,
             )
-            replacement = _Cluster(ScalerExecutor(max_workers=size), size)
+            # joblib's own rule for loky's workers (ParallelBackendBase._prepare_worker_env:
+            # inner_max_num_threads, else the variable's value here, else cpu_count() //
+            # n_jobs), given the processors as n_jobs: one cluster serves calls of every n_jobs.
+            environment = dict(backend._prepare_worker_env(n_jobs=size))
+            environment[_DEPTH_ENV] = str(depth)
+            _check_depth(depth)
+            executor = ScalerExecutor(
+                max_workers=size,
+                initializer=_start_processor,
+                initargs=(environment, setup.initializer, setup.initargs),
+            )
+            replacement = _Cluster(executor, size, key)
             if current is not None:
                 _retire(current)
             _embedded = current = replacement
@@ -261,17 +372,6 @@ def _in_task() -> bool:
     return _compat.PROCESSOR is not None
 
 
-def _executor_for_nested_call() -> Executor | None:
-    """The hook for ``Parallel`` calls made inside a task with no ``address``/``executor``.
-
-    None means: run them sequentially in the task's process (see the module docstring for
-    why).  ``scaler_executor.get_executor()`` (the task's own cluster; it secedes the task,
-    so waiting never deadlocks) is what an opt-in "nested calls use the cluster" mode would
-    return here; the backend then runs the nested call on it like an ``executor=`` call.
-    """
-    return None
-
-
 def _own_cluster_executor(address: str) -> Executor | None:
     """Inside a task on the cluster at ``address``: ``get_executor()``, which secedes the task.
 
@@ -312,6 +412,52 @@ def _capacity_of(executor: Any, wait_for_workers: float = 0.0) -> int:
         time.sleep(0.1)
 
 
+# =========================================================================== arrays as loky delivers them
+
+
+def _arrays_like_loky(value: Any, np: Any, max_nbytes: int | None, mmap_mode: str | None) -> Any:
+    """``value`` with its NumPy arrays (in lists, tuples and dicts) as loky's memmapping gives them.
+
+    Larger than ``max_nbytes`` with ``mmap_mode="r"``: read-only (a read-only view when the
+    array came writable, so a caller's array in a thread pool keeps its flags).  Otherwise
+    (smaller, ``"c"``, ``None``, object arrays, which loky never maps): writable, copied when
+    the store delivered a read-only view.
+    """
+    kind = type(value)
+    if isinstance(value, np.ndarray):
+        mapped = max_nbytes is not None and value.nbytes > max_nbytes and not value.dtype.hasobject
+        if mapped and mmap_mode == "r":
+            if not value.flags.writeable:
+                return value
+            view = value.view()
+            view.setflags(write=False)
+            return view
+        return value if value.flags.writeable else value.copy()
+    if kind is list:
+        return [_arrays_like_loky(v, np, max_nbytes, mmap_mode) for v in value]
+    if kind is tuple:
+        return tuple(_arrays_like_loky(v, np, max_nbytes, mmap_mode) for v in value)
+    if kind is dict:
+        return {k: _arrays_like_loky(v, np, max_nbytes, mmap_mode) for k, v in value.items()}
+    return value
+
+
+def _run_batch(batch: Any, max_nbytes: int | None, mmap_mode: str | None) -> Any:
+    """Run one of joblib's batches where the task runs, its arrays as loky would pass them."""
+    np = sys.modules.get("numpy")  # no NumPy imported: no array among the arguments
+    items = getattr(batch, "items", None)
+    if np is not None and isinstance(items, list):
+        batch.items = [
+            (
+                func,
+                _arrays_like_loky(args, np, max_nbytes, mmap_mode),
+                _arrays_like_loky(kwargs, np, max_nbytes, mmap_mode),
+            )
+            for func, args, kwargs in items
+        ]
+    return batch()
+
+
 # =========================================================================== one Parallel call
 
 
@@ -322,13 +468,25 @@ class _BatchFuture(Future):  # type: ignore[type-arg]
         return self.result(timeout)
 
 
+class _CallConfig:
+    """What ``configure`` was told for one ``Parallel`` call."""
+
+    __slots__ = ("max_nbytes", "mmap_mode", "n_jobs")
+
+    def __init__(self, n_jobs: int, max_nbytes: int | None, mmap_mode: str | None) -> None:
+        self.n_jobs = n_jobs
+        self.max_nbytes = max_nbytes
+        self.mmap_mode = mmap_mode
+
+
 class _Call:
     """The batches of one ``Parallel`` call: at most ``limit`` submitted at once; abortable."""
 
-    def __init__(self, backend: ScalerBackend, call_id: Any, limit: int) -> None:
+    def __init__(self, backend: ScalerBackend, call_id: Any, config: _CallConfig) -> None:
         self.backend = backend
         self.call_id = call_id
-        self.limit = max(1, limit)
+        self.limit = max(1, config.n_jobs)
+        self.arrays = (config.max_nbytes, config.mmap_mode)
         self.lock = threading.Lock()
         self.running = 0
         self.waiting: deque[tuple[_BatchFuture, Callable[[], Any]]] = deque()
@@ -354,7 +512,7 @@ class _Call:
         cluster = self.backend._cluster
         try:
             submitter = self.backend._submitter()
-            inner = submitter.submit(batch)
+            inner = submitter.submit(_run_batch, batch, *self.arrays)
         except BaseException as exc:  # noqa: BLE001  # broken/shut down executor: fail the batch, not hang
             if isinstance(exc, BrokenExecutor) and cluster is not None:
                 _mark_broken(cluster)
@@ -406,8 +564,10 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[mis
     supports_retrieve_callback = True
     supports_timeout = True
     supports_sharedmem = False
+    supports_inner_max_num_threads = True
     uses_threads = False
     default_n_jobs = -1
+    nesting_level: int | None  # set by joblib (ParallelBackendBase.__init__, parallel_config)
 
     def __init__(
         self,
@@ -416,10 +576,13 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[mis
         *,
         address: str | None = None,
         executor: Executor | None = None,
+        initializer: Callable[..., object] | None = None,
+        initargs: tuple[Any, ...] = (),
         max_retries: int | None = None,
         priority: int | None = None,
         task_timeout: float | None = None,
         wait_for_workers_timeout: float = 10.0,
+        nested: str = "joblib",
     ) -> None:
         super().__init__(nesting_level=nesting_level, inner_max_num_threads=inner_max_num_threads)
         if address is not None and executor is not None:
@@ -428,8 +591,23 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[mis
             raise TypeError(
                 f"executor must be a concurrent.futures.Executor, got {type(executor).__name__}"
             )
+        if initializer is not None and not callable(initializer):
+            raise TypeError(f"initializer must be callable, got {type(initializer).__name__}")
+        if not isinstance(initargs, tuple):
+            raise TypeError(f"initargs must be a tuple, got {type(initargs).__name__}")
+        if initializer is not None and (address is not None or executor is not None):
+            raise ValueError(
+                "initializer= runs in the processors of the embedded cluster the scaler backend "
+                "starts; with address=/executor= they are not the backend's: give it to "
+                "ScalerExecutor(initializer=...) or scaler-worker --initializer instead"
+            )
+        if nested not in NESTED_MODES:
+            raise ValueError(f"nested must be one of {NESTED_MODES}, got {nested!r}")
         self.address = address
         self.executor = executor
+        self.initializer = initializer
+        self.initargs = initargs
+        self.nested = nested
         self.options = {
             name: value
             for name, value in (
@@ -448,16 +626,19 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[mis
         self._cluster: _Cluster | None = None  # the newest lease: where new batches go
         self._view: tuple[Any, Any] | None = None  # (executor, its options view)
         self._calls: weakref.WeakKeyDictionary[Any, _Call] = weakref.WeakKeyDictionary()
-        self._limits: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._configs: weakref.WeakKeyDictionary[Any, _CallConfig] = weakref.WeakKeyDictionary()
         self.parallel = None
 
     # ------------------------------------------------------------------ pickling
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Executors, locks and calls stay here; a copy (e.g. in a task) gets the settings only.
+        settings = self._settings()
+        if self.initializer is not None:
+            settings.update(initializer=self.initializer, initargs=self.initargs)
         return (
             _rebuild_backend,
-            (type(self), self.nesting_level, self.inner_max_num_threads, self._settings()),
+            (type(self), self.nesting_level, self.inner_max_num_threads, settings),
         )
 
     def _settings(self) -> dict[str, Any]:
@@ -465,6 +646,7 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[mis
             "address": self.address,
             **self.options,
             "wait_for_workers_timeout": self.wait_for_workers_timeout,
+            "nested": self.nested,
         }
 
     def __repr__(self) -> str:
@@ -475,30 +657,36 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[mis
             if self.address
             else "embedded"
         )
-        return f"{type(self).__name__}({where}, nesting_level={self.nesting_level}, options={self.options})"
+        return (
+            f"{type(self).__name__}({where}, nesting_level={self.nesting_level}, "
+            f"nested={self.nested!r}, options={self.options})"
+        )
 
     # ------------------------------------------------------------------ where tasks go
-
-    def _sequential_here(self) -> bool:
-        """Inside a task with nothing to join: run sequentially (see the module docstring)."""
-        return (
-            self.executor is None
-            and self.address is None
-            and _in_task()
-            and _executor_for_nested_call() is None
-        )
 
     def _target_executor(self) -> Executor | None:
         """An executor the backend does not own (and never shuts down), or None."""
         if self.executor is not None:
             return self.executor
         if _in_task():
-            return (
-                _executor_for_nested_call()
-                if self.address is None
-                else _own_cluster_executor(self.address)
-            )
+            if self.address is not None:
+                return _own_cluster_executor(self.address)
+            if self.nested == "cluster":
+                from scaler_executor.client.executor import get_executor
+
+                return get_executor()  # the task's own cluster; secedes the task
         return None
+
+    def _below_threads_in_task(self) -> bool:
+        """loky's rule: no pool of its own from a thread of a nested call (inside a task)."""
+        return (
+            self.executor is None
+            and self.address is None
+            and self.nested == "joblib"
+            and bool(self.nesting_level)
+            and not self.in_main_thread()
+            and _in_task()
+        )
 
     def _capacity(self) -> int:
         target = self._target_executor()
@@ -519,13 +707,54 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[mis
     def effective_n_jobs(self, n_jobs: int | None) -> int:
         if n_jobs == 0:
             raise ValueError("n_jobs == 0 in Parallel has no meaning")
-        if self._sequential_here():
+        if self._below_threads_in_task():
+            if n_jobs not in (1, None):  # loky: None is 1, without a warning
+                warnings.warn(
+                    "scaler-backed parallel loops cannot start a cluster below the threads of "
+                    "a nested call inside a task (as loky's), setting n_jobs=1",
+                    stacklevel=3,
+                )
             return 1
         if n_jobs is None:
             n_jobs = self.default_n_jobs
         if n_jobs < 0:
             return max(self._capacity() + 1 + n_jobs, 1)
         return n_jobs
+
+    def _check_configure_keywords(self, keywords: dict[str, Any]) -> _CallConfig:
+        unknown = sorted(set(keywords) - _CONFIGURE_KEYWORDS)
+        if unknown:
+            raise TypeError(
+                f"the scaler backend does not take {', '.join(unknown)} (passed on by "
+                "joblib.Parallel); see scaler_executor.joblib for the keywords it takes"
+            )
+        max_nbytes = keywords.get("max_nbytes", 1024**2)
+        mmap_mode = keywords.get("mmap_mode", "r")
+        if max_nbytes is not None and (
+            not isinstance(max_nbytes, int) or isinstance(max_nbytes, bool) or max_nbytes < 0
+        ):
+            raise ValueError(
+                f"max_nbytes must be a size such as '1M', a byte count or None, got {max_nbytes!r}"
+            )
+        if mmap_mode is not None and mmap_mode not in _MMAP_MODES:
+            raise ValueError(
+                f"mmap_mode={mmap_mode!r} shares writes between tasks through a file, which the "
+                "scaler backend cannot do (large arrays travel through its shared-memory store): "
+                "use mmap_mode='r' (read-only), 'c' (writable, private to the task) or None"
+            )
+        if self.inner_max_num_threads is not None and self._target_executor() is not None:
+            raise ValueError(
+                "inner_max_num_threads limits the threads of the processes the scaler backend "
+                "starts (its embedded cluster); with executor= its processes are not the "
+                "backend's: set OMP_NUM_THREADS (etc.) in their environment instead"
+            )
+        if self.inner_max_num_threads is not None and self.address is not None:
+            raise ValueError(
+                "inner_max_num_threads limits the threads of the processes the scaler backend "
+                "starts (its embedded cluster); with address= the workers are not the "
+                "backend's: set OMP_NUM_THREADS (etc.) in the workers' environment instead"
+            )
+        return _CallConfig(1, max_nbytes, mmap_mode)
 
     def configure(
         self,
@@ -535,24 +764,32 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[mis
         require: Any = None,
         **backend_kwargs: Any,
     ) -> int:
-        """Called by joblib at the start of each ``Parallel`` call (or ``with Parallel(...)``)."""
+        """Called by joblib at the start of each ``Parallel`` call (or ``with Parallel(...)``).
+
+        ``prefer``/``require`` were applied by joblib when it chose this backend; the other
+        keywords are described in the module docstring.
+        """
         self.parallel = parallel
-        if self._sequential_here():
-            raise FallbackToBackend(SequentialBackend(nesting_level=self.nesting_level))
+        config = self._check_configure_keywords(backend_kwargs)
         n_jobs = self.effective_n_jobs(n_jobs)
         if n_jobs == 1:
             raise FallbackToBackend(SequentialBackend(nesting_level=self.nesting_level))
+        config.n_jobs = n_jobs
         if self._target_executor() is None:
             cluster = (
                 _acquire_client(self.address)
                 if self.address is not None
-                else _acquire_embedded(n_jobs)
+                else _acquire_embedded(
+                    n_jobs,
+                    _Setup(self.initializer, self.initargs, self.inner_max_num_threads),
+                    self,
+                )
             )
             with self._lock:
                 self._leases.append(cluster)
                 self._cluster = cluster
         with self._lock:
-            self._limits[parallel if parallel is not None else self] = n_jobs
+            self._configs[parallel if parallel is not None else self] = config
         return n_jobs
 
     def _submitter(self) -> Any:
@@ -597,8 +834,10 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[mis
         with self._lock:
             call = self._calls.get(key)
             if call is None or call.call_id != call_id:
-                limit = self._limits.get(key) or max(self.effective_n_jobs(-1), 1)
-                call = self._calls[key] = _Call(self, call_id, limit)
+                config = self._configs.get(key) or _CallConfig(
+                    max(self.effective_n_jobs(-1), 1), 1024**2, "r"
+                )
+                call = self._calls[key] = _Call(self, call_id, config)
             return call
 
     def submit(
@@ -641,17 +880,21 @@ class ScalerBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[mis
             call.abort()
 
     def get_nested_backend(self) -> tuple[ParallelBackendBase, int | None]:
-        """What ``Parallel`` calls inside this call's tasks use: a copy of the settings, one level deeper.
+        """What ``Parallel`` calls inside this call's tasks use (see the module docstring).
 
-        The executor is not passed on; there, without an ``address``, the copy runs
-        sequentially (see the module docstring).
+        ``nested="joblib"``: joblib's own rule, as for loky (``ThreadingBackend`` one level
+        deeper, ``SequentialBackend`` beyond).  ``nested="cluster"``: a copy of the settings
+        one level deeper, without the executor, initializer or thread limit (the tasks run
+        on the cluster, whose processors are already set up).
         """
-        nested = type(self)(
-            nesting_level=(self.nesting_level or 0) + 1,
-            inner_max_num_threads=self.inner_max_num_threads,
-            **self._settings(),
-        )
-        return nested, None
+        level: int = (self.nesting_level or 0) + 1
+        if self.nested == "cluster":
+            return type(self)(nesting_level=level, **self._settings()), None
+        if self.nesting_level is None:
+            # joblib sets it before any call; a backend not (yet) handed to joblib is top-level
+            self.nesting_level = 0
+        nested: tuple[ParallelBackendBase, int | None] = super().get_nested_backend()
+        return nested
 
 
 def _rebuild_backend(

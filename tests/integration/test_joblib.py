@@ -120,7 +120,7 @@ def nested_sum(x: int, explicit_config: bool) -> tuple[int, int, list[int], int]
     """A task that runs Parallel itself; reports its pid, the inner pids and its children."""
     if explicit_config:
         with parallel_config("scaler", n_jobs=-1):
-            inner = Parallel()(delayed(pid_of)(j) for j in range(4))
+            inner = Parallel(batch_size=1)(delayed(pid_of)(j) for j in range(4))
     else:
         inner = Parallel(n_jobs=2)(delayed(pid_of)(j) for j in range(4))
     spawned = len(psutil.Process().children(recursive=True))
@@ -418,20 +418,33 @@ def test_lost_embedded_cluster_fails_the_call_and_the_next_call_starts_a_new_one
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize(
-    "explicit_config", [False, True], ids=["inherited", "parallel_config-in-task"]
-)
-def test_nested_parallel_runs_sequentially_inside_the_task(explicit_config: bool) -> None:
+def test_nested_parallel_runs_in_threads_of_the_task() -> None:
+    # joblib's rule (as loky's): ThreadingBackend at nesting level 1, in the task's process
     with parallel_config("scaler", n_jobs=2):
         Parallel()(delayed(square)(i) for i in range(2))  # the cluster exists
         before = len(children())
-        out = Parallel(batch_size=1)(delayed(nested_sum)(i, explicit_config) for i in range(4))
+        out = Parallel(batch_size=1)(delayed(nested_sum)(i, False) for i in range(4))
     assert [x for x, _, _, _ in out] == [0, 1, 2, 3]
     for _, pid, inner, spawned in out:
         assert inner == [pid] * 4  # ran in the task's own process
         assert spawned == 0  # no nested cluster, no pool
         assert pid != os.getpid()
     assert len(children()) == before
+
+
+@pytest.mark.timeout(180)
+def test_parallel_config_in_a_task_gets_a_pool_of_its_own() -> None:
+    # as parallel_config("loky") in a loky task: the task's process starts a pool (here an
+    # embedded cluster) of its own, kept for that process's life
+    with parallel_config("scaler", n_jobs=2):
+        out = Parallel(batch_size=1)(delayed(nested_sum)(i, True) for i in range(2))
+    cluster = {p.pid for p in children()}
+    for _, pid, inner, spawned in out:
+        assert pid in cluster  # the outer task ran on a processor of this process's cluster
+        assert spawned > 0  # the task's own daemon, worker and processors
+        # which ran the inner tasks (the pool lives as long as the task's process)
+        own = {p.pid for p in psutil.Process(pid).children(recursive=True)}
+        assert set(inner) <= own, (inner, own)
 
 
 @pytest.mark.timeout(120)
@@ -442,7 +455,7 @@ def test_nested_parallel_with_address_joins_that_cluster(
     # waiting outer task secedes (a plain client of the same cluster would deadlock here)
     ex = fresh_executor(max_workers=2, config=CONFIG)
     try:
-        with parallel_config("scaler", address=ex.address, n_jobs=2):
+        with parallel_config("scaler", address=ex.address, n_jobs=2, nested="cluster"):
             assert joblib.effective_n_jobs(-1) == 2
             out = Parallel(batch_size=1)(delayed(nested_on_cluster)(i) for i in range(2))
         for outer_pid, inner in out:
@@ -450,6 +463,11 @@ def test_nested_parallel_with_address_joins_that_cluster(
             # the nested batches ran on the cluster's other processes (the task seceded:
             # get_executor(), so none waited behind it on its own processor)
             assert outer_pid not in inner and os.getpid() not in inner
+        # without nested="cluster", joblib's rule: the nested calls run in the task's threads
+        with parallel_config("scaler", address=ex.address, n_jobs=2):
+            out = Parallel(batch_size=1)(delayed(nested_on_cluster)(i) for i in range(2))
+        for outer_pid, inner in out:
+            assert inner == [outer_pid] * 3
     finally:
         sj.shutdown()  # close this process's client before the cluster stops
 
@@ -499,18 +517,26 @@ def test_backend_is_picklable(fresh_executor: Callable[..., ScalerExecutor]) -> 
             1,
         )
     ex = fresh_executor(max_workers=2, config=CONFIG)
-    with_executor = sj.ScalerBackend(executor=ex, task_timeout=5.0)
+    with_executor = sj.ScalerBackend(executor=ex, task_timeout=5.0, nested="cluster")
     with parallel_config(with_executor, n_jobs=2):  # configured and used: locks, calls, leases
         assert Parallel()(delayed(square)(i) for i in range(4)) == [0, 1, 4, 9]
         copy = pickle.loads(pickle.dumps(with_executor))
     assert copy.executor is None and copy.options == {"task_timeout": 5.0}
+    assert copy.nested == "cluster"
     nested, n_jobs = with_executor.get_nested_backend()
     assert (
         n_jobs is None
+        and isinstance(nested, sj.ScalerBackend)
         and nested.executor is None
+        and nested.nested == "cluster"
         and nested.nesting_level == (with_executor.nesting_level or 0) + 1
     )
     pickle.loads(pickle.dumps(nested))
+    # the default: joblib's own rule, as loky's
+    nested, n_jobs = sj.ScalerBackend(nesting_level=0).get_nested_backend()
+    assert (type(nested).__name__, nested.nesting_level, n_jobs) == ("ThreadingBackend", 1, None)
+    nested, n_jobs = sj.ScalerBackend(nesting_level=1).get_nested_backend()
+    assert (type(nested).__name__, nested.nesting_level, n_jobs) == ("SequentialBackend", 2, None)
 
 
 @pytest.mark.timeout(30)
