@@ -205,3 +205,25 @@ def test_a_proxy_on_another_host_fails_saying_why(cluster: Cluster, manager: Any
     assert "not on the client's host" in text and "scaler-elsewhere" in text
     assert "never given to processors on other hosts" in text
     assert "AuthenticationError" in str(info.value.__cause__)  # the raw error, in the remote traceback
+
+
+PROGRESS: Any = None
+
+
+def remember(queue: Any) -> None:
+    global PROGRESS
+    PROGRESS = queue
+
+
+def report(x: int) -> int:
+    PROGRESS.put(x)
+    return x
+
+
+def test_a_proxy_in_the_initializers_arguments(manager: Any) -> None:
+    """The usual progress pattern: every processor gets the queue through the initializer."""
+    q = manager.Queue()
+    with ScalerExecutor(max_workers=2, initializer=remember, initargs=(q,), config=FAST) as ex:
+        assert list(ex.map(report, range(5))) == list(range(5))
+        assert ex.submit(authkey).result(timeout=30) == authkey()
+    assert sorted(q.get(timeout=10) for _ in range(5)) == list(range(5))
