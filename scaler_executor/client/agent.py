@@ -469,9 +469,10 @@ class ClientAgent:
         poller.register(self._wake_fd)
         if self.cluster is not None and REPLY_INBOX:
             self.inbox = ReplyInbox.bind(self.cluster.directory, poller, self._open_lane)
-        self.authkey = AuthkeyFile.write(self.cluster.directory if self.cluster is not None else None)
+        self.authkey = AuthkeyFile.reserve(self.cluster.directory if self.cluster is not None else None)
         self.daemon = daemon
         daemon.send([self._hello()])
+        self.authkey.write()  # before any task is sent: this thread sends them
 
     def _open_lane(self, path: str) -> None:
         if not self.lane.open and self.inbox is not None:

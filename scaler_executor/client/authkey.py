@@ -33,7 +33,6 @@ that dies without cleaning up has it removed by the next client's sweep of stale
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import shutil
 import tempfile
@@ -44,34 +43,44 @@ KEY_FILE = "mp-authkey"
 
 
 class AuthkeyFile:
-    """The file that holds this process's authkey, as taken when the client starts.
+    """The file that holds this process's authkey, as it is when the client starts.
 
-    ``path`` is "" when it could not be written (then manager proxies do not work in tasks,
-    and the processor's error says that no key was given)."""
+    ``reserve`` names it (for the ``Hello``), ``write`` writes it, before any task is sent:
+    importing ``multiprocessing`` costs a few milliseconds, which then overlap the wait for
+    the daemon's ``Welcome`` instead of adding to the client's start.  ``path`` is "" when
+    there is no directory to write it in (manager proxies then do not work in tasks, and the
+    processor's error says that no key was given)."""
 
     def __init__(self, path: str, own_directory: str | None) -> None:
         self.path = path
         self._own_directory = own_directory
 
     @classmethod
-    def write(cls, directory: str | None) -> AuthkeyFile:
-        """Write the key into ``directory`` (private to this user), or a new one of its own."""
+    def reserve(cls, directory: str | None) -> AuthkeyFile:
+        """The file's place: in ``directory`` (private to this user), or a new one of its own."""
         own = None
-        try:
-            if directory is None:
+        if directory is None:
+            try:
                 directory = own = tempfile.mkdtemp(prefix=f"scaler-{os.getpid()}-")  # mode 0700
-            path = os.path.join(directory, KEY_FILE)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            except OSError as exc:
+                log.warning("no multiprocessing authkey for this client's tasks (%s): manager proxies will not work in them", exc)
+                return cls("", None)
+        return cls(os.path.join(directory, KEY_FILE), own)
+
+    def write(self) -> None:
+        if not self.path:
+            return
+        import multiprocessing
+
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
                 os.write(fd, bytes(multiprocessing.current_process().authkey))
             finally:
                 os.close(fd)
         except OSError as exc:
-            log.warning("no multiprocessing authkey for this client's tasks (%s): manager proxies will not work in them", exc)
-            if own is not None:
-                shutil.rmtree(own, ignore_errors=True)
-            return cls("", None)
-        return cls(path, own)
+            log.warning("could not write this client's multiprocessing authkey to %s (%s): manager proxies "
+                        "will not work in its tasks", self.path, exc)
 
     def close(self) -> None:
         """Remove the file (and its directory if it is this client's own); idempotent."""

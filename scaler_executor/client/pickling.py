@@ -26,7 +26,6 @@ from scaler_executor.client.state import LANE, PARKED, SENT, SUBMIT_BATCH, TaskI
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol.messages import TaskFlags
 from scaler_executor.protocol.refs import dependency, identity, stored
-from scaler_executor.tracebacks import reduce_code
 
 if TYPE_CHECKING:
     from scaler_executor.client.agent import ClientAgent
@@ -134,7 +133,7 @@ class Packer:
         if isinstance(obj, ObjectRef):
             objects.extend(obj.object_ids)
             return (stored, (obj.header, obj.object_ids))
-        return reduce_code(obj)  # a by-value function's code keeps its file name (tracebacks.py)
+        return ser.reduce_other(obj)  # by-value code keeps its file name; Pipe ends refused
 
     def reduce_future(self, future: Future[Any], deps: list[int]) -> tuple[Any, ...]:
         """A future as an argument: a dependency the cluster resolves while its task is

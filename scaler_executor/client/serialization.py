@@ -18,6 +18,7 @@ import io
 import pickle
 import pickletools
 import re
+import sys
 import types
 from collections.abc import Callable
 from typing import Any
@@ -44,11 +45,28 @@ def describe_callable(fn: Any) -> str:
     return name if isinstance(name, str) else type(fn).__name__
 
 
+def reduce_other(obj: Any) -> Any:
+    """For the client's picklers' ``reducer_override``, after their own cases: by-value
+    code keeps its file name (``tracebacks.py``); a ``multiprocessing`` Pipe end is refused;
+    NotImplemented for anything else."""
+    connection = sys.modules.get("multiprocessing.connection")  # not imported: no Pipe ends
+    if connection is not None and type(obj) is connection.Connection:
+        # cloudpickle would copy its bare descriptor number, which in a processor names
+        # another file (its socket to the worker agent, say); multiprocessing's own
+        # pickler sends the descriptor itself, which only works between its processes.
+        raise TypeError(
+            "a multiprocessing Pipe end (multiprocessing.connection.Connection) cannot be passed "
+            "to a cluster's task: its file descriptor means nothing in a processor; use a "
+            "multiprocessing.Manager().Queue() instead"
+        )
+    return reduce_code(obj)
+
+
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle has no stubs
     """cloudpickle, keeping by-value functions' file names for remote tracebacks."""
 
     def reducer_override(self, obj: Any) -> Any:
-        reduced = reduce_code(obj)
+        reduced = reduce_other(obj)
         return reduced if reduced is not NotImplemented else super().reducer_override(obj)
 
 

@@ -227,3 +227,19 @@ def test_a_proxy_in_the_initializers_arguments(manager: Any) -> None:
         assert list(ex.map(report, range(5))) == list(range(5))
         assert ex.submit(authkey).result(timeout=30) == authkey()
     assert sorted(q.get(timeout=10) for _ in range(5)) == list(range(5))
+
+
+def send(conn: Any) -> None:
+    conn.send("hi")
+
+
+def test_a_pipe_end_is_refused_in_the_client(executor: ScalerExecutor) -> None:
+    """cloudpickle would copy a Connection's bare descriptor number, which in a processor is
+    another file (its socket to the worker agent, say): refused before it travels."""
+    a, b = multiprocessing.Pipe()
+    with a, b:
+        for call in (lambda: executor.submit(send, b), lambda: executor.submit(lambda: b.send(1))):
+            with pytest.raises(TypeError, match="Pipe") as info:
+                call().result(timeout=30)
+            assert "multiprocessing.Manager().Queue()" in str(info.value)
+        assert executor.submit(authkey).result(timeout=30) == authkey()  # the worker is fine
