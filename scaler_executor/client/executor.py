@@ -43,10 +43,10 @@ class _MapOwner:
 
 def _initializer_blob(initializer: Callable[..., object], initargs: tuple[Any, ...]) -> bytes:
     """The embedded cluster's initializer, unpickled and run with this process's authkey
-    (manager proxies in ``initargs``: worker/mpkey.py)."""
+    (manager proxies in ``initargs``: protocol/initializer.py)."""
     import multiprocessing
 
-    from scaler_executor.worker.mpkey import run_initializer
+    from scaler_executor.protocol.initializer import run_initializer
 
     key = bytes(multiprocessing.current_process().authkey)
     return ser.dumps((run_initializer, (key, ser.dumps((initializer, initargs)))))

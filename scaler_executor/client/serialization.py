@@ -35,7 +35,7 @@ from scaler_executor.exceptions import (
     WorkerLost,
 )
 from scaler_executor.protocol.messages import Status
-from scaler_executor.tracebacks import fill_sources, reduce_code
+from scaler_executor.protocol.tracebacks import fill_sources, reduce_code
 
 _PLAIN = frozenset({int, float, str, bytes, bool, type(None), complex})
 
@@ -47,7 +47,7 @@ def describe_callable(fn: Any) -> str:
 
 def reduce_other(obj: Any) -> Any:
     """For the client's picklers' ``reducer_override``, after their own cases: by-value
-    code keeps its file name (``tracebacks.py``); a ``multiprocessing`` Pipe end is refused;
+    code keeps its file name (``protocol/tracebacks.py``); a ``multiprocessing`` Pipe end is refused;
     NotImplemented for anything else."""
     connection = sys.modules.get("multiprocessing.connection")  # not imported: no Pipe ends
     if connection is not None and type(obj) is connection.Connection:

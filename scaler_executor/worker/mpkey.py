@@ -16,7 +16,6 @@ saying why, instead of the raw ``AuthenticationError`` or ``FileNotFoundError``.
 from __future__ import annotations
 
 import multiprocessing
-import pickle
 import socket
 import sys
 from types import TracebackType
@@ -84,21 +83,6 @@ class ClientKeys:
         )
         error.__cause__ = exc
         return error
-
-
-def run_initializer(key: bytes, initializer: bytes) -> None:
-    """The embedded cluster's initializer (``initializer``: pickled ``(fn, initargs)``),
-    unpickled and run with its client's authkey: a manager proxy in ``initargs`` is the
-    usual way to hand every processor a queue.  The key travels inside the initializer's
-    file, in the cluster's 0700 directory, to local workers only."""
-    process = multiprocessing.current_process()
-    saved = process.authkey
-    process.authkey = key
-    try:
-        fn, initargs = pickle.loads(initializer)
-        fn(*initargs)
-    finally:
-        process.authkey = saved
 
 
 def _from_manager(tb: TracebackType | None) -> bool:

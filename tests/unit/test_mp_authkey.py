@@ -22,7 +22,7 @@ from test_core import Cluster, hello, spec, tid
 from scaler_executor.client import serialization as ser
 from scaler_executor.exceptions import ProxyUnavailable
 from scaler_executor.protocol import messages as m
-from scaler_executor.tracebacks import fill_sources
+from scaler_executor.protocol.tracebacks import fill_sources
 from scaler_executor.worker.mpkey import ClientKeys
 
 KEY_FILE = "/tmp/scaler-1-x/mp-authkey"
