@@ -17,6 +17,7 @@ Misuse (bad arguments, bad configuration) raises the ordinary built-in types
 from __future__ import annotations
 
 from concurrent.futures import BrokenExecutor, CancelledError
+from types import TracebackType
 
 __all__ = [
     "BrokenScalerExecutor",
@@ -25,6 +26,7 @@ __all__ = [
     "DaemonLost",
     "InitializerFailed",
     "ProtocolError",
+    "ProxyUnavailable",
     "RemoteError",
     "RemoteTraceback",
     "TaskCancelled",
@@ -59,7 +61,13 @@ class RemoteTraceback(Exception):
     Attached as ``__cause__`` of a task's exception so that the standard
     traceback display shows where the error happened remotely (the model is
     CPython's ``concurrent.futures.process._RemoteTraceback``).
+
+    ``frames``: the remote frames as a real traceback object, when they could be rebuilt
+    (``pdb.post_mortem(exc.__cause__.frames)``), else None.  Not ``__traceback__``: the
+    standard display would print them before the text, which holds them already.
     """
+
+    frames: TracebackType | None = None
 
     def __init__(self, tb: str) -> None:
         super().__init__(tb)
@@ -100,6 +108,12 @@ class WorkerLost(TaskError):
 
     def __reduce__(self):  # type: ignore[no-untyped-def]  # keep fields across pickling
         return (type(self), (self.args[0], self.task_id, self.attempts))
+
+
+class ProxyUnavailable(TaskError):
+    """A ``multiprocessing.Manager()`` proxy reached a processor that cannot connect to its
+    manager: one on another host than the client (the client's authkey never leaves its
+    host) or running as another user.  The message says which; the cause is the raw error."""
 
 
 class TaskTimeout(TaskError):

@@ -59,6 +59,7 @@ from scaler_executor._compat import python_version
 from scaler_executor._locks import ranked_lock
 from scaler_executor._version import __version__
 from scaler_executor.client import serialization as ser
+from scaler_executor.client.authkey import AuthkeyFile
 from scaler_executor.client.cancel import Cancels
 from scaler_executor.client.cluster import EmbeddedCluster
 from scaler_executor.client.completion import (
@@ -159,6 +160,7 @@ class ClientAgent:
         self._io = ranked_lock("ClientAgent._io", LOCK_RANK_IO)  # the connection (see the module doc)
         self.lane = LaneRoute(self, config.worker_lanes, config.send_hwm)
         self.inbox: ReplyInbox | None = None  # processors' results of sequential tasks
+        self.authkey: AuthkeyFile | None = None  # for processors on this host (client/authkey.py)
         self._closed = False
         self.finished = threading.Event()  # set once the agent role has torn the connection down
         self.cancels = Cancels(self)
@@ -471,8 +473,10 @@ class ClientAgent:
         poller.register(self._wake_fd)
         if self.cluster is not None and REPLY_INBOX:
             self.inbox = ReplyInbox.bind(self.cluster.directory, poller, self._open_lane)
+        self.authkey = AuthkeyFile.reserve(self.cluster.directory if self.cluster is not None else None)
         self.daemon = daemon
         daemon.send([self._hello()])
+        self.authkey.write()  # before any task is sent: this thread sends them
 
     def _open_lane(self, path: str) -> None:
         if not self.lane.open and self.inbox is not None:
@@ -571,6 +575,7 @@ class ClientAgent:
             {},
             [],
             self.inbox.path if self.inbox is not None else "",
+            self.authkey.path if self.authkey is not None else "",
         )
 
     def _drain_outbox(self) -> None:
@@ -722,6 +727,8 @@ class ClientAgent:
             self.inbox.close()
         if self.cluster is not None:
             self.cluster.stop()
+        if self.authkey is not None:
+            self.authkey.close()
         store = self.packer.store
         if store is not None:
             name = store.name

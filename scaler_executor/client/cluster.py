@@ -149,7 +149,11 @@ def _remove_stale_directories() -> None:
 
     for path in glob.glob(os.path.join(tempfile.gettempdir(), "scaler-*-*")):
         pid_text = os.path.basename(path).split("-")[1]
-        if not pid_text.isdigit() or os.stat(path).st_uid != os.getuid():
+        try:
+            owner = os.stat(path).st_uid
+        except OSError:  # removed meanwhile by its own client (or another sweep)
+            continue
+        if not pid_text.isdigit() or owner != os.getuid():
             continue
         try:
             os.kill(int(pid_text), 0)

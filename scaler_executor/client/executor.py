@@ -19,8 +19,6 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
 
-import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
-
 from scaler_executor import _compat
 from scaler_executor._compat import DAEMON_ADDRESS_ENV
 from scaler_executor.client import serialization as ser
@@ -41,6 +39,17 @@ class _MapOwner:
     """Lives as long as one ``map`` call's iterator: its callable stays registered until then."""
 
     __slots__ = ("__weakref__",)
+
+
+def _initializer_blob(initializer: Callable[..., object], initargs: tuple[Any, ...]) -> bytes:
+    """The embedded cluster's initializer, unpickled and run with this process's authkey
+    (manager proxies in ``initargs``: protocol/initializer.py)."""
+    import multiprocessing
+
+    from scaler_executor.protocol.initializer import run_initializer
+
+    key = bytes(multiprocessing.current_process().authkey)
+    return ser.dumps((run_initializer, (key, ser.dumps((initializer, initargs)))))
 
 
 class ScalerExecutor(Executor):
@@ -113,7 +122,7 @@ class ScalerExecutor(Executor):
                     "cluster is private to this user and needs none"
                 )
             max_workers = _check_embedded_counts(max_workers, min_workers)
-            init_blob = cloudpickle.dumps((initializer, tuple(initargs)), protocol=5) if initializer else None
+            init_blob = _initializer_blob(initializer, tuple(initargs)) if initializer else None
             self._cluster = EmbeddedCluster(
                 config,
                 processors=max_workers,

@@ -135,7 +135,7 @@ class Packer:
         if isinstance(obj, ObjectRef):
             objects.extend(obj.object_ids)
             return (stored, (obj.header, obj.object_ids))
-        return NotImplemented
+        return ser.reduce_other(obj)  # by-value code keeps its file name; Pipe ends refused
 
     def reduce_future(self, future: Future[Any], deps: list[int]) -> tuple[Any, ...]:
         """A future as an argument: a dependency the cluster resolves while its task is

@@ -171,6 +171,9 @@ class TaskDispatch(NamedTuple):
     # The client's reply socket when the task has TaskFlags.REPLY_DIRECT and the client
     # runs on this worker's host; "" otherwise.
     reply_to: str = ""
+    # The client's multiprocessing authkey file when the client runs on this worker's host;
+    # "" otherwise (see client/authkey.py: the path travels, never the key).
+    authkey_file: str = ""
 
 
 class TaskFacts(NamedTuple):
@@ -223,6 +226,9 @@ class Hello(NamedTuple):
     # A client's reply socket (a unix datagram socket in a 0700 directory) where processors
     # on its host may send the results of its sequential tasks; "" for none.
     reply_to: str = ""
+    # A client's file (mode 0600, in a 0700 directory) holding its multiprocessing authkey,
+    # for processors on its host; "" for none.  Only the path travels (client/authkey.py).
+    authkey_file: str = ""
 
 
 class Welcome(NamedTuple):

@@ -430,7 +430,9 @@ class Scheduler:
         peer_id = self._next_peer_id
         self._next_peer_id += 1
         if hello.role == Role.CLIENT:
-            self.clients[peer] = ClientRecord(peer, peer_id, hello.name, self._now, host=hello.host, reply_to=hello.reply_to)
+            self.clients[peer] = ClientRecord(
+                peer, peer_id, hello.name, self._now, host=hello.host, reply_to=hello.reply_to, authkey_file=hello.authkey_file
+            )
             log.info("client %r joined (pid %d on %s)", hello.name, hello.pid, hello.host)
         elif hello.role == Role.WORKER:
             self.workers[peer] = WorkerRecord(
@@ -1005,15 +1007,18 @@ class Scheduler:
             worker.functions.add(fn_id)
             entry[0].append(m.FunctionBlob(fn_id, self.functions[fn_id]))
         deps = [_dep_value(self.tasks[d]) for d in task.deps] if task.deps else []
-        reply_to = ""
-        if task.flags & TaskFlags.REPLY_DIRECT:
-            client = self.clients.get(task.client)
-            if client is not None and client.host == worker.host:
+        reply_to = authkey_file = ""
+        client = self.clients.get(task.client)
+        if client is not None and client.host == worker.host:
+            # Only the file's path, only to a worker on the client's host: elsewhere the path
+            # is useless, and only the client's user can read the file (client/authkey.py).
+            authkey_file = client.authkey_file
+            if task.flags & TaskFlags.REPLY_DIRECT:
                 reply_to = client.reply_to
         entry[1].append(
             m.TaskDispatch(
                 task.task_id, task.attempt, fn_id, task.flags, task.payload, task.objects or [],
-                task.options.task_timeout, deps, reply_to,
+                task.options.task_timeout, deps, reply_to, authkey_file,
             )
         )
         if task.flags & TaskFlags.REPLY_DIRECT:

@@ -254,6 +254,7 @@ class ClientRecord:
     objects: dict[bytes, int] = field(default_factory=dict)  # store objects it holds (pins, unread results)
     host: str = ""
     reply_to: str = ""  # its reply socket for results sent straight by processors on its host
+    authkey_file: str = ""  # its multiprocessing authkey's file, named to workers on its host
 
     def __repr__(self) -> str:
         return f"<Client {self.name} id={self.client_id} tasks={len(self.tasks)}>"

@@ -962,7 +962,10 @@ class WorkerAgent:
                     self.store_name,
                     self.threshold,
                     {i: self.blobs[i] for i in self._object_ids_of(task)} if self.fetch_objects else None,
-                    [task.reply_to, self.name, self.lanes.path_for(task.reply_to, self.poller)] if task.reply_to else None,
+                    [task.reply_to, self.name, self.lanes.path_for(task.reply_to, self.poller, task.authkey_file)]
+                    if task.reply_to
+                    else None,
+                    task.authkey_file,
                 ],
                 use_bin_type=True,
             ),

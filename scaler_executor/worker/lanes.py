@@ -57,6 +57,7 @@ class Lane:
     path: str
     reply_to: str
     router: Any  # channel.StreamRouter
+    authkey_file: str = ""  # the client's, from the dispatched task that opened the lane
 
 
 @dataclass
@@ -92,18 +93,19 @@ class Lanes:
     started: dict[int, float] = field(default_factory=dict)  # task id -> when it came, until announced
     announced: set[int] = field(default_factory=set)  # running, and named to the daemon
 
-    def path_for(self, reply_to: str, poller: channel.Poller) -> str:
-        """The lane beside ``reply_to`` (bound on first use); "" if it cannot be bound."""
+    def path_for(self, reply_to: str, poller: channel.Poller, authkey_file: str = "") -> str:
+        """The lane beside ``reply_to`` (bound on first use); "" if it cannot be bound.
+        ``authkey_file``: the client's (from the daemon's dispatch), for its lane tasks."""
         lane = self.by_reply.get(reply_to, False)
         if lane is False:
-            lane = self._bind(reply_to)
+            lane = self._bind(reply_to, authkey_file)
             self.by_reply[reply_to] = lane
             if lane is not None:
                 self.by_pollable[lane.router.pollable] = lane
                 poller.register(lane.router.pollable)
         return "" if lane is None else lane.path  # type: ignore[union-attr]  # not False: that default was replaced above
 
-    def _bind(self, reply_to: str) -> Lane | None:
+    def _bind(self, reply_to: str, authkey_file: str) -> Lane | None:
         directory = os.path.dirname(reply_to)
         path = os.path.join(directory, f"lane-{os.getpid()}.sock")
         try:
@@ -121,7 +123,7 @@ class Lanes:
         except OSError as exc:
             log.info("worker %s: no lane beside %s (%s): its client's tasks go through the daemon", self.name, reply_to, exc)
             return None
-        return Lane(path, reply_to, router)
+        return Lane(path, reply_to, router, authkey_file)
 
     def receive(self, lane: Lane, held: dict[int, m.TaskDispatch], now: float) -> list[Any]:
         """What arrived on ``lane``, in order: tasks (``TaskDispatch``, now in ``held``) and
@@ -155,7 +157,9 @@ class Lanes:
                                 m.NO_FACTS, m.NO_OBJECTS,
                             ))
                             continue
-                        task = m.TaskDispatch(spec.task_id, 0, spec.fn_id, spec.flags, spec.payload, [], None, [], lane.reply_to)
+                        task = m.TaskDispatch(
+                            spec.task_id, 0, spec.fn_id, spec.flags, spec.payload, [], None, [], lane.reply_to, lane.authkey_file
+                        )
                         held[task.task_id] = task
                         self.tasks[task.task_id] = (lane, client, task.fn_id)
                         self.started[task.task_id] = now

@@ -4,7 +4,8 @@ It speaks to its worker agent over one stream socket (framed by
 ``multiprocessing.connection.Connection``), never over ZeroMQ::
 
     agent ──[RUN, task, attempt, fn_id, fn_payload|None, flags, payload, deps, objects,
-             store name, threshold, fetched objects|None, [reply socket, worker name, lane]|None]──► processor
+             store name, threshold, fetched objects|None, [reply socket, worker name, lane]|None,
+             client's authkey file|""]──► processor      (worker/mpkey.py)
     agent ◄──[DONE, task, attempt, status, payload, started, finished, peak, objects, delivered]── processor
     client ◄──result datagram── processor        (REPLY_DIRECT tasks: protocol/reply.py; then
                                                   DONE says delivered)
@@ -52,6 +53,7 @@ from scaler_executor.protocol.messages import Status, TaskFacts, TaskFlags, Task
 from scaler_executor.protocol.refs import install as install_deps
 from scaler_executor.worker.framing import FrameReader
 from scaler_executor.worker.memory import private_memory
+from scaler_executor.worker.mpkey import ClientKeys
 
 RUN, DONE, FORGET, INIT_FAILED, SECEDE, RECALLED = 1, 2, 3, 4, 5, 6
 
@@ -66,39 +68,108 @@ def dump_value(value: Any) -> bytes:
 
 
 def dump_exception(exc: BaseException) -> bytes:
-    """The wire form of a task's exception: msgpack [pickled exc | b"", type, message, traceback text, tb dict]."""
-    tb_text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    """The wire form of a task's exception: msgpack [pickled exc | b"", type, message,
+    traceback text, tb dict, rebuild | b""].
+
+    ``rebuild``, when the exception itself cannot be pickled: ``(type, args, attributes)``
+    pickled, from which the client builds an exception of the same type (``_rebuildable``);
+    only when neither travels does the client get a ``RemoteError``."""
+    tb_text = _format(exc)
     type_name = f"{type(exc).__module__}.{type(exc).__qualname__}"
     try:
         message = str(exc)
     except Exception:  # noqa: BLE001 - a broken __str__ must not lose the error
         message = f"<unprintable {type_name}>"
+    rebuild = b""
     try:
         pickled = dump_value(exc)
-    except Exception as pickling_error:  # noqa: BLE001 - whatever pickling raises, the error still travels as text
+    except BaseException as pickling_error:  # noqa: BLE001 - whatever pickling raises (RecursionError too), the error still travels
         pickled = b""
-        tb_text += f"\n(the exception could not be pickled: {pickling_error!r})"
+        rebuild = _rebuildable(exc, message)
+        lost = "it arrives rebuilt from its arguments, without what did not pickle" if rebuild else "it arrives as RemoteError"
+        tb_text += f"\n(the exception could not be pickled: {pickling_error!r}; {lost})"
     tb_dict = None
     try:
         from tblib import Traceback  # type: ignore[import-untyped]  # no stubs or py.typed
 
         if exc.__traceback__ is not None:
             tb_dict = Traceback(exc.__traceback__).to_dict()
-    except Exception:  # noqa: BLE001 - the tb dict is a debugging extra: the text traceback travels anyway
+    except BaseException:  # noqa: BLE001 - the tb dict is a debugging extra (deep: RecursionError): the text travels anyway
         tb_dict = None
     try:
-        return msgpack.packb([pickled, type_name, message, tb_text, tb_dict], use_bin_type=True)
-    except Exception:  # noqa: BLE001 - tb dict with odd values
-        return msgpack.packb([pickled, type_name, message, tb_text, None], use_bin_type=True)
+        return msgpack.packb([pickled, type_name, message, tb_text, tb_dict, rebuild], use_bin_type=True)
+    except Exception:  # noqa: BLE001 - tb dict with odd values, or nested deeper than msgpack allows
+        return msgpack.packb([pickled, type_name, message, tb_text, None, rebuild], use_bin_type=True)
+
+
+def _format(exc: BaseException) -> str:
+    """The traceback text, from the first frame of the user's (this module's own frames,
+    which run every task, are left out, as they are noise in every remote traceback)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    try:
+        return "".join(traceback.format_exception(type(exc), exc, tb))
+    except BaseException as formatting_error:  # noqa: BLE001 - e.g. RecursionError in a deep cause chain
+        return f"{type(exc).__qualname__}: (its traceback could not be formatted: {formatting_error!r})\n"
+
+
+def _rebuildable(exc: BaseException, message: str) -> bytes:
+    """``(type, args, attributes)`` pickled when an exception of ``exc``'s type can be built
+    from them here (so, most likely, in the client), else b"".
+
+    The arguments are ``exc.args`` (an ``OSError``'s errno, strerror, filename and filename2),
+    or the message alone; the attributes are those of ``exc.__dict__`` that pickle one by one.
+    """
+    cls = type(exc)
+    if isinstance(exc, OSError) and exc.errno is not None:
+        candidates: list[tuple[Any, ...]] = [(exc.errno, exc.strerror, exc.filename, None, exc.filename2)]
+    else:
+        candidates = [exc.args]
+    candidates.append((message,))
+    attributes = {}
+    for key, value in getattr(exc, "__dict__", {}).items():
+        try:
+            dump_value(value)
+        except BaseException:  # noqa: BLE001 - this attribute stays behind
+            continue
+        attributes[key] = value
+    for args in candidates:
+        try:
+            if type(cls(*args)) is not cls:
+                continue
+            return dump_value((cls, args, attributes))
+        except BaseException:  # noqa: BLE001 - the type cannot be built from these (or they do not pickle): next
+            continue
+    return b""
 
 
 def _describe(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
 
 
+def _note_read_only(exc: BaseException) -> None:
+    """Name the fix on a write into a read-only view (NumPy's ValueError "assignment
+    destination is read-only" or "output array is read-only", a memoryview's TypeError
+    "cannot modify read-only memory"); called when the task's arguments had some."""
+    if isinstance(exc, (ValueError, TypeError)) and "read-only" in str(exc):
+        exc.add_note(
+            "this task's arguments included large values (object_store_threshold, 64 KiB by "
+            "default), which arrive as read-only zero-copy views of shared memory: write into "
+            "a private copy (np.array(x), bytearray(x)), or submit through "
+            "ex.options(writable=True) to get writable copies"
+        )
+
+
 def _run(
-    fn: Callable[..., Any], flags: int, payload: bytes, objects: list[bytes], state: _ProcessorState
+    fn: Callable[..., Any],
+    flags: int,
+    payload: bytes,
+    objects: list[bytes],
+    state: _ProcessorState,
+    readonly: bool = False,
 ) -> tuple[int, bytes, list[bytes]]:
+    """Unpickle and run the call; ``readonly``: its arguments include read-only views."""
     try:
         if flags & TaskFlags.PACKED:
             call = state.load(payload, objects, writable=bool(flags & TaskFlags.WRITABLE))
@@ -112,8 +183,9 @@ def _run(
             args, kwargs = call
         del call
     except BaseException as exc:  # noqa: BLE001 - whatever unpickling the arguments raises is the task's error
-        exc.add_note("while unpickling the task's arguments in the worker")
-        return Status.ERROR, dump_exception(exc), NO_OBJECTS
+        error = state.keys.explain(exc, state.key_file, "the task's arguments")
+        error.add_note("while unpickling the task's arguments in the worker")
+        return Status.ERROR, dump_exception(error), NO_OBJECTS
     try:
         if flags & TaskFlags.CHUNK:
             # (results, None), or (results before the failing call, its exception): map
@@ -124,17 +196,16 @@ def _run(
                 try:
                     values.append(fn(*item))
                 except BaseException as exc:  # noqa: BLE001 - the failing item's error, whatever it is, ends the chunk
+                    if readonly:
+                        _note_read_only(exc)
                     failure = dump_exception(exc)
                     break
             value: Any = (values, failure)
         else:
             value = fn(*args, **kwargs)
     except BaseException as exc:  # noqa: BLE001 - the task's own error, whatever it is, goes back to the caller
-        if isinstance(exc, ValueError) and "read-only" in str(exc):
-            exc.add_note(
-                "arguments from the object store are read-only views of shared memory: take a "
-                "private copy (arr.copy()), or submit through ex.options(writable=True)"
-            )
+        if readonly:
+            _note_read_only(exc)
         return Status.ERROR, dump_exception(exc), NO_OBJECTS
     try:
         payload, result_objects = state.dump_result(value)
@@ -198,6 +269,8 @@ class _ProcessorState:
         self.arrays_pending = False  # install the handler once NumPy is imported
         self.arrays: Any = None  # the installed numpy_alloc handler
         self.reply_sock: socket.socket | None = None  # sends REPLY_DIRECT results to clients
+        self.keys = ClientKeys()  # clients' multiprocessing authkeys (worker/mpkey.py)
+        self.key_file = ""  # the running task's client's key file ("": none given)
 
     def use_store(self, name: str, threshold: int) -> None:
         self.threshold = threshold
@@ -360,12 +433,18 @@ def processor_main(
         message = state.take(unpackb(raw))
         if message is None:
             continue
-        _, task_id, attempt, fn_id, _fn_payload, flags, payload, deps, objects, store_name, threshold, blobs, reply = message
+        _, task_id, attempt, fn_id, _fn_payload, flags, payload, deps, objects, store_name, threshold, blobs, reply, key_file = message
+        # The client's authkey, from before its function is unpickled (a by-value function's
+        # globals may hold manager proxies) until its task ends (worker/mpkey.py).
+        state.key_file = key_file
+        own_key = state.keys.use(key_file)
         fn: Any = None
         if fn_id:
             try:
                 fn = state.function(fn_id)
             except BaseException as exc:  # noqa: BLE001 - whatever unpickling the function raises is the task's error
+                state.keys.restore(own_key)
+                exc = state.keys.explain(exc, key_file, "the task's function (its globals or defaults)")
                 exc.add_note("while unpickling the task's function in the worker")
                 started = time.time()
                 with state.lock:  # the watchdog may be answering a recall on this socket
@@ -376,6 +455,7 @@ def processor_main(
         try:
             state.use_store(store_name, threshold)
         except Exception as exc:  # noqa: BLE001 - the agent saw it attach; this should not happen
+            state.keys.restore(own_key)
             exc.add_note("while attaching the object store in the worker")
             with state.lock:
                 state.task_id = 0
@@ -384,7 +464,9 @@ def processor_main(
         state.blobs = blobs
         writable = bool(flags & TaskFlags.WRITABLE)
         install_deps(deps, (lambda h, o: state.load(h, o, writable=True)) if writable else state.load)
-        status, result, result_objects = _run(fn, flags, payload, objects, state)
+        readonly = not writable and (bool(objects) or any(dep[2] for dep in deps))
+        status, result, result_objects = _run(fn, flags, payload, objects, state, readonly)
+        state.keys.restore(own_key)
         install_deps(None)  # let the dependency values go
         state.blobs = None
         finished = time.time()

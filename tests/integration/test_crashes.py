@@ -11,7 +11,9 @@ worker, unpickling arguments   ``__reduce__`` whose loader raises          that 
 worker, running                the task raises                             its own type, cause =
                                                                            RemoteTraceback
 worker, pickling the result    returns a lock                              TypeError naming it
-worker, pickling the exception exception holds a lock                      RemoteError
+worker, pickling the exception exception holds a lock                      its own type, rebuilt
+                                                                           from its args
+                               ... and cannot be rebuilt from its args     RemoteError
 client, unpickling exception   ``__init__`` needs args not in ``args``     RemoteError
 processor dies                 ``os._exit(3)``, SIGKILL, SIGSEGV           WorkerLost (retries 0)
                                                                            or the value (retried)
@@ -93,6 +95,18 @@ class LockedError(Exception):
 
 def raise_locked_error() -> None:
     raise LockedError("holds a lock")
+
+
+class LockedKeywordError(Exception):
+    """Holds a lock, and its ``__init__`` takes a keyword its ``args`` do not carry."""
+
+    def __init__(self, *, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+def raise_locked_keyword_error() -> None:
+    raise LockedKeywordError(message="holds a lock")
 
 
 class NeedsTwoArgs(Exception):
@@ -314,15 +328,22 @@ def test_task_exception_keeps_its_type_with_the_remote_traceback(executor: Scale
 
 
 @pytest.mark.timeout(60)
+def test_unpicklable_exception_keeps_its_type_when_its_args_rebuild_it(executor: ScalerExecutor) -> None:
+    exc = executor.submit(raise_locked_error).exception(timeout=30)
+    assert type(exc) is LockedError and exc.args == ("holds a lock",), repr(exc)
+    assert isinstance(exc.__cause__, RemoteTraceback)
+    assert "could not be pickled" in exc.__cause__.tb
+
+
 def test_unpicklable_exception_becomes_remote_error(executor: ScalerExecutor) -> None:
-    future = executor.submit(raise_locked_error)
+    future = executor.submit(raise_locked_keyword_error)
     exc = future.exception(timeout=30)
     assert isinstance(exc, RemoteError), repr(exc)
     assert isinstance(exc, TaskError)
-    assert exc.type_name.endswith("LockedError"), exc.type_name
+    assert exc.type_name.endswith("LockedKeywordError"), exc.type_name
     assert exc.message == "holds a lock"
-    assert "raise_locked_error" in exc.traceback_text
-    assert "LockedError: holds a lock" in exc.traceback_text
+    assert "raise_locked_keyword_error" in exc.traceback_text
+    assert "LockedKeywordError: holds a lock" in exc.traceback_text
     assert str(exc) == f"{exc.type_name}: holds a lock"
     assert executor.submit(square, 11).result(timeout=30) == 121
 

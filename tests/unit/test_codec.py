@@ -432,7 +432,7 @@ def test_bool_fields_accept_bools() -> None:
 def test_float_fields_accept_ints() -> None:
     (welcome,), _ = decode(raw(m.Welcome, [1, 2, 6, ""]))
     assert welcome == m.Welcome(1, 2, 6, "") and welcome.heartbeat_interval == 2.0
-    (dispatch,), _ = decode(raw(m.DispatchTasks, [[], [[1, 0, 0, 0, b"", [], 30, [], ""]]]))
+    (dispatch,), _ = decode(raw(m.DispatchTasks, [[], [[1, 0, 0, 0, b"", [], 30, [], "", ""]]]))
     assert dispatch.tasks[0].task_timeout == 30
     (hello,), _ = decode(raw(m.Hello, _with(m.Hello, resources={"cpu": 8})))
     assert hello.resources == {"cpu": 8}
@@ -441,7 +441,7 @@ def test_float_fields_accept_ints() -> None:
 
 
 def test_optional_fields_accept_none() -> None:
-    (dispatch,), _ = decode(raw(m.DispatchTasks, [[], [[1, 0, 0, 0, b"", [], None, [], ""]]]))
+    (dispatch,), _ = decode(raw(m.DispatchTasks, [[], [[1, 0, 0, 0, b"", [], None, [], "", ""]]]))
     assert dispatch.tasks[0].task_timeout is None
     (options,), _ = decode(raw(m.RegisterOptions, [0, [{}, [], 0, None, None]]))
     assert options.options == m.DEFAULT_OPTIONS
