@@ -59,6 +59,7 @@ import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
 from scaler_executor._compat import python_version
 from scaler_executor._locks import ranked_lock
 from scaler_executor._version import __version__
+from scaler_executor.client import connect
 from scaler_executor.client import serialization as ser
 from scaler_executor.client.cancel import Cancels
 from scaler_executor.client.cluster import EmbeddedCluster
@@ -71,6 +72,7 @@ from scaler_executor.client.completion import (
     settles_here,
 )
 from scaler_executor.client.future import TaskFuture
+from scaler_executor.client.no_worker import warn_no_worker
 from scaler_executor.client.pickling import (
     AfterLane,
     DependencyFailed,
@@ -157,6 +159,7 @@ class ClientAgent:
         self.inbox: ReplyInbox | None = None  # processors' results of sequential tasks
         self._closed = False
         self.finished = threading.Event()  # set once the agent role has torn the connection down
+        self.welcome = threading.Event()  # set at the daemon's Welcome, or when the agent breaks first
         self._handoff: list[m.TaskResult] | None = None  # results this turn completes itself
         self.cancels = Cancels(self)
         self.cancel_hook = self.cancels.request  # bound once, shared by every future
@@ -173,6 +176,7 @@ class ClientAgent:
             m.Refused: self._on_refused,
             m.Goodbye: self._on_goodbye,
             m.Heartbeat: self._on_heartbeat,
+            m.TasksWithoutWorker: self._on_tasks_without_worker,
         }
         self.completer = Completer(self)
         self.completer.start()  # its first thread takes the agent role
@@ -625,6 +629,7 @@ class ClientAgent:
 
     def _on_welcome(self, message: m.Welcome, _buffers: list[Any]) -> None:
         self.daemon.welcomed = True
+        self.welcome.set()
         self.core.base = message.peer_id << m.TASK_ID_BITS
         # The daemon judges our liveness by its settings, not ours.
         self.daemon.heartbeat_interval = min(self.config.heartbeat_interval, message.heartbeat_interval)
@@ -656,6 +661,9 @@ class ClientAgent:
 
     def _on_heartbeat(self, message: m.Heartbeat, _buffers: list[Any]) -> None:
         pass  # any message counts: DaemonRoute.last_recv is set for each transmission
+
+    def _on_tasks_without_worker(self, message: m.TasksWithoutWorker, _buffers: list[Any]) -> None:
+        warn_no_worker(message, self.address, self.cluster is not None)
 
     # ------------------------------------------------------------------ results
 
@@ -702,6 +710,10 @@ class ClientAgent:
                 self.break_with(DaemonLost(f"the embedded scaler-daemon exited unexpectedly ({how})"))
                 return
         daemon = self.daemon
+        if not daemon.welcomed and self.cluster is None:
+            if now - daemon.started > self.config.connect_timeout:  # no answer to the first Hello
+                self.break_with(DaemonLost(connect.no_welcome(self.address, now - daemon.started)))
+            return
         silence = now - daemon.last_recv
         if silence > self.config.daemon_loss_timeout:
             if daemon.welcomed:
@@ -717,6 +729,7 @@ class ClientAgent:
             self.broken = exc
             self.core.outbox.clear()
         log.debug("client broken: %s", exc)
+        self.welcome.set()  # a constructor waiting for the Welcome raises this
         self.completer.put(FAIL_ALL, exc)
 
     def _teardown(self) -> None:

@@ -46,6 +46,7 @@ def test_defaults() -> None:
         "heartbeat_interval": 0.5,
         "heartbeat_liveness": 10,
         "daemon_loss_timeout": 15.0,
+        "connect_timeout": 5.0,
         "cancel_wait": 0.05,
         "client_timeout": 60.0,
         "max_retries": 3,
@@ -61,6 +62,7 @@ def test_defaults() -> None:
         "object_store_threshold": 65536,
         "arrays_in_store": 1048576,
         "unsatisfiable_timeout": None,
+        "no_worker_warning": 10.0,
         "log_level": "WARNING",
         "allow_tcp_unauthenticated": True,
     }
