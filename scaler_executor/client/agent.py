@@ -160,6 +160,8 @@ class ClientAgent:
         self._closed = False
         self.finished = threading.Event()  # set once the agent role has torn the connection down
         self.welcome = threading.Event()  # set at the daemon's Welcome, or when the agent breaks first
+        # A running daemon's: is anything still listening once it is silent (connect.py).
+        self.listener = connect.ListenerProbe(address) if cluster is None else None
         self._handoff: list[m.TaskResult] | None = None  # results this turn completes itself
         self.cancels = Cancels(self)
         self.cancel_hook = self.cancels.request  # bound once, shared by every future
@@ -630,6 +632,8 @@ class ClientAgent:
     def _on_welcome(self, message: m.Welcome, _buffers: list[Any]) -> None:
         self.daemon.welcomed = True
         self.welcome.set()
+        if self.listener is not None:
+            self.listener.welcomed(message.heartbeat_interval)
         self.core.base = message.peer_id << m.TASK_ID_BITS
         # The daemon judges our liveness by its settings, not ours.
         self.daemon.heartbeat_interval = min(self.config.heartbeat_interval, message.heartbeat_interval)
@@ -715,6 +719,14 @@ class ClientAgent:
                 self.break_with(DaemonLost(connect.no_welcome(self.address, now - daemon.started)))
             return
         silence = now - daemon.last_recv
+        listener = self.listener
+        if listener is not None and silence > listener.silent_after:
+            gone = listener.check(now)  # refused: the daemon is gone, not slow (connect.py)
+            if gone is not None:
+                self.break_with(DaemonLost(f"the daemon at {self.address} is gone (it died or was stopped): no message for {silence:.1f} s, and {gone}"))
+                return
+        elif listener is not None:
+            listener.quiet()
         if silence > self.config.daemon_loss_timeout:
             if daemon.welcomed:
                 text = f"no message from the daemon at {self.address} for {silence:.1f} s (daemon_loss_timeout)"
@@ -735,6 +747,8 @@ class ClientAgent:
     def _teardown(self) -> None:
         self.daemon.close(goodbye=self.broken is None or not isinstance(self.broken, DaemonLost))
         self.lane.close(self._poller)
+        if self.listener is not None:
+            self.listener.close()
         if self.inbox is not None:
             self.inbox.close()
         if self.cluster is not None:

@@ -1,5 +1,6 @@
-"""The first handshake with a running daemon: how long a client waits, and what it says
-when no Welcome comes.
+"""Is a running daemon there?  The first handshake, and a dead daemon told from a quiet one.
+
+*The first handshake*: how long a client waits, and what it says when no Welcome comes.
 
 A client's channel connects without blocking and retries until a daemon binds (ZeroMQ's
 reconnect, or the ipc channel's own), so an address where nothing listens looks, from
@@ -22,12 +23,25 @@ TCP connection is accepted (refused: nothing listens; no answer: a firewall drop
 packets, or the host is down).  Something that accepts a TCP connection but never answers
 the handshake is not a daemon of ours, a daemon whose security keys this client lacks (a
 failed CURVE handshake is silent on the connecting side, libzmq#2227), or a stalled one.
+
+*After a Welcome* (``ListenerProbe``): a client hears from its daemon at least every
+heartbeat interval of the daemon's.  When it has heard nothing for two of them, it asks
+the daemon's address, without blocking, whether anything listens there, about once a
+second: a refused connection (or, for ``ipc://``, a socket file gone) is positive
+evidence that the daemon process is gone, not a link that is slow or down, and the
+client fails its futures at once instead of after ``daemon_loss_timeout``
+(bench/daemon_loss.py: 15 s before, about a second now).  A daemon restarted without a
+journal would not know this client anyway (its futures fail on its answer then); silence
+with no refusal (a cut link, a stalled daemon, a host gone) keeps the full
+``daemon_loss_timeout``.  A daemon with a journal, once there is one, must say so in its
+Welcome and this probe must then wait for its grace period.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import select
 import socket
 import threading
 from typing import Protocol
@@ -36,6 +50,10 @@ from urllib.parse import urlsplit
 from scaler_executor.exceptions import BrokenScalerExecutor, DaemonLost
 
 PROBE_SECONDS = 1.0  # most the diagnosis's own TCP connect waits (it runs only on the way to an error)
+# How often a silent daemon's address is asked whether anything listens: each probe costs
+# the daemon an accepted connection that closes at once, and a dead daemon is found within
+# one interval of the silence threshold (two of its heartbeat intervals).
+PROBE_EVERY = 1.0
 
 
 class _Agent(Protocol):
@@ -135,3 +153,85 @@ def _tcp_cause(address: str) -> str:
         "(wrong port), a daemon that does not accept this client's security keys (a refused CURVE "
         "handshake is silent), or a stalled daemon"
     )
+
+
+class ListenerProbe:
+    """Asks, without blocking, whether anything still listens at a welcomed daemon's address.
+
+    ``check(now)`` from the agent's turn, only while the daemon has been silent past
+    ``silent_after``: returns why the daemon is certainly gone (its connection is refused,
+    its socket file is gone), or None (it listens, or no answer yet: the usual timeout).
+    """
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.silent_after = float("inf")  # two of the daemon's heartbeat intervals, from its Welcome
+        self._target: tuple[int, object] | None = None  # (family, sockaddr), None: cannot probe
+        self._sock: socket.socket | None = None  # a probe in flight (tcp)
+        self._next = 0.0
+        if address.startswith("ipc://"):
+            self._target = (socket.AF_UNIX, address[len("ipc://") :])
+        elif address.startswith("tcp://"):
+            try:
+                parts = urlsplit(address)
+                host, port = parts.hostname, parts.port
+                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM) if host and port else []
+            except (ValueError, OSError):
+                infos = []  # then only the timeout tells
+            if infos:
+                self._target = (infos[0][0], infos[0][4])
+
+    def welcomed(self, daemon_heartbeat_interval: float) -> None:
+        self.silent_after = 2 * daemon_heartbeat_interval
+
+    def check(self, now: float) -> str | None:
+        if self._target is None:
+            return None
+        if self._sock is not None:
+            return self._finish()
+        if now < self._next:
+            return None
+        self._next = now + PROBE_EVERY
+        family, where = self._target
+        sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+        try:
+            sock.connect(where)  # type: ignore[arg-type]  # a sockaddr of the family's kind
+        except BlockingIOError:  # tcp: in progress, or an ipc backlog that is full (someone listens)
+            if family == socket.AF_UNIX:
+                sock.close()
+                return None
+            self._sock = sock
+            return self._finish()
+        except FileNotFoundError:
+            sock.close()
+            return f"its socket file {where} is gone"
+        except ConnectionRefusedError:
+            sock.close()
+            return "nothing accepts connections at its address any more (connection refused)"
+        except OSError:
+            sock.close()  # unreachable, no route...: not proof that it is gone
+            return None
+        sock.close()  # something listens: a stalled or restarted daemon, the usual timeout decides
+        return None
+
+    def _finish(self) -> str | None:
+        sock = self._sock
+        assert sock is not None
+        _, writable, _ = select.select([], [sock], [], 0)
+        if not writable:
+            return None  # no answer yet
+        error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        sock.close()
+        self._sock = None
+        if error == errno.ECONNREFUSED:
+            return "nothing listens on its port any more (connection refused)"
+        return None
+
+    def quiet(self) -> None:
+        """The daemon spoke again: drop a probe in flight."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def close(self) -> None:
+        self.quiet()

@@ -82,13 +82,19 @@ class Standalone:
 
     FLAGS = ("--heartbeat-interval", "0.1", "--heartbeat-liveness", "50")
 
-    def __init__(self) -> None:
+    def __init__(self, transport: str = "ipc") -> None:
         self.dir = tempfile.mkdtemp(prefix="sff-")
         self.sock_path = os.path.join(self.dir, "d.sock")
-        self.address = f"ipc://{self.sock_path}"
+        if transport == "ipc":
+            self.address = f"ipc://{self.sock_path}"
+        else:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                self.address = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
         self.procs: list[subprocess.Popen[bytes]] = []
-        proc = self._start("scaler_executor.cli.daemon", "--address", self.address, "--no-worker-warning", "1")
-        assert wait_until(lambda: os.path.exists(self.sock_path) or proc.poll() is not None, timeout=30)
+        self.daemon = proc = self._start("scaler_executor.cli.daemon", "--address", self.address, "--no-worker-warning", "1")
+        if transport == "ipc":
+            assert wait_until(lambda: os.path.exists(self.sock_path) or proc.poll() is not None, timeout=30)
         assert proc.poll() is None, f"the daemon exited with {proc.returncode}"
 
     def _start(self, module: str, *args: str) -> subprocess.Popen[bytes]:
@@ -123,9 +129,9 @@ class Standalone:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-@pytest.fixture
-def standalone() -> Iterator[Standalone]:
-    cluster = Standalone()
+@pytest.fixture(params=["ipc"])
+def standalone(request: pytest.FixtureRequest) -> Iterator[Standalone]:
+    cluster = Standalone(request.param)
     try:
         yield cluster
     finally:
@@ -187,3 +193,42 @@ def test_tasks_needing_a_resource_no_worker_has_say_which(standalone: Standalone
             assert "1 task(s) have waited" in text and "no connected worker has gpu=1" in text
             assert ex.statistics()["tasks_without_worker"] == 1
             gpu.cancel()
+
+
+# --------------------------------------------------------------------------- a daemon that dies
+
+# So long that only the fast path can fail the futures before the test's own timeout.
+PATIENT = QUICK.replace(connect_timeout=30.0, daemon_loss_timeout=300.0)
+
+
+@pytest.mark.parametrize("standalone", ["ipc", "tcp"], indirect=True)
+def test_a_killed_daemon_fails_pending_futures_long_before_daemon_loss_timeout(standalone: Standalone) -> None:
+    standalone.worker()
+    ex = ScalerExecutor(address=standalone.address, config=PATIENT)
+    try:
+        future = ex.submit(sleepy, 300.0)
+        assert wait_until(future.running, timeout=60)
+        standalone.daemon.kill()
+        error = future.exception(timeout=60)
+        assert isinstance(error, DaemonLost)
+        assert f"the daemon at {standalone.address} is gone (it died or was stopped)" in str(error)
+        assert "connection refused" in str(error)
+        with pytest.raises(DaemonLost):
+            ex.submit(pow, 2, 2)
+    finally:
+        ex.shutdown(wait=True)
+
+
+@pytest.mark.parametrize("standalone", ["ipc", "tcp"], indirect=True)
+def test_a_stalled_daemon_that_still_listens_is_not_declared_gone(standalone: Standalone) -> None:
+    standalone.worker()
+    with ScalerExecutor(address=standalone.address, config=PATIENT) as ex:
+        assert ex.submit(pow, 2, 3).result(timeout=60) == 8
+        future = ex.submit(sleepy, 0.5)
+        standalone.daemon.send_signal(signal.SIGSTOP)  # silent, but its socket still accepts
+        try:
+            time.sleep(3.0)  # the scenario: several silence thresholds (2 heartbeats) and probes
+        finally:
+            standalone.daemon.send_signal(signal.SIGCONT)
+        assert future.result(timeout=60) == "done"
+        assert ex.submit(pow, 2, 4).result(timeout=60) == 16
