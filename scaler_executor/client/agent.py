@@ -148,6 +148,9 @@ class ClientAgent:
         self.fetch_waiters: deque[Future[dict[bytes, bytes]]] = deque()
         self.shutdown_requested = False
         self.broken: BaseException | None = None
+        self.welcome = threading.Event()  # set at the daemon's Welcome, or when the agent breaks first
+        # A running daemon's: is anything still listening once it is silent (connect.py).
+        self.listener = connect.ListenerProbe(address) if cluster is None else None
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._wake_pending = False
         # Guards only the wake-up descriptor against its close.  Reentrant: wake() is
@@ -159,9 +162,6 @@ class ClientAgent:
         self.inbox: ReplyInbox | None = None  # processors' results of sequential tasks
         self._closed = False
         self.finished = threading.Event()  # set once the agent role has torn the connection down
-        self.welcome = threading.Event()  # set at the daemon's Welcome, or when the agent breaks first
-        # A running daemon's: is anything still listening once it is silent (connect.py).
-        self.listener = connect.ListenerProbe(address) if cluster is None else None
         self._handoff: list[m.TaskResult] | None = None  # results this turn completes itself
         self.cancels = Cancels(self)
         self.cancel_hook = self.cancels.request  # bound once, shared by every future
