@@ -181,6 +181,11 @@ class ListenerProbe:
             if infos:
                 self._target = (infos[0][0], infos[0][4])
 
+    @property
+    def asking(self) -> bool:
+        """A tcp probe is in flight: its answer comes with a later ``check``."""
+        return self._sock is not None
+
     def welcomed(self, daemon_heartbeat_interval: float) -> None:
         self.silent_after = 2 * daemon_heartbeat_interval
 
