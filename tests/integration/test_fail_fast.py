@@ -146,6 +146,10 @@ def wait_for_warning(caught: list[warnings.WarningMessage], timeout: float = 30.
     return str(warning.message)
 
 
+def wait_for_workers(ex: ScalerExecutor, count: int) -> None:
+    assert wait_until(lambda: ex.statistics()["workers"] == count, timeout=60, interval=0.05), "the worker never joined"
+
+
 def sleepy(seconds: float) -> str:
     time.sleep(seconds)
     return "done"
@@ -167,26 +171,36 @@ def test_tasks_with_no_worker_warn_once_and_run_when_one_joins(standalone: Stand
         assert len([w for w in caught if w.category is NoWorkerWarning]) == 1
 
 
-def test_the_only_worker_dying_warns_and_a_new_worker_runs_the_task(standalone: Standalone) -> None:
+def wait_for_file(path: str) -> str:
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    return "done"
+
+
+def test_the_only_worker_dying_warns_and_a_new_worker_runs_the_task(standalone: Standalone, tmp_path: Any) -> None:
+    gate = str(tmp_path / "gate")
     first = standalone.worker()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with ScalerExecutor(address=standalone.address, config=QUICK.replace(connect_timeout=30.0)) as ex:
+    with ScalerExecutor(address=standalone.address, config=QUICK.replace(connect_timeout=30.0)) as ex:
+        wait_for_workers(ex, 1)  # (a slow start would be an episode of its own)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             assert ex.submit(pow, 3, 2).result(timeout=60) == 9
-            future = ex.submit(sleepy, 0.5)
+            future = ex.submit(wait_for_file, gate)  # runs until the test opens the gate
             assert wait_until(future.running, timeout=30)
             first.kill()  # SIGKILL: its task goes back to the queue, and no worker is left
             text = wait_for_warning(caught)
             assert "1 task(s) have waited" in text and "no worker is connected" in text
             standalone.worker()
+            open(gate, "w").close()
             assert future.result(timeout=60) == "done"
 
 
 def test_tasks_needing_a_resource_no_worker_has_say_which(standalone: Standalone) -> None:
     standalone.worker("--resources", "cpu=2")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with ScalerExecutor(address=standalone.address, config=QUICK.replace(connect_timeout=30.0)) as ex:
+    with ScalerExecutor(address=standalone.address, config=QUICK.replace(connect_timeout=30.0)) as ex:
+        wait_for_workers(ex, 1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             assert ex.submit(pow, 2, 2).result(timeout=60) == 4  # plain tasks run
             gpu = ex.options(resources={"gpu": 1}).submit(pow, 2, 3)
             text = wait_for_warning(caught)
@@ -206,6 +220,7 @@ def test_a_killed_daemon_fails_pending_futures_long_before_daemon_loss_timeout(s
     standalone.worker()
     ex = ScalerExecutor(address=standalone.address, config=PATIENT)
     try:
+        wait_for_workers(ex, 1)
         future = ex.submit(sleepy, 300.0)
         assert wait_until(future.running, timeout=60)
         standalone.daemon.kill()
@@ -223,6 +238,7 @@ def test_a_killed_daemon_fails_pending_futures_long_before_daemon_loss_timeout(s
 def test_a_stalled_daemon_that_still_listens_is_not_declared_gone(standalone: Standalone) -> None:
     standalone.worker()
     with ScalerExecutor(address=standalone.address, config=PATIENT) as ex:
+        wait_for_workers(ex, 1)
         assert ex.submit(pow, 2, 3).result(timeout=60) == 8
         future = ex.submit(sleepy, 0.5)
         standalone.daemon.send_signal(signal.SIGSTOP)  # silent, but its socket still accepts
