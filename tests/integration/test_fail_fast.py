@@ -203,10 +203,12 @@ def test_tasks_needing_a_resource_no_worker_has_say_which(standalone: Standalone
             warnings.simplefilter("always")
             assert ex.submit(pow, 2, 2).result(timeout=60) == 4  # plain tasks run
             gpu = ex.options(resources={"gpu": 1}).submit(pow, 2, 3)
-            text = wait_for_warning(caught)
-            assert "1 task(s) have waited" in text and "no connected worker has gpu=1" in text
-            assert ex.statistics()["tasks_without_worker"] == 1
-            gpu.cancel()
+            try:
+                text = wait_for_warning(caught)
+                assert "1 task(s) have waited" in text and "no connected worker has gpu=1" in text
+                assert ex.statistics()["tasks_without_worker"] == 1
+            finally:
+                gpu.cancel()  # else shutdown would wait for it forever
 
 
 # --------------------------------------------------------------------------- a daemon that dies
