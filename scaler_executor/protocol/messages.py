@@ -387,7 +387,7 @@ MESSAGE_TAGS: dict[type, int] = {
     LaneDone: 23,
     LaneStarted: 24,
     TasksCancelled: 25,
-    TasksWithoutWorker: 26,
+    TasksWithoutWorker: 42,  # (40 and 41 are ObjectChunk and ObjectStored on main)
 }
 
 # Which roles may send which messages to the daemon.
