@@ -234,6 +234,16 @@ class ClusterConfig:
         gt=0,
         metavar="SECONDS",
     )
+    connect_timeout: float = _opt(
+        5.0,
+        "seconds a client joining a running daemon (address=) waits for its answer to the handshake; "
+        "then the constructor raises DaemonLost naming the address and the likely cause",
+        "a daemon answers in milliseconds on a LAN and starts listening within about a second of "
+        "its launch on a 2-core VM; higher tolerates a daemon started just after its clients, lower "
+        "reports a wrong address sooner",
+        gt=0,
+        metavar="SECONDS",
+    )
     cancel_wait: float = _opt(
         0.05,
         "seconds Future.cancel() on a user thread waits for the daemon to say whether a "
@@ -335,6 +345,16 @@ class ClusterConfig:
         "seconds a task that no connected worker can ever satisfy waits before it fails, none = forever",
         "waiting lets a matching worker join later; 0 fails at once (the embedded cluster's setting)",
         ge=0,
+        metavar="SECONDS",
+    )
+    no_worker_warning: float | None = _opt(
+        10.0,
+        "seconds tasks may wait with no connected worker able to run them (none at all, or none "
+        "with their resources or tags) before their client warns, once per episode; none = never",
+        "a worker starts in about a second on a 2-core VM and a dead one is replaced as fast, so "
+        "10 s is a real problem, not a start-up; lower tells sooner, higher stays quiet through "
+        "slow provisioning (a batch queue)",
+        gt=0,
         metavar="SECONDS",
     )
     log_level: str = _opt(

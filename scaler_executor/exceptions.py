@@ -25,6 +25,7 @@ __all__ = [
     "ConfigWarning",
     "DaemonLost",
     "InitializerFailed",
+    "NoWorkerWarning",
     "ProtocolError",
     "ProxyUnavailable",
     "RemoteError",
@@ -146,3 +147,12 @@ class InitializerFailed(BrokenScalerExecutor):
 
 class DaemonLost(BrokenScalerExecutor):
     """The connection to the scheduler daemon was lost (it died or stopped answering)."""
+
+
+# --------------------------------------------------------------------------- warnings
+
+
+class NoWorkerWarning(UserWarning):
+    """Tasks of this client have waited ``no_worker_warning`` seconds with no connected
+    worker able to run them (no worker at all, or none with their resources or tags).
+    Issued once per episode; ``warnings.simplefilter("ignore", NoWorkerWarning)`` silences it."""

@@ -58,6 +58,7 @@ import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
 from scaler_executor._compat import python_version
 from scaler_executor._locks import ranked_lock
 from scaler_executor._version import __version__
+from scaler_executor.client import connect
 from scaler_executor.client import serialization as ser
 from scaler_executor.client.authkey import AuthkeyFile
 from scaler_executor.client.cancel import Cancels
@@ -70,6 +71,7 @@ from scaler_executor.client.completion import (
     settle,
 )
 from scaler_executor.client.future import TaskFuture
+from scaler_executor.client.no_worker import warn_no_worker
 from scaler_executor.client.pickling import (
     AfterLane,
     DependencyFailed,
@@ -151,6 +153,9 @@ class ClientAgent:
         self.remote_store: RemoteStore | None = None  # the daemon's store, when this host cannot map it
         self.shutdown_requested = False
         self.broken: BaseException | None = None
+        self.welcome = threading.Event()  # set at the daemon's Welcome, or when the agent breaks first
+        # A running daemon's: is anything still listening once it is silent (connect.py).
+        self.listener = connect.ListenerProbe(address) if cluster is None else None
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._wake_pending = False
         # Guards only the wake-up descriptor against its close.  Reentrant: wake() is
@@ -179,6 +184,7 @@ class ClientAgent:
             m.Refused: self._on_refused,
             m.Goodbye: self._on_goodbye,
             m.Heartbeat: self._on_heartbeat,
+            m.TasksWithoutWorker: self._on_tasks_without_worker,
         }
         self.completer = Completer(self)
         self.completer.start()  # its first thread takes the agent role
@@ -617,6 +623,9 @@ class ClientAgent:
 
     def _on_welcome(self, message: m.Welcome, _buffers: list[Any]) -> None:
         self.daemon.welcomed = True
+        self.welcome.set()
+        if self.listener is not None:
+            self.listener.welcomed(message.heartbeat_interval)
         self.core.base = message.peer_id << m.TASK_ID_BITS
         # The daemon judges our liveness by its settings, not ours.
         self.daemon.heartbeat_interval = min(self.config.heartbeat_interval, message.heartbeat_interval)
@@ -660,6 +669,9 @@ class ClientAgent:
     def _on_heartbeat(self, message: m.Heartbeat, _buffers: list[Any]) -> None:
         pass  # any message counts: DaemonRoute.last_recv is set for each transmission
 
+    def _on_tasks_without_worker(self, message: m.TasksWithoutWorker, _buffers: list[Any]) -> None:
+        warn_no_worker(message, self.address, self.cluster is not None)
+
     # ------------------------------------------------------------------ results
 
     def _pick_up(self, future: TaskFuture[Any], timeout: float | None) -> float | None:
@@ -701,7 +713,19 @@ class ClientAgent:
                 self.break_with(DaemonLost(f"the embedded scaler-daemon exited unexpectedly ({how})"))
                 return
         daemon = self.daemon
+        if not daemon.welcomed and self.cluster is None:
+            if now - daemon.started > self.config.connect_timeout:  # no answer to the first Hello
+                self.break_with(DaemonLost(connect.no_welcome(self.address, now - daemon.started)))
+            return
         silence = now - daemon.last_recv
+        listener = self.listener
+        if listener is not None and silence > listener.silent_after:
+            gone = listener.check(now)  # refused: the daemon is gone, not slow (connect.py)
+            if gone is not None:
+                self.break_with(DaemonLost(f"the daemon at {self.address} is gone (it died or was stopped): no message for {silence:.1f} s, and {gone}"))
+                return
+        elif listener is not None:
+            listener.quiet()
         if silence > self.config.daemon_loss_timeout:
             if daemon.welcomed:
                 text = f"no message from the daemon at {self.address} for {silence:.1f} s (daemon_loss_timeout)"
@@ -718,11 +742,14 @@ class ClientAgent:
         log.debug("client broken: %s", exc)
         if self.remote_store is not None:
             self.remote_store.fail_all(exc)
+        self.welcome.set()  # a constructor waiting for the Welcome raises this
         self.completer.put(FAIL_ALL, exc)
 
     def _teardown(self) -> None:
         self.daemon.close(goodbye=self.broken is None or not isinstance(self.broken, DaemonLost))
         self.lane.close(self._poller)
+        if self.listener is not None:
+            self.listener.close()
         if self.inbox is not None:
             self.inbox.close()
         if self.cluster is not None:

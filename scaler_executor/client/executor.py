@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from scaler_executor import _compat
 from scaler_executor._compat import DAEMON_ADDRESS_ENV
+from scaler_executor.client import connect
 from scaler_executor.client import serialization as ser
 from scaler_executor.client.agent import ClientAgent
 from scaler_executor.client.cluster import EmbeddedCluster
@@ -66,7 +67,8 @@ class ScalerExecutor(Executor):
             :class:`~scaler_executor.exceptions.InitializerFailed` and the executor is broken.
         max_tasks_per_child: replace a processor after it ran this many tasks.
         address: ``tcp://host:port`` (or ``ipc://path``) of a running ``scaler-daemon``
-            to join instead of starting an embedded cluster.
+            to join instead of starting an embedded cluster.  The constructor waits for
+            the daemon's answer to the handshake, up to ``connect_timeout`` (config).
         min_workers: autoscaling for the embedded cluster: it keeps at least this many
             processes (0 frees them all when idle) and starts up to ``max_workers`` as tasks
             queue, all at once; processes idle for ``scale_down_idle`` seconds (config) are
@@ -84,6 +86,8 @@ class ScalerExecutor(Executor):
             ``ipc://PATH`` (``localhost:8786`` lacks its scheme), a config file that cannot
             be read, or a bad ``SCALER_*`` value; tcp:// without a credential (or
             ``insecure``), or an unusable credential; the message names the fix.
+        DaemonLost: with ``address``, no daemon answered there within ``connect_timeout``
+            (the message names the likely cause), or the daemon refused this client.
     """
 
     def __init__(
@@ -136,6 +140,8 @@ class ScalerExecutor(Executor):
         self._config = config
         self._address = address
         self._agent = ClientAgent(config, address, self._cluster, security)
+        if self._cluster is None:
+            connect.wait_for_welcome(self._agent, address, config.connect_timeout)  # raises DaemonLost
         self._finalizer = weakref.finalize(self, ClientAgent.shutdown, self._agent, False)
         self._finalizer.atexit = False  # interpreter exit is handled by the agent module (wait=True)
 

@@ -48,6 +48,9 @@ Seceded                W→D      running tasks that wait on sub-tasks: they no 
                                 count against the worker's capacity
 StatsRequest           C/M→D    ask for a snapshot of the daemon's state
 Stats                  D→C/M    the snapshot
+TasksWithoutWorker     D→C      tasks of this client have waited ``no_worker_warning``
+                                with no connected worker able to run them (once per
+                                episode: scheduler/no_worker.py); the client warns
 =====================  =======  ==========================================================
 
 Messages are ``typing.NamedTuple``s rather than frozen dataclasses: they are just
@@ -381,6 +384,12 @@ class Stats(NamedTuple):
     snapshot: dict[str, int | float | str]
 
 
+class TasksWithoutWorker(NamedTuple):
+    tasks: int  # this client's tasks queued with no worker able to run them
+    waited: float  # seconds since the daemon first saw them so
+    reason: str  # why, one clause per kind of task: "no worker is connected", "no worker has gpu=1"
+
+
 # Tags on the wire.  Append only: a tag is never reused for another message.
 MESSAGE_TAGS: dict[type, int] = {
     Hello: 1,
@@ -410,6 +419,7 @@ MESSAGE_TAGS: dict[type, int] = {
     TasksCancelled: 25,
     ObjectChunk: 40,
     ObjectStored: 41,
+    TasksWithoutWorker: 42,
 }
 
 # Which roles may send which messages to the daemon.

@@ -32,6 +32,7 @@ from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS as DEFAULT
 from scaler_executor.protocol.messages import Role, Status, TaskFlags
 from scaler_executor.protocol.rejoin import UNKNOWN_PEER
+from scaler_executor.scheduler.no_worker import NoWorkerWatch
 from scaler_executor.scheduler.policies import (
     LeastLoaded,
     ScalingView,
@@ -208,6 +209,7 @@ class Scheduler:
         self.ready = ReadyQueue()  # tasks any worker can run
         self.constrained: dict[ConstraintKey, ReadyQueue] = {}  # tasks that need resources or tags
         self._warned: set[ConstraintKey] = set()
+        self.no_worker = NoWorkerWatch(config.no_worker_warning)  # tasks no worker can run (no_worker.py)
         # The workers this daemon starts itself (local manager) and what they declare.
         self.template: WorkerRecord | None = None
         if config.workers:
@@ -352,6 +354,9 @@ class Scheduler:
             del self._monitors[peer]
         if self.constrained:
             self._expire_unsatisfiable(now)
+        for peer, notice in self.no_worker.check(now, self.ready, self.constrained, self.workers.values()):
+            if peer in self.clients:
+                self._send(peer, notice)
         self._heartbeats_due = True  # decided in _flush, once every message of this turn is known
 
     def _on_unreachable(self, event: PeerUnreachable) -> None:
@@ -773,6 +778,7 @@ class Scheduler:
         self._results.pop(client.peer, None)
         self._running.pop(client.peer, None)
         self._acks.pop(client.peer, None)
+        self.no_worker.forget_client(client.peer)
 
     # ------------------------------------------------------------------ worker controller
 
@@ -1255,6 +1261,7 @@ class Scheduler:
         snapshot["processors"] = sum(w.capacity for w in self.workers.values())
         snapshot["clients"] = len(self.clients)
         snapshot["functions"] = len(self.functions)
+        snapshot.update(self.no_worker.statistics())
         return snapshot
 
     def validate(self) -> None:

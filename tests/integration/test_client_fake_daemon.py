@@ -9,6 +9,7 @@ transport), answers the client's Hello and speaks the wire protocol through ``co
 
 from __future__ import annotations
 
+import concurrent.futures
 import pickle
 import time
 from collections.abc import Iterator
@@ -69,11 +70,14 @@ def daemon(tmp_path: Any) -> Iterator[FakeDaemon]:
 
 @pytest.fixture
 def client(daemon: FakeDaemon) -> Iterator[ScalerExecutor]:
-    ex = ScalerExecutor(address=daemon.address, config=ClusterConfig(daemon_loss_timeout=30.0))
-    try:
+    # The constructor returns once the daemon welcomed it: made on a thread while we answer.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        made = pool.submit(ScalerExecutor, address=daemon.address, config=ClusterConfig(daemon_loss_timeout=30.0))
         (hello,) = daemon.wait_for(m.Hello)
         assert hello.role == m.Role.CLIENT
         daemon.send([m.Welcome(3, 0.5, 10, "")])
+        ex = made.result(timeout=WAIT)
+    try:
         yield ex
     finally:
         ex.shutdown(wait=False, cancel_futures=False)

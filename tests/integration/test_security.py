@@ -200,8 +200,9 @@ def test_a_worker_key_cannot_submit(cluster: Cluster) -> None:
     worker_key = cluster.credential("w1", "worker")
     alice = cluster.credential("alice", "client")
     cluster.secure_daemon("--workers", "1")
-    with cluster.client(worker_key) as ex, pytest.raises(DaemonLost, match=r"has role worker: it cannot join as a client"):
-        ex.submit(square, 3).result(timeout=WAIT)
+    # The constructor waits for the daemon's answer (connect_timeout): the refusal comes from it.
+    with pytest.raises(DaemonLost, match=r"has role worker: it cannot join as a client"):
+        cluster.client(worker_key)
     assert wait_until(lambda: "refused Hello as client from worker key 'w1'" in cluster.log())
     assert " at 127.0.0.1" in cluster.log()
     with cluster.client(alice) as ex:
@@ -223,8 +224,8 @@ def test_a_client_key_cannot_register_as_a_worker(cluster: Cluster) -> None:
 def test_a_monitor_key_reads_statistics_and_nothing_else(cluster: Cluster) -> None:
     mon = cluster.credential("mon", "monitor")
     cluster.secure_daemon("--workers", "1")
-    with cluster.client(mon) as ex, pytest.raises(DaemonLost, match="has role monitor: it cannot join as a client"):
-        ex.submit(square, 3).result(timeout=WAIT)
+    with pytest.raises(DaemonLost, match="has role monitor: it cannot join as a client"):
+        cluster.client(mon)  # the constructor waits for the daemon's answer
     peer = RawPeer(cluster.address, mon)
     try:
         peer.hello("monitor")
@@ -257,8 +258,8 @@ def test_a_wrong_daemon_key_is_named_as_the_likely_cause(cluster: Cluster, tmp_p
     stranger = str(tmp_path / "stranger.cred")
     other.issue("stranger", "client", stranger)
     cluster.secure_daemon()
-    with cluster.client(stranger) as ex, pytest.raises(DaemonLost, match=r"likely the wrong daemon key") as info:
-        ex.submit(square, 3).result(timeout=WAIT)
+    with pytest.raises(DaemonLost, match=r"likely the wrong daemon key") as info:
+        cluster.client(stranger)
     assert cluster.address in str(info.value)
     assert wait_until(lambda: "a peer failed the CURVE handshake" in cluster.log())
     worker_cred = str(tmp_path / "w.cred")
@@ -272,8 +273,8 @@ def test_a_revoked_key_is_refused_at_the_handshake(cluster: Cluster) -> None:
     carol = cluster.credential("carol", "client")
     cluster.keys.revoke("carol")
     cluster.secure_daemon()
-    with cluster.client(carol) as ex, pytest.raises(DaemonLost, match=r"refused at the handshake.*not in the daemon's allow-list"):
-        ex.submit(square, 3).result(timeout=WAIT)
+    with pytest.raises(DaemonLost, match=r"refused at the handshake.*not in the daemon's allow-list"):
+        cluster.client(carol)
     assert wait_until(lambda: "refused a connection from 127.0.0.1: key SHA256:" in cluster.log())
 
 

@@ -95,6 +95,7 @@ SAMPLES: dict[type, Any] = {
     m.ObjectStored: m.ObjectStored(b"\x01" * 16, ""),
     m.StatsRequest: m.StatsRequest(),
     m.Stats: m.Stats({"tasks": 3, "mean_seconds": 0.25, "state": "ok"}),
+    m.TasksWithoutWorker: m.TasksWithoutWorker(12, 10.5, "10 need gpu=1, which no connected worker has"),
 }
 
 

@@ -1266,7 +1266,7 @@ class World:
                 client.dropped.update(message.cancelled)
                 client.refused.update(message.refused)
             else:
-                assert kind in (m.Welcome, m.Heartbeat, m.Stats, m.ClusterBroken), message
+                assert kind in (m.Welcome, m.Heartbeat, m.Stats, m.ClusterBroken, m.TasksWithoutWorker), message
 
     def _worker_receives(self, worker: WorkerModel, messages: list[Any]) -> None:
         for message in messages:
