@@ -111,16 +111,18 @@ def test_a_failure_in_the_agents_send_path_breaks_the_executor_and_fails_the_fut
     ex = fresh_executor(max_workers=1, config=fast_config(worker_lanes=False))  # the daemon's send path
     agent = ex._agent
     assert ex.submit(echo, 1).result(timeout=30) == 1
-    original = agent._drain_outbox
+    # The seam is the route object (client/routes.py): its public send() fails once armed,
+    # after the agent took the batch out of the outbox, as a bug in the send path would.
+    route = agent.daemon
+    original = route.send
     armed = threading.Event()
 
-    def failing_drain() -> None:
-        if armed.is_set() and agent.core.outbox:
-            agent.core.outbox.popleft()  # taken, as the real drain does, then the failure
+    def failing_send(batch: list[Any]) -> None:
+        if armed.is_set() and any(type(x).__name__ == "SubmitTasks" for x in batch):
             raise RuntimeError("injected failure in the send path")
-        original()
+        original(batch)
 
-    agent._drain_outbox = failing_drain  # type: ignore[method-assign]
+    route.send = failing_send  # type: ignore[method-assign]
     armed.set()
     future = ex.submit(echo, 2)
     with pytest.raises(BrokenScalerExecutor, match="injected failure"):
