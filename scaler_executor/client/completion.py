@@ -18,6 +18,7 @@ methods (``mark_running``, ``cancel_now``, ``settle_if_no_callbacks``) that it c
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
@@ -33,6 +34,7 @@ from scaler_executor.client.state import TASK_MASK, TaskRecord
 from scaler_executor.exceptions import BrokenScalerExecutor, ResultUnreadable
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status
+from scaler_executor.worker import capture
 
 if TYPE_CHECKING:
     from scaler_executor.client.agent import ClientAgent
@@ -48,6 +50,12 @@ class TaskInfo:
     Times are wall-clock seconds (``time.time()``); ``started``/``finished`` come from the
     worker's clock.  ``peak_memory`` is the highest private memory (RssAnon) of the process
     that ran it, sampled every 100 ms and at the end of tasks of 10 ms or more; 0 if unknown.
+
+    ``stdout``, ``stderr``: what a task submitted with ``capture_output=True`` wrote to
+    them (at most ``capture_output_limit`` bytes each: head and tail around a note), also
+    when it failed, and up to its death when its process died; ``logs``: its log records
+    as ``(created, levelname, logger name, message)``.  None without ``capture_output``.
+    A task whose process died has no worker facts (``worker`` is "", times are 0).
     """
 
     task_id: int
@@ -57,6 +65,9 @@ class TaskInfo:
     finished: float
     attempts: int
     peak_memory: int
+    stdout: str | None = None
+    stderr: str | None = None
+    logs: tuple[tuple[float, str, str, str], ...] | None = None
 
     @property
     def queued_seconds(self) -> float:
@@ -69,7 +80,13 @@ class TaskInfo:
 
 def task_info_of(future: Future[Any]) -> TaskInfo | None:
     facts = getattr(future, "_scaler_facts", None)
-    return None if facts is None else TaskInfo(*facts)
+    output = getattr(future, "_scaler_output", None)
+    if output is None:
+        return None if facts is None else TaskInfo(*facts)
+    if facts is None:
+        facts = (0, "", 0.0, 0.0, 0.0, 0, 0)
+    stdout, stderr, logs = capture.decode(output)
+    return dataclasses.replace(TaskInfo(*facts), stdout=stdout, stderr=stderr, logs=logs)
 
 
 def settle(future: Future[Any], ok: bool, value: Any) -> None:
@@ -136,6 +153,8 @@ class Completion:
                 result.task_id, facts.worker, record.submitted, facts.started, facts.finished,
                 result.attempt + 1, facts.peak_memory,
             )
+        if result.output:
+            future._scaler_output = result.output  # decoded when task_info() asks
         if result.objects:
             try:
                 return True, self.agent.packer.load_value(result.payload, result.objects)
@@ -144,7 +163,13 @@ class Completion:
                 return False, exc
             finally:
                 self.agent.release_objects(result.objects)  # our views keep them alive as long as needed
-        return ser.outcome(result.status, result.payload, result.task_id)
+        ok, value = ser.outcome(result.status, result.payload, result.task_id)
+        if not ok and result.output:
+            stdout, stderr, _ = capture.decode(result.output)
+            note = capture.tail_note(stdout, stderr)
+            if note:
+                value.add_note(note + "\n(all of it: scaler_executor.task_info(future).stdout / .stderr)")
+        return ok, value
 
     def mark_running(self, task_ids: list[int]) -> None:
         records = self.core.records
