@@ -33,8 +33,8 @@ from scaler_executor.client.future import TaskFuture
 from scaler_executor.client.state import TASK_MASK, TaskRecord
 from scaler_executor.exceptions import BrokenScalerExecutor, ResultUnreadable
 from scaler_executor.protocol import messages as m
+from scaler_executor.protocol import output as capture
 from scaler_executor.protocol.messages import Status
-from scaler_executor.worker import capture
 
 if TYPE_CHECKING:
     from scaler_executor.client.agent import ClientAgent

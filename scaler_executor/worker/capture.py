@@ -38,9 +38,9 @@ import os
 import sys
 from typing import Any
 
-import msgpack
+from scaler_executor.protocol.output import encode
 
-__all__ = ["Capture", "decode", "encode", "read_files", "tail_note"]
+__all__ = ["Capture", "read_files"]
 
 STREAMS = (1, 2)
 
@@ -62,16 +62,6 @@ def path_of(directory: str, pid: int, stream: int) -> str:
     return os.path.join(directory, f"{pid}.{stream}")
 
 
-def encode(stdout: str, stderr: str, logs: list[list[Any]]) -> bytes:
-    return msgpack.packb([stdout, stderr, logs], use_bin_type=True)
-
-
-def decode(output: bytes) -> tuple[str, str, tuple[tuple[float, str, str, str], ...]]:
-    """(stdout, stderr, log records) from a ``TaskResult.output``."""
-    stdout, stderr, logs = msgpack.unpackb(output)
-    return str(stdout), str(stderr), tuple((float(r[0]), str(r[1]), str(r[2]), str(r[3])) for r in logs)
-
-
 def read_files(directory: str, pid: int, limit: int) -> bytes:
     """The output a (dead) processor's capturing task wrote to fds 1/2, encoded as for
     ``TaskResult.output``; b"" when it had no files.  The files are removed."""
@@ -89,18 +79,6 @@ def read_files(directory: str, pid: int, limit: int) -> bytes:
             os.unlink(path)
     note = "[scaler-executor: the process running this task died; bytes it had not flushed and its log records are lost]\n"
     return encode(texts[0], texts[1] + note, [])
-
-
-def tail_note(stdout: str, stderr: str, lines: int = 20, max_chars: int = 4000) -> str:
-    """The last lines of a task's output, for a note on its exception ("" when none)."""
-    parts = []
-    for name, text in (("stdout", stdout), ("stderr", stderr)):
-        if not text.strip():
-            continue
-        tail = text.rstrip("\n").splitlines()[-lines:]
-        shown = "\n".join("    " + line for line in tail)[-max_chars:]
-        parts.append(f"the task's {name} ended with:\n{shown}")
-    return "\n".join(parts)
 
 
 class _Records(logging.Handler):

@@ -62,6 +62,8 @@ def test_defaults() -> None:
         "object_store_size": "auto",
         "object_store_threshold": 65536,
         "arrays_in_store": 1048576,
+        "capture_output": False,
+        "capture_output_limit": 1048576,
         "unsatisfiable_timeout": None,
         "no_worker_warning": 10.0,
         "log_level": "WARNING",
