@@ -49,6 +49,8 @@ def _read_bounded(fd: int, limit: int) -> str:
     """The text of file ``fd`` up to ``limit`` bytes: all of it, or its head and tail
     around a note of what was left out; read with two ``pread`` s, never all of it."""
     size = os.fstat(fd).st_size
+    if not size:
+        return ""
     if size <= limit:
         return os.pread(fd, size, 0).decode("utf-8", "replace")
     half = limit // 2
@@ -131,7 +133,8 @@ class Capture:
         self.directory = directory
         self.limit = limit
         self.files: list[int] = []  # our fds of <dir>/<pid>.1 and .2
-        self.saved: list[int] = []  # the processor's own fds 1 and 2, while a task captures
+        self.saved: list[int] = []  # copies of the processor's own fds 1 and 2 (made once)
+        self.dirty = False  # the files hold a task's output (truncate them before the next)
         self.handler = _Records(limit)
 
     def start(self) -> None:
@@ -140,9 +143,10 @@ class Capture:
             pid = os.getpid()
             flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
             self.files = [os.open(path_of(self.directory, pid, s), flags, 0o600) for s in STREAMS]
-        for fd in self.files:
-            os.ftruncate(fd, 0)  # O_APPEND: writes start again at 0
-        self.saved = [os.dup(s) for s in STREAMS]  # non-inheritable: subprocesses get the files
+            self.saved = [os.dup(s) for s in STREAMS]  # non-inheritable: subprocesses get the files
+        if self.dirty:
+            for fd in self.files:
+                os.ftruncate(fd, 0)  # O_APPEND: writes start again at 0
         for stream, fd in zip(STREAMS, self.files, strict=True):
             os.dup2(fd, stream)
         self.handler.reset()
@@ -154,9 +158,8 @@ class Capture:
         _flush()
         for stream, fd in zip(STREAMS, self.saved, strict=True):
             os.dup2(fd, stream)
-            os.close(fd)
-        self.saved = []
         stdout, stderr = (_read_bounded(fd, self.limit) for fd in self.files)
+        self.dirty = bool(stdout or stderr)
         return encode(stdout, stderr, self.handler.records())
 
 
