@@ -164,6 +164,25 @@ def test_a_killed_task_keeps_what_it_wrote_to_its_fds(fresh_executor: Callable[.
     assert task_info(g).stdout == "after\n"  # type: ignore[union-attr]
 
 
+def hangs(marker: str) -> None:
+    import time
+
+    print(f"started {marker}", flush=True)
+    time.sleep(600)
+
+
+def test_a_timed_out_task_keeps_its_output(ex: ScalerExecutor) -> None:
+    from scaler_executor.exceptions import TaskTimeout
+
+    f = ex.options(capture_output=True, task_timeout=1.0).submit(hangs, "t1")
+    with pytest.raises(TaskTimeout) as caught:
+        f.result(timeout=60)
+    info = task_info(f)
+    assert info is not None and info.stdout == "started t1\n"
+    assert "the process running this task died" in (info.stderr or "")
+    assert "started t1" in "\n".join(getattr(caught.value, "__notes__", []))
+
+
 def test_a_100_mb_print_is_bounded(ex: ScalerExecutor) -> None:
     f = ex.options(capture_output=True).submit(floods, 100)
     assert f.result(timeout=120) == 100
