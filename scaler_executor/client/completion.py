@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from scaler_executor.client import serialization as ser
+from scaler_executor.client.forward import Forwarder
 from scaler_executor.client.future import TaskFuture
 from scaler_executor.client.state import TASK_MASK, TaskRecord
 from scaler_executor.exceptions import BrokenScalerExecutor, ResultUnreadable
@@ -111,6 +112,8 @@ class Completion:
     def __init__(self, agent: ClientAgent) -> None:
         self.agent = agent
         self.core = agent.core
+        config = agent.config
+        self.forwarder = Forwarder(config.forward_output_rate) if config.forward_output else None
 
     def complete(self, result: m.TaskResult, quietly: bool = False) -> None:
         """Complete one future from its result (on a completion thread, where it runs its
@@ -155,6 +158,9 @@ class Completion:
             )
         if result.output:
             future._scaler_output = result.output  # decoded when task_info() asks
+            if self.forwarder is not None:
+                stdout, stderr, _ = capture.decode(result.output)
+                self.forwarder.forward(facts.worker or "(its process died)", result.task_id, stdout, stderr)
         if result.objects:
             try:
                 return True, self.agent.packer.load_value(result.payload, result.objects)

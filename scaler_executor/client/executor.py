@@ -138,7 +138,8 @@ class ScalerExecutor(Executor):
             config = self._cluster.config
             self._max_workers = max_workers
         self._config = config
-        self._flags = TaskFlags.CAPTURE if config.capture_output else 0  # plain submit/map (config default)
+        # plain submit/map: the config's default (forwarding needs the output captured)
+        self._flags = TaskFlags.CAPTURE if config.capture_output or config.forward_output else 0
         self._address = address
         self._agent = ClientAgent(config, address, self._cluster, security)
         if self._cluster is None:
@@ -220,7 +221,7 @@ class ScalerExecutor(Executor):
         if not isinstance(writable, bool):
             raise TypeError(f"writable must be True or False, got {writable!r}")
         if capture_output is None:
-            capture_output = self._config.capture_output
+            capture_output = self._config.capture_output or self._config.forward_output
         elif not isinstance(capture_output, bool):
             raise TypeError(f"capture_output must be True, False or None (the config's default), got {capture_output!r:.60}")
         options = _make_options(resources, tags, priority, task_timeout, max_retries)

@@ -235,6 +235,20 @@ def _log_many(n: int) -> None:
         log.warning("record %d", i)
 
 
+def test_forward_output_prints_lines_where_they_ran(
+    fresh_executor: Callable[..., ScalerExecutor], capsys: pytest.CaptureFixture[str]
+) -> None:
+    ex = fresh_executor(max_workers=1, config=fast_config(forward_output=True))
+    f = ex.submit(chatty, 5)  # the config captures every task
+    assert f.result(timeout=60) == 10
+    info = task_info(f)
+    assert info is not None
+    out, err = capsys.readouterr()
+    prefix = f"[worker {info.worker} task {info.task_id:#x}] "
+    assert prefix + "print 5" in out.splitlines() and prefix + "child out" in out.splitlines()
+    assert prefix + "to stderr 5" in err.splitlines() and prefix + "raw fd 2" in err.splitlines()
+
+
 def test_option_is_validated(ex: ScalerExecutor) -> None:
     with pytest.raises(TypeError, match="capture_output must be True, False or None"):
         ex.options(capture_output="yes")  # type: ignore[arg-type]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from scaler_executor.protocol import output
 from scaler_executor.worker import capture
 
@@ -34,3 +36,25 @@ def test_read_files_bounds_and_removes(tmp_path: Path) -> None:
     assert logs == ()
     assert os.listdir(tmp_path) == []
     assert capture.read_files(str(tmp_path), pid, 40) == b""  # none (any more): nothing
+
+
+def test_forwarder_prefixes_lines_and_bounds_their_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    from scaler_executor.client.forward import Forwarder
+
+    now = [100.0]
+    fwd = Forwarder(rate=100.0, clock=lambda: now[0])
+    fwd.forward("host:1", 0x10, "a\nb\n", "e\n")
+    out, err = capsys.readouterr()
+    assert out == "[worker host:1 task 0x10] a\n[worker host:1 task 0x10] b\n"
+    assert err == "[worker host:1 task 0x10] e\n"
+    # 28 bytes a line: the 100-byte bucket has 16 left, so all five lines are dropped ...
+    fwd.forward("host:1", 0x11, "x\n" * 5, "")
+    assert capsys.readouterr() == ("", "")
+    now[0] += 1.0  # ... and a second refills it: one line says so, then the next fit
+    fwd.forward("host:1", 0x12, "y\ny\n", "")
+    out, _ = capsys.readouterr()
+    assert out.splitlines() == [
+        "[scaler-executor: 5 lines of forwarded task output dropped (forward_output_rate)]",
+        "[worker host:1 task 0x12] y",
+        "[worker host:1 task 0x12] y",
+    ]

@@ -64,6 +64,8 @@ def test_defaults() -> None:
         "arrays_in_store": 1048576,
         "capture_output": False,
         "capture_output_limit": 1048576,
+        "forward_output": False,
+        "forward_output_rate": 1048576.0,
         "unsatisfiable_timeout": None,
         "no_worker_warning": 10.0,
         "log_level": "WARNING",
