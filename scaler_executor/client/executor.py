@@ -220,9 +220,7 @@ class ScalerExecutor(Executor):
         """
         if not isinstance(writable, bool):
             raise TypeError(f"writable must be True or False, got {writable!r}")
-        if capture_output is None:
-            capture_output = self._config.capture_output or self._config.forward_output
-        elif not isinstance(capture_output, bool):
+        if capture_output is not None and not isinstance(capture_output, bool):
             raise TypeError(f"capture_output must be True, False or None (the config's default), got {capture_output!r:.60}")
         options = _make_options(resources, tags, priority, task_timeout, max_retries)
         return _OptionsView(self, options, writable, capture_output)
@@ -321,14 +319,18 @@ class _OptionsView:
     """``submit``/``map`` with scheduling options, on the same connection as its executor."""
 
     def __init__(
-        self, executor: ScalerExecutor, options: TaskOptions, writable: bool = False, capture_output: bool = False
+        self, executor: ScalerExecutor, options: TaskOptions, writable: bool = False, capture_output: bool | None = None
     ) -> None:
         self._executor = executor
         self._options = options
         self._options_id: int | None = None
         self._writable = writable
-        self._capture_output = capture_output
-        self._flags = (TaskFlags.WRITABLE if writable else 0) | (TaskFlags.CAPTURE if capture_output else 0)
+        self._capture_output = capture_output  # as asked; None: the config's default
+        if capture_output is None:
+            capturing = bool(executor._flags & TaskFlags.CAPTURE)
+        else:
+            capturing = capture_output
+        self._flags = (TaskFlags.WRITABLE if writable else 0) | (TaskFlags.CAPTURE if capturing else 0)
 
     def _id(self) -> int:
         if self._options_id is None:
@@ -352,7 +354,7 @@ class _OptionsView:
         """:meth:`ScalerExecutor.get` with this view's options."""
         from scaler_executor.client.graph import run_graph
 
-        if self._capture_output:
+        if self._capture_output:  # asked for here (a config default leaves graph tasks uncaptured)
             raise ValueError(
                 "capture_output applies to submit and map, not to get()'s graph tasks: "
                 "call get() on a view with capture_output=False"

@@ -210,10 +210,15 @@ def test_limit_is_a_config_key(fresh_executor: Callable[..., ScalerExecutor]) ->
     assert text.startswith(head) and len(head) == 50
     assert text.endswith(tail) and len(tail) == 50
     assert note == "scaler-executor: 700 bytes of output left out here; capture_output_limit is 100 bytes"
-    # The option overrides the config's default.
+    # The option overrides the config's default; a view that did not ask keeps it, and
+    # its get() runs (graph tasks are not captured) rather than refusing.
     g = ex.options(capture_output=False).submit(prints, "x")
     g.result(timeout=60)
     assert task_info(g).stdout is None  # type: ignore[union-attr]
+    h = ex.options(priority=1).submit(prints, "y")
+    h.result(timeout=60)
+    assert task_info(h).stdout == "y"  # type: ignore[union-attr]
+    assert ex.options(priority=1).get({"a": 1}, "a") == 1
 
 
 def test_logging_is_bounded(fresh_executor: Callable[..., ScalerExecutor]) -> None:
