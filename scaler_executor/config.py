@@ -340,6 +340,31 @@ class ClusterConfig:
         ge=0,
         metavar="BYTES",
     )
+    capture_output: bool = _opt(
+        False,
+        "collect each task's stdout, stderr and log records and attach them to its future (task_info(f).stdout)",
+        "costs a few dup2 calls and two small reads per task; off, a task's output goes to its worker's stderr",
+    )
+    capture_output_limit: int = _opt(
+        1 << 20,
+        "bytes of each captured stream (and of log messages) a task returns: its head and tail halves, with a note",
+        "higher keeps more of a chatty task's output, at that many bytes per stream on the wire and in the client",
+        ge=2,
+        metavar="BYTES",
+    )
+    forward_output: bool = _opt(
+        False,
+        "capture every task's output and print it on the client's stdout/stderr when the task ends, "
+        "each line prefixed with its worker and task id",
+        "shows remote workers' output where the client runs; it arrives at the task's end, not live",
+    )
+    forward_output_rate: float = _opt(
+        1048576.0,
+        "bytes per second (and burst) of forwarded output the client prints; lines beyond are dropped and counted",
+        "higher shows more of chatty tasks, lower keeps a flood of output from swamping the client's terminal",
+        gt=0,
+        metavar="BYTES",
+    )
     unsatisfiable_timeout: float | None = _opt(
         None,
         "seconds a task that no connected worker can ever satisfy waits before it fails, none = forever",

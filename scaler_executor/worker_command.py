@@ -65,6 +65,8 @@ def worker_command(
         str(c.object_store_threshold),
         "--arrays-in-store",
         str(c.arrays_in_store),
+        "--capture-output-limit",
+        str(c.capture_output_limit),
     ]
     if credentials_stdin:
         cmd.append("--credentials-stdin")

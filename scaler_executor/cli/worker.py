@@ -79,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
             "memory_limit",
             "object_store_threshold",
             "arrays_in_store",
+            "capture_output_limit",
         ],
     )
     return parser

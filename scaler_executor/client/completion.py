@@ -18,6 +18,7 @@ methods (``mark_running``, ``cancel_now``, ``settle_if_no_callbacks``) that it c
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
@@ -28,10 +29,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from scaler_executor.client import serialization as ser
+from scaler_executor.client.forward import Forwarder
 from scaler_executor.client.future import TaskFuture
 from scaler_executor.client.state import TASK_MASK, TaskRecord
 from scaler_executor.exceptions import BrokenScalerExecutor, ResultUnreadable
 from scaler_executor.protocol import messages as m
+from scaler_executor.protocol import output as capture
 from scaler_executor.protocol.messages import Status
 
 if TYPE_CHECKING:
@@ -48,6 +51,12 @@ class TaskInfo:
     Times are wall-clock seconds (``time.time()``); ``started``/``finished`` come from the
     worker's clock.  ``peak_memory`` is the highest private memory (RssAnon) of the process
     that ran it, sampled every 100 ms and at the end of tasks of 10 ms or more; 0 if unknown.
+
+    ``stdout``, ``stderr``: what a task submitted with ``capture_output=True`` wrote to
+    them (at most ``capture_output_limit`` bytes each: head and tail around a note), also
+    when it failed, and up to its death when its process died; ``logs``: its log records
+    as ``(created, levelname, logger name, message)``.  None without ``capture_output``.
+    A task whose process died has no worker facts (``worker`` is "", times are 0).
     """
 
     task_id: int
@@ -57,6 +66,9 @@ class TaskInfo:
     finished: float
     attempts: int
     peak_memory: int
+    stdout: str | None = None
+    stderr: str | None = None
+    logs: tuple[tuple[float, str, str, str], ...] | None = None
 
     @property
     def queued_seconds(self) -> float:
@@ -69,7 +81,13 @@ class TaskInfo:
 
 def task_info_of(future: Future[Any]) -> TaskInfo | None:
     facts = getattr(future, "_scaler_facts", None)
-    return None if facts is None else TaskInfo(*facts)
+    output = getattr(future, "_scaler_output", None)
+    if output is None:
+        return None if facts is None else TaskInfo(*facts)
+    if facts is None:
+        facts = (0, "", 0.0, 0.0, 0.0, 0, 0)
+    stdout, stderr, logs = capture.decode(output)
+    return dataclasses.replace(TaskInfo(*facts), stdout=stdout, stderr=stderr, logs=logs)
 
 
 def settle(future: Future[Any], ok: bool, value: Any) -> None:
@@ -94,6 +112,8 @@ class Completion:
     def __init__(self, agent: ClientAgent) -> None:
         self.agent = agent
         self.core = agent.core
+        config = agent.config
+        self.forwarder = Forwarder(config.forward_output_rate) if config.forward_output else None
 
     def complete(self, result: m.TaskResult, quietly: bool = False) -> None:
         """Complete one future from its result (on a completion thread, where it runs its
@@ -136,6 +156,11 @@ class Completion:
                 result.task_id, facts.worker, record.submitted, facts.started, facts.finished,
                 result.attempt + 1, facts.peak_memory,
             )
+        if result.output:
+            future._scaler_output = result.output  # decoded when task_info() asks
+            if self.forwarder is not None:
+                stdout, stderr, _ = capture.decode(result.output)
+                self.forwarder.forward(facts.worker or "(its process died)", result.task_id, stdout, stderr)
         if result.objects:
             try:
                 return True, self.agent.packer.load_value(result.payload, result.objects)
@@ -144,7 +169,13 @@ class Completion:
                 return False, exc
             finally:
                 self.agent.release_objects(result.objects)  # our views keep them alive as long as needed
-        return ser.outcome(result.status, result.payload, result.task_id)
+        ok, value = ser.outcome(result.status, result.payload, result.task_id)
+        if not ok and result.output:
+            stdout, stderr, _ = capture.decode(result.output)
+            note = capture.tail_note(stdout, stderr)
+            if note:
+                value.add_note(note + "\n(all of it: scaler_executor.task_info(future).stdout / .stderr)")
+        return ok, value
 
     def mark_running(self, task_ids: list[int]) -> None:
         records = self.core.records

@@ -138,6 +138,8 @@ class ScalerExecutor(Executor):
             config = self._cluster.config
             self._max_workers = max_workers
         self._config = config
+        # plain submit/map: the config's default (forwarding needs the output captured)
+        self._flags = TaskFlags.CAPTURE if config.capture_output or config.forward_output else 0
         self._address = address
         self._agent = ClientAgent(config, address, self._cluster, security)
         if self._cluster is None:
@@ -149,7 +151,7 @@ class ScalerExecutor(Executor):
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         """Schedule ``fn(*args, **kwargs)``; every keyword goes to ``fn``."""
-        return self._agent.submit(fn, args, kwargs, 0)
+        return self._agent.submit(fn, args, kwargs, 0, self._flags)
 
     def map(
         self,
@@ -160,7 +162,7 @@ class ScalerExecutor(Executor):
         buffersize: int | None = None,
     ) -> Iterator[T]:
         """``Executor.map`` with ``ProcessPoolExecutor``'s ``chunksize`` and Python 3.14's ``buffersize``."""
-        return _map(self._agent, 0, fn, iterables, timeout, chunksize, buffersize)
+        return _map(self._agent, 0, fn, iterables, timeout, chunksize, buffersize, self._flags)
 
     def get(self, dsk: Any, keys: Any, **options: Any) -> Any:
         """Compute ``keys`` of a Dask-style graph ``dsk`` in the cluster.
@@ -194,12 +196,20 @@ class ScalerExecutor(Executor):
         task_timeout: float | None = None,
         max_retries: int | None = None,
         writable: bool = False,
+        capture_output: bool | None = None,
     ) -> _OptionsView:
         """A view on this executor whose ``submit``/``map`` carry scheduling options.
 
         ``ex.options(priority=5).submit(f, x, timeout=3)`` passes ``timeout=3`` to ``f``.
         ``writable=True`` gives tasks private writable copies of arguments that travel through
         the object store (by default they are read-only zero-copy views).
+        ``capture_output=True`` collects each task's stdout, stderr (at the file-descriptor
+        level: C code and subprocesses included) and log records, bounded by
+        ``capture_output_limit`` bytes per stream (head and tail), and attaches them to its
+        future: ``scaler_executor.task_info(f).stdout``, ``.stderr``, ``.logs``; a failed
+        task's exception carries the tail as a note.  None: the config's ``capture_output``.
+        It applies to ``submit`` and ``map`` (not to ``get``'s graph tasks); see
+        :mod:`scaler_executor.worker.capture` for what is and is not captured.
 
         Raises:
             TypeError: a value of the wrong type (a bool is not a number).
@@ -210,7 +220,10 @@ class ScalerExecutor(Executor):
         """
         if not isinstance(writable, bool):
             raise TypeError(f"writable must be True or False, got {writable!r}")
-        return _OptionsView(self, _make_options(resources, tags, priority, task_timeout, max_retries), writable)
+        if capture_output is not None and not isinstance(capture_output, bool):
+            raise TypeError(f"capture_output must be True, False or None (the config's default), got {capture_output!r:.60}")
+        options = _make_options(resources, tags, priority, task_timeout, max_retries)
+        return _OptionsView(self, options, writable, capture_output)
 
     def put(self, value: Any) -> ObjectRef:
         """Place ``value`` in the cluster's object store once; returns a ref to pass as an argument.
@@ -305,12 +318,19 @@ def task_info(future: Future[Any]) -> TaskInfo | None:
 class _OptionsView:
     """``submit``/``map`` with scheduling options, on the same connection as its executor."""
 
-    def __init__(self, executor: ScalerExecutor, options: TaskOptions, writable: bool = False) -> None:
+    def __init__(
+        self, executor: ScalerExecutor, options: TaskOptions, writable: bool = False, capture_output: bool | None = None
+    ) -> None:
         self._executor = executor
         self._options = options
         self._options_id: int | None = None
         self._writable = writable
-        self._flags = TaskFlags.WRITABLE if writable else 0
+        self._capture_output = capture_output  # as asked; None: the config's default
+        if capture_output is None:
+            capturing = bool(executor._flags & TaskFlags.CAPTURE)
+        else:
+            capturing = capture_output
+        self._flags = (TaskFlags.WRITABLE if writable else 0) | (TaskFlags.CAPTURE if capturing else 0)
 
     def _id(self) -> int:
         if self._options_id is None:
@@ -334,16 +354,22 @@ class _OptionsView:
         """:meth:`ScalerExecutor.get` with this view's options."""
         from scaler_executor.client.graph import run_graph
 
+        if self._capture_output:  # asked for here (a config default leaves graph tasks uncaptured)
+            raise ValueError(
+                "capture_output applies to submit and map, not to get()'s graph tasks: "
+                "call get() on a view with capture_output=False"
+            )
         return run_graph(self._executor._agent, dsk, keys, self._id())
 
     def options(self, **changes: Any) -> _OptionsView:
         merged: dict[str, Any] = dict(zip(_OPTION_NAMES, self._options, strict=True))
-        unknown = set(changes) - set(_OPTION_NAMES) - {"writable"}
+        unknown = set(changes) - set(_OPTION_NAMES) - {"writable", "capture_output"}
         if unknown:
-            raise TypeError(f"unknown option(s) {sorted(unknown)}; valid: {[*_OPTION_NAMES, 'writable']}")
+            raise TypeError(f"unknown option(s) {sorted(unknown)}; valid: {[*_OPTION_NAMES, 'writable', 'capture_output']}")
         writable = changes.pop("writable", self._writable)
+        capture_output = changes.pop("capture_output", self._capture_output)
         merged.update(changes)
-        return self._executor.options(**merged, writable=writable)
+        return self._executor.options(**merged, writable=writable, capture_output=capture_output)
 
     def __repr__(self) -> str:
         return f"<options {self._options} on {self._executor!r}>"

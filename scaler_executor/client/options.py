@@ -17,6 +17,8 @@ task_timeout    finite seconds > 0, at most                 a deadline the worke
 max_retries     ``int`` from 0 to 2**63 - 1, or None        as priority; None: the daemon's
                                                             ``max_retries``
 writable        ``bool``                                    a flag bit
+capture_output  ``bool``, or None for the config's          a flag bit (worker/capture.py)
+                ``capture_output``
 ==============  ==========================================  ===============================
 
 A value of the wrong type raises ``TypeError`` (a ``bool`` is not a number here); one out of

@@ -121,6 +121,9 @@ class TaskFlags:
     # The daemon's own record of a task that runs on a worker's lane (LaneStarted): never
     # dispatched, retried or answered by the daemon.
     ON_LANE = 128
+    # ex.options(capture_output=True): the processor captures the task's stdout, stderr and
+    # log records (worker/capture.py) and returns them in TaskResult.output.
+    CAPTURE = 256
 
 
 # --------------------------------------------------------------------------- records
@@ -204,6 +207,9 @@ class TaskResult(NamedTuple):
     # W→D: the processor already sent this result to the client's reply socket (the
     # daemon does its bookkeeping, keeps the payload if dependents need it, sends nothing).
     delivered: bool = False
+    # W→D→C: a CAPTURE task's output, msgpack [stdout, stderr, [[created, level, logger,
+    # message], ...]] (worker/capture.py), bounded by capture_output_limit; b"": none.
+    output: bytes = b""
 
 
 class FunctionBlob(NamedTuple):

@@ -800,7 +800,7 @@ class Scheduler:
                 continue  # late: an earlier attempt, or a task already settled elsewhere
             self._unassign(worker, task)
             if result.status == Status.PROCESSOR_DIED:
-                self._attempt_failed(task, f"worker {worker.name}: {result.payload.decode(errors='replace')}")
+                self._attempt_failed(task, f"worker {worker.name}: {result.payload.decode(errors='replace')}", result.output)
                 continue
             if result.status == Status.OK and result.facts.finished > result.facts.started:
                 duration = result.facts.finished - result.facts.started
@@ -917,7 +917,9 @@ class Scheduler:
             else:
                 self._attempt_failed(task, f"worker {worker.name}: {why}")
 
-    def _attempt_failed(self, task: TaskRecord, line: str) -> None:
+    def _attempt_failed(self, task: TaskRecord, line: str, output: bytes = b"") -> None:
+        """``output``: what the attempt captured before its process died (capture_output),
+        given to the client with the failure when it was the last attempt allowed."""
         if task.failures is None:
             task.failures = []
         task.failures.append(f"attempt {len(task.failures) + 1}: {line}")
@@ -939,7 +941,8 @@ class Scheduler:
             payload = _pack_lost(text, task.failures)
             self._fail_dependents(task, Status.WORKER_LOST, payload)
             if not task.flags & TaskFlags.NO_RESULT:
-                self._result_to(task.client, m.TaskResult(task.task_id, task.attempt, Status.WORKER_LOST, payload, m.NO_FACTS, m.NO_OBJECTS))
+                lost = m.TaskResult(task.task_id, task.attempt, Status.WORKER_LOST, payload, m.NO_FACTS, m.NO_OBJECTS, False, output)
+                self._result_to(task.client, lost)
             return
         task.attempt += 1
         task.transition("attempt-failed")

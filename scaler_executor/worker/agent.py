@@ -46,6 +46,7 @@ from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status
 from scaler_executor.protocol.rejoin import Backoff, is_unknown_peer
+from scaler_executor.worker import capture
 from scaler_executor.worker import processor as proc
 from scaler_executor.worker.dealing import MAX_DEPTH, recall_due, takes_more, task_depth
 from scaler_executor.worker.framing import FrameReader
@@ -157,6 +158,7 @@ class WorkerAgent:
         self.store_name = ""  # the daemon host's store, when this host can map it
         self.store: Any = None  # our handle on it
         self.threshold = config.object_store_threshold
+        self.capture_dir = ""  # where processors capture tasks' fds 1/2 (worker/capture.py), made on first use
         self.blobs: dict[bytes, bytes | memoryview] = {}  # objects fetched over the network for held tasks
         self.fetching: dict[bytes, list[int]] = {}  # object id -> tasks waiting for it
         self.parked: dict[int, set[bytes]] = {}  # task id -> objects it still waits for
@@ -685,7 +687,7 @@ class WorkerAgent:
             log.error("worker %s: %s", self.name, reason)
             self.outbox.append(m.ClusterBroken(reason, message[1]))
             return
-        _, task_id, attempt, status, payload, started, finished, peak, result_objects, delivered = message
+        _, task_id, attempt, status, payload, started, finished, peak, result_objects, delivered, output = message
         p.seceded = False
         p.recalling = False  # its head changed; an answer still on its way hands back what it lists
         expected = p.outstanding.popleft()
@@ -710,7 +712,7 @@ class WorkerAgent:
             # A stale result goes too when it has store objects: the daemon drops the result
             # and deletes the objects, which nobody else would.
             facts = m.TaskFacts(self.name, started, finished, peak)
-            self.results.append(m.TaskResult(task_id, attempt, status, payload, facts, result_objects, delivered))
+            self.results.append(m.TaskResult(task_id, attempt, status, payload, facts, result_objects, delivered, output))
         if task is not None and self.blobs:
             self._drop_blobs(task)
         duration = finished - started
@@ -794,6 +796,8 @@ class WorkerAgent:
                 how += " by the kernel's out-of-memory killer (the cgroup's memory.events counted an oom_kill)"
             elif self.memory_limit is not None:
                 how += f", last private memory {_size(p.memory)} of the worker's limit {_size(self.memory_limit)}"
+        # A capturing task's output up to its death, read from its processor's files.
+        output = capture.read_files(self.capture_dir, p.pid, self.config.capture_output_limit) if self.capture_dir else b""
         tail = _last_lines(p.err_tail)
         if tail:
             how += "; its last stderr lines:\n    " + "\n    ".join(tail)
@@ -818,7 +822,11 @@ class WorkerAgent:
                     status, text = Status.CANCELLED, ""
                 else:
                     status, text = Status.PROCESSOR_DIED, f"processor pid {p.pid} {how} while running the task"
-                self.results.append(m.TaskResult(running, task.attempt, status, text.encode(), m.NO_FACTS, m.NO_OBJECTS))
+                if not task.flags & m.TaskFlags.CAPTURE:
+                    output = b""
+                self.results.append(
+                    m.TaskResult(running, task.attempt, status, text.encode(), m.NO_FACTS, m.NO_OBJECTS, False, output)
+                )
             # Tasks queued behind it never started: they go back to the front of our queue.
             for task_id in reversed(p.outstanding):
                 task = self.held.get(task_id)
@@ -966,6 +974,7 @@ class WorkerAgent:
                     if task.reply_to
                     else None,
                     task.authkey_file,
+                    [self._capture_dir(), self.config.capture_output_limit] if task.flags & m.TaskFlags.CAPTURE else None,
                 ],
                 use_bin_type=True,
             ),
@@ -1100,6 +1109,11 @@ class WorkerAgent:
 
     # ------------------------------------------------------------------ stop
 
+    def _capture_dir(self) -> str:
+        if not self.capture_dir:
+            self.capture_dir = tempfile.mkdtemp(prefix="scaler-capture-")
+        return self.capture_dir
+
     def _shutdown(self) -> None:
         try:
             if self.welcomed:
@@ -1120,6 +1134,10 @@ class WorkerAgent:
             os.waitpid(self.zygote.pid, 0)
         except ChildProcessError:
             pass
+        if self.capture_dir:
+            import shutil
+
+            shutil.rmtree(self.capture_dir, ignore_errors=True)
         self.sock.close()
         if self.store is not None:
             self.store.close()

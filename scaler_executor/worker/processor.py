@@ -5,8 +5,10 @@ It speaks to its worker agent over one stream socket (framed by
 
     agent ──[RUN, task, attempt, fn_id, fn_payload|None, flags, payload, deps, objects,
              store name, threshold, fetched objects|None, [reply socket, worker name, lane]|None,
-             client's authkey file|""]──► processor      (worker/mpkey.py)
-    agent ◄──[DONE, task, attempt, status, payload, started, finished, peak, objects, delivered]── processor
+             client's authkey file|"", [capture dir, limit]|None]──► processor
+                                              (worker/mpkey.py; worker/capture.py)
+    agent ◄──[DONE, task, attempt, status, payload, started, finished, peak, objects, delivered,
+              captured output|b""]── processor
     client ◄──result datagram── processor        (REPLY_DIRECT tasks: protocol/reply.py; then
                                                   DONE says delivered)
     agent ──[FORGET, [fn_id, ...]]──► processor        (drop cached callables)
@@ -51,6 +53,7 @@ from scaler_executor import _compat
 from scaler_executor.protocol import reply as direct
 from scaler_executor.protocol.messages import Status, TaskFacts, TaskFlags, TaskResult
 from scaler_executor.protocol.refs import install as install_deps
+from scaler_executor.worker.capture import Capture
 from scaler_executor.worker.framing import FrameReader
 from scaler_executor.worker.memory import private_memory
 from scaler_executor.worker.mpkey import ClientKeys
@@ -271,6 +274,7 @@ class _ProcessorState:
         self.reply_sock: socket.socket | None = None  # sends REPLY_DIRECT results to clients
         self.keys = ClientKeys()  # clients' multiprocessing authkeys (worker/mpkey.py)
         self.key_file = ""  # the running task's client's key file ("": none given)
+        self.capture: Capture | None = None  # made by the first CAPTURE task
 
     def use_store(self, name: str, threshold: int) -> None:
         self.threshold = threshold
@@ -433,7 +437,8 @@ def processor_main(
         message = state.take(unpackb(raw))
         if message is None:
             continue
-        _, task_id, attempt, fn_id, _fn_payload, flags, payload, deps, objects, store_name, threshold, blobs, reply, key_file = message
+        (_, task_id, attempt, fn_id, _fn_payload, flags, payload, deps, objects, store_name, threshold, blobs, reply, key_file,
+         capturing) = message
         # The client's authkey, from before its function is unpickled (a by-value function's
         # globals may hold manager proxies) until its task ends (worker/mpkey.py).
         state.key_file = key_file
@@ -448,7 +453,7 @@ def processor_main(
                 exc.add_note("while unpickling the task's function in the worker")
                 started = time.time()
                 with state.lock:  # the watchdog may be answering a recall on this socket
-                    conn.send_bytes(packb([DONE, task_id, attempt, Status.ERROR, dump_exception(exc), started, started, 0, [], False]))
+                    conn.send_bytes(packb([DONE, task_id, attempt, Status.ERROR, dump_exception(exc), started, started, 0, [], False, b""]))
                 continue
         state.task_id = task_id
         started = time.time()
@@ -459,13 +464,24 @@ def processor_main(
             exc.add_note("while attaching the object store in the worker")
             with state.lock:
                 state.task_id = 0
-                conn.send_bytes(packb([DONE, task_id, attempt, Status.ERROR, dump_exception(exc), started, started, 0, [], False]))
+                conn.send_bytes(packb([DONE, task_id, attempt, Status.ERROR, dump_exception(exc), started, started, 0, [], False, b""]))
             continue
         state.blobs = blobs
         writable = bool(flags & TaskFlags.WRITABLE)
         install_deps(deps, (lambda h, o: state.load(h, o, writable=True)) if writable else state.load)
         readonly = not writable and (bool(objects) or any(dep[2] for dep in deps))
-        status, result, result_objects = _run(fn, flags, payload, objects, state, readonly)
+        output = b""
+        if capturing is not None:
+            captured = state.capture
+            if captured is None or captured.directory != capturing[0] or captured.limit != capturing[1]:
+                captured = state.capture = Capture(capturing[0], capturing[1])
+            captured.start()
+            try:
+                status, result, result_objects = _run(fn, flags, payload, objects, state, readonly)
+            finally:
+                output = captured.stop()
+        else:
+            status, result, result_objects = _run(fn, flags, payload, objects, state, readonly)
         state.keys.restore(own_key)
         install_deps(None)  # let the dependency values go
         state.blobs = None
@@ -477,6 +493,7 @@ def processor_main(
         delivered = (
             reply is not None
             and not result_objects
+            and not output  # the reply datagram has no room for it: the agent's path carries it
             and finished - started < direct.DIRECT_SECONDS
             and len(result) <= direct.MAX_PAYLOAD
             and state.reply(reply, TaskResult(task_id, attempt, status, result, TaskFacts(reply[1], started, finished, 0), NO_OBJECTS))
@@ -485,7 +502,10 @@ def processor_main(
             state.task_id = 0
             state.seceded = False
             conn.send_bytes(
-                packb([DONE, task_id, attempt, status, result, started, finished, peak, result_objects, delivered], use_bin_type=True)
+                packb(
+                    [DONE, task_id, attempt, status, result, started, finished, peak, result_objects, delivered, output],
+                    use_bin_type=True,
+                )
             )
         state.put_arrays_in_store()  # if the task imported NumPy
         done += 1

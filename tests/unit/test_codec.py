@@ -437,7 +437,7 @@ def test_float_fields_accept_ints() -> None:
     assert dispatch.tasks[0].task_timeout == 30
     (hello,), _ = decode(raw(m.Hello, _with(m.Hello, resources={"cpu": 8})))
     assert hello.resources == {"cpu": 8}
-    (results,), _ = decode(raw(m.TaskResults, [[[1, 0, 0, b"", ["w", 1, 2, 0], [], False]]]))
+    (results,), _ = decode(raw(m.TaskResults, [[[1, 0, 0, b"", ["w", 1, 2, 0], [], False, b""]]]))
     assert results.results[0].facts.finished == 2
 
 
