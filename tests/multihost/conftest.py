@@ -32,8 +32,9 @@ def hosts(netns_ready: None) -> Iterator[net.Hosts]:
 def make_cluster(hosts: net.Hosts, request: pytest.FixtureRequest) -> Iterator[Any]:
     made: list[net.Cluster] = []
 
-    def make(daemon_flags: list[str] = (), worker_flags: list[str] = (), workers: tuple[str, ...] = ("w1", "w2")) -> net.Cluster:
-        cluster = net.Cluster(hosts, list(daemon_flags), list(worker_flags))
+    def make(daemon_flags: list[str] = (), worker_flags: list[str] = (), workers: tuple[str, ...] = ("w1", "w2"),
+             parties: dict[str, str] | None = None) -> net.Cluster:
+        cluster = net.Cluster(hosts, list(daemon_flags), list(worker_flags), parties=parties)
         made.append(cluster)
         cluster.start_daemon()
         for role in workers:
