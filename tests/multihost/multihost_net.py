@@ -305,10 +305,12 @@ class Driver:
     def __init__(self, party: Party, stdout: IO[str]) -> None:
         self.party = party
         self.stdout = stdout
+        self.closed = False
 
     def call(self, op: str, answer_within: float = 60.0, **fields: Any) -> dict[str, Any]:
         stdin = self.party.popen.stdin
         assert stdin is not None
+        self.closed = self.closed or op == "close"
         stdin.write(json.dumps({"op": op, **fields}) + "\n")
         stdin.flush()
         line = _readline(self.stdout, answer_within)
@@ -405,9 +407,9 @@ class Cluster:
     CLIENTS = 4
 
     def __init__(self, hosts: Hosts, daemon_flags: list[str], worker_flags: list[str], secure: bool = True,
-                 parties: dict[str, str] | None = None) -> None:
+                 parties: dict[str, str] | None = None, port: int = 8786) -> None:
         self.hosts = hosts
-        self.address = hosts.daemon_address()
+        self.address = hosts.daemon_address(port)
         self.daemon_flags = daemon_flags
         self.worker_flags = worker_flags
         self.security = hosts.security() if secure else None
@@ -446,20 +448,36 @@ class Cluster:
         return party
 
     def client(self, credentials: str | None = None, host: str = "client", **config: Any) -> Driver:
-        """A driven client on ``host``: its own new credential, or the file ``credentials``."""
-        here = os.path.dirname(os.path.abspath(__file__))
-        party = self.hosts.spawn(host, [sys.executable, os.path.join(here, "multihost_client.py")], stdin=True)
-        assert party.popen.stdout is not None
-        driver = Driver(party, party.popen.stdout)
+        """A driven client on ``host``: its own credential (issued before the daemon started), or the file ``credentials``."""
         settings = {"heartbeat_interval": HEARTBEAT, "heartbeat_liveness": LIVENESS, **config}
         executor: dict[str, Any] = {}
         if self.security is None:
             settings.update(INSECURE_CLIENT)
+        elif credentials is not None:
+            executor["credentials"] = credentials
         else:
-            executor["credentials"] = credentials or self.security.credential(f"client-{len(self.clients)}", "client")
+            name = f"client-{len(self.clients)}"
+            if name not in self.security.credentials:  # issued now, it would race the daemon's next read
+                raise AssertionError(f"{name} was not issued before the daemon started: raise Cluster.CLIENTS")
+            executor["credentials"] = self.security.credentials[name]
+        here = os.path.dirname(os.path.abspath(__file__))
+        party = self.hosts.spawn(host, [sys.executable, os.path.join(here, "multihost_client.py")], stdin=True)
+        assert party.popen.stdout is not None
+        driver = Driver(party, party.popen.stdout)
         self.clients.append(driver)
         driver.call("open", address=self.address, config=settings, executor=executor)
         return driver
+
+    def stop(self) -> None:
+        """Close the clients, then stop the workers and the daemon (a bench runs clusters in turn)."""
+        for driver in self.clients:
+            if not driver.closed and driver.party.alive():
+                driver.call("close", answer_within=60)
+            driver.party.stop()
+        for party in self.workers.values():
+            party.stop()
+        if self.daemon is not None:
+            self.daemon.stop()
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.host} ({p.pid}) ---\n{p.log()[-3000:]}" for p in self.hosts.parties)

@@ -90,7 +90,7 @@ def flood(address: str, count: int) -> None:
     host, port = address[len("tcp://") :].rsplit(":", 1)
     beats = codec.encode([m.Heartbeat(0, 0)] * (8 << 20))
     print("transmission bytes", sum(len(f) for f in beats), flush=True)
-    sockets = []
+    sockets: list[Any] = []
     for _ in range(count):
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 2000)
