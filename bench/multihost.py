@@ -15,9 +15,10 @@ client, each in its own network and mount namespace with a private /dev/shm) and
 * the time from starting a daemon again (the old one killed, no journal) to both workers
   joined, as a new client sees it.
 
-Runs alternate so that a busy machine weighs on every figure alike; each is the median
-of ``--repeat`` runs. Needs root (namespaces).  Without encryption: the daemon has no
-keys yet (``--insecure``).
+Each run measures the cluster twice, with CURVE (``--security``, a credential per party,
+the default) and without (``--insecure``), a fresh cluster each, in alternating order, so
+that a busy machine weighs on every figure alike; each is the median of ``--repeat`` runs.
+Needs root (namespaces).
 """
 
 from __future__ import annotations
@@ -122,28 +123,36 @@ def main() -> int:
     def note(key: str, value: float) -> None:
         runs.setdefault(key, []).append(value)
 
-    with net.Hosts(mtu=args.mtu) as hosts:
-        cluster = net.Cluster(hosts, [], [])
+    def measure(cluster: net.Cluster, mode: str) -> None:
         cluster.start_daemon()
         for role in ("w1", "w2"):
             cluster.start_worker(role)
-        for _ in range(args.repeat):
-            client = cluster.client()
-            net.poll(lambda c=client: c.call("stats")["stats"]["workers"] >= 2, 60, "two workers joined")
-            across = client.call("noop", answer_within=600, count=args.count, trips=args.trips)
-            note("across.throughput", across["throughput"])
-            note("across.round_trip_ms", across["round_trip_median"] * 1e3)
+        client = cluster.client()
+        net.poll(lambda c=client: c.call("stats")["stats"]["workers"] >= 2, 60, f"two workers joined ({mode})")
+        across = client.call("noop", answer_within=600, count=args.count, trips=args.trips)
+        note(f"{mode}.throughput", across["throughput"])
+        note(f"{mode}.round_trip_ms", across["round_trip_median"] * 1e3)
+        objects = client.call("put_fetch", answer_within=600, size=MB100)
+        assert objects["remote_ok"] and objects["get_ok"] and objects["back_ok"], objects
+        for key in ("put", "read_remotely", "get", "fetch"):
+            note(f"{mode}.object.{key}_MBps", MB100 / objects[key] / 1e6)
+        client.call("close")
+
+    with net.Hosts(mtu=args.mtu) as hosts:
+        for run in range(args.repeat):
+            for mode in ("curve", "plain") if run % 2 == 0 else ("plain", "curve"):
+                cluster = net.Cluster(hosts, [], [], secure=mode == "curve")
+                try:
+                    measure(cluster, mode)
+                    if mode == "curve":
+                        note("curve.restart_to_serving_s", restart_to_serving(cluster))
+                finally:
+                    cluster.stop()
             local = embedded(args.count, args.trips)
             note("embedded.throughput", local["throughput"])
             note("embedded.round_trip_ms", local["round_trip_median"] * 1e3)
-            objects = client.call("put_fetch", answer_within=600, size=MB100)
-            assert objects["remote_ok"] and objects["get_ok"] and objects["back_ok"], objects
-            for key in ("put", "read_remotely", "get", "fetch"):
-                note(f"object.{key}_MBps", MB100 / objects[key] / 1e6)
             note("raw_tcp_MBps", raw_tcp(hosts) / 1e6)
             note("memcpy_MBps", memcpy_rate() / 1e6)
-            client.call("close")
-            note("restart_to_serving_s", restart_to_serving(cluster))
     medians = {key: statistics.median(values) for key, values in runs.items()}
     if args.json:
         print(json.dumps({"medians": medians, "runs": runs}, indent=2))

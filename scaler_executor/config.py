@@ -281,6 +281,15 @@ class ClusterConfig:
         ge=1,
         le=2**31 - 1,  # ZeroMQ's high-water marks are C ints
     )
+    max_message_size: int = _opt(
+        256 << 20,
+        "largest frame, in bytes, the daemon accepts on tcp:// (ZMQ_MAXMSGSIZE): a peer that sends "
+        "a larger one is disconnected before the frame is held in memory",
+        "lower bounds what one peer can make the daemon allocate; keep it above 4 MiB (an object "
+        "chunk) and the largest pickled callable clients send",
+        ge=8 << 20,
+        le=2**62,
+    )
     submit_window: int = _opt(
         100_000,
         "tasks a client may have sent and not yet had acknowledged",

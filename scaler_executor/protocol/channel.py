@@ -160,15 +160,18 @@ def _zmq() -> Any:
     return zmq
 
 
-def bind(address: str, *, hwm: int, security: Any = None) -> Any:
+def bind(address: str, *, hwm: int, security: Any = None, max_message_size: int = -1) -> Any:
     """The daemon's channel at ``address`` (a RouterChannel or a StreamRouter).
+
+    ``max_message_size`` (tcp:// only; -1: none) is ZMQ_MAXMSGSIZE: libzmq disconnects a peer
+    that sends a larger frame instead of allocating it.
 
     ``security`` (tcp:// only: security.server.ServerSecurity) gets ``configure_server(context,
     socket)`` before the socket binds: its ZAP handler and CURVE keys are in place before any
     peer can connect."""
     if address.startswith("ipc://"):
         return StreamRouter(address[len("ipc://") :], hwm=hwm)
-    return RouterChannel(address, hwm=hwm, security=security)
+    return RouterChannel(address, hwm=hwm, security=security, max_message_size=max_message_size)
 
 
 def connect(address: str, *, hwm: int, linger: float, security: Any = None) -> Any:
@@ -235,9 +238,10 @@ class _ZmqChannel:
 
 
 class RouterChannel(_ZmqChannel):
-    def __init__(self, address: str, *, hwm: int, security: Any = None) -> None:
+    def __init__(self, address: str, *, hwm: int, security: Any = None, max_message_size: int = -1) -> None:
         super().__init__("ROUTER", hwm, 0.0)
         self.sock.setsockopt(_zmq().ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(_zmq().MAXMSGSIZE, max_message_size)
         if security is not None:
             security.configure_server(self.context, self.sock)
         self.sock.bind(address)

@@ -511,6 +511,8 @@ class Scheduler:
             if fn_id in client.functions:
                 client.functions.discard(fn_id)
                 self._release_function(fn_id)
+            elif fn_id in self.functions:
+                self._refuse(peer, "release-functions", f"function id {fn_id:#x} is not this client's")
 
     def _release_function(self, fn_id: int) -> None:
         """The client is done with a callable; it goes once no task refers to it any more."""
@@ -675,7 +677,12 @@ class Scheduler:
     def _on_cancel(self, peer: bytes, message: m.CancelTasks) -> None:
         """``force``: kill wherever it is.  Without it (``Future.cancel()``): drop only a task
         no worker holds, and say which were dropped, so ``cancel()`` returns True only for a
-        task that never runs; one at a worker (maybe still in its prefetch queue) runs on."""
+        task that never runs; one at a worker (maybe still in its prefetch queue) runs on.
+        Another client's task is left alone and the attempt refused (counted, logged)."""
+        for task_id in message.task_ids:
+            other = self.tasks.get(task_id)
+            if other is not None and other.client != peer:
+                self._refuse(peer, "cancel-tasks", f"task id {task_id:#x} is not this client's")
         if message.force:
             for task_id in message.task_ids:
                 task = self.tasks.get(task_id)

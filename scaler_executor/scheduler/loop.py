@@ -107,7 +107,9 @@ class Daemon:
         if security is not None:
             security.use_counters(self.core.counters)
         try:
-            self.sock = channel.bind(address, hwm=config.send_hwm, security=security)
+            self.sock = channel.bind(
+                address, hwm=config.send_hwm, security=security, max_message_size=config.max_message_size
+            )
         except BaseException:  # the address is taken, say: the store region must not outlive us
             self.objects.close()
             raise

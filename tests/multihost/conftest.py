@@ -32,9 +32,14 @@ def hosts(netns_ready: None) -> Iterator[net.Hosts]:
 def make_cluster(hosts: net.Hosts, request: pytest.FixtureRequest) -> Iterator[Any]:
     made: list[net.Cluster] = []
 
-    def make(daemon_flags: list[str] = (), worker_flags: list[str] = (), workers: tuple[str, ...] = ("w1", "w2")) -> net.Cluster:
-        cluster = net.Cluster(hosts, list(daemon_flags), list(worker_flags))
+    def make(daemon_flags: list[str] = (), worker_flags: list[str] = (), workers: tuple[str, ...] = ("w1", "w2"),
+             parties: dict[str, str] | None = None, revoked: tuple[str, ...] = ()) -> net.Cluster:
+        """A cluster; ``parties`` (name: role) get credentials, ``revoked`` are revoked, before the daemon starts."""
+        cluster = net.Cluster(hosts, list(daemon_flags), list(worker_flags), parties=parties)
         made.append(cluster)
+        assert cluster.security is not None
+        for name in revoked:
+            cluster.security.revoke(name)
         cluster.start_daemon()
         for role in workers:
             cluster.start_worker(role)

@@ -109,7 +109,8 @@ def sweep() -> list[str]:
             _kill_inside(name)
             _ip("netns", "del", name, check=False)
             removed.append(name)
-    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{PREFIX}*-logs-*")):
+    stale = glob.glob(os.path.join(tempfile.gettempdir(), f"{PREFIX}*-logs-*"))
+    for path in stale + glob.glob(os.path.join(KEYS_ROOT, f"{PREFIX}*-keys-*")):
         owner = os.path.basename(path)[len(PREFIX) :].split("-")[0]
         if owner.isdigit() and int(owner) != os.getpid() and not psutil.pid_exists(int(owner)):
             shutil.rmtree(path, ignore_errors=True)
@@ -179,6 +180,7 @@ class Hosts:
         self.parties: list[Party] = []
         self.logdir = tempfile.mkdtemp(prefix=f"{self.run}-logs-")
         self._made: list[str] = []
+        self._security: list[Security] = []
 
     # ------------------------------------------------------------------ network
 
@@ -259,6 +261,12 @@ class Hosts:
         self.parties.append(party)
         return party
 
+    def security(self) -> Security:
+        """A new security directory for a cluster on these hosts (removed by ``close``)."""
+        made = Security(self.run)
+        self._security.append(made)
+        return made
+
     def daemon_address(self, port: int = 8786) -> str:
         return f"tcp://{self.addresses['daemon']}:{port}"
 
@@ -269,6 +277,9 @@ class Hosts:
             _kill_inside(ns)
             _ip("netns", "del", ns, check=False)
         self._made.clear()
+        for security in self._security:
+            security.close()
+        self._security.clear()
         shutil.rmtree(self.logdir, ignore_errors=True)  # a failed test's fixture printed them first
 
     def __enter__(self) -> Hosts:
@@ -294,10 +305,12 @@ class Driver:
     def __init__(self, party: Party, stdout: IO[str]) -> None:
         self.party = party
         self.stdout = stdout
+        self.closed = False
 
     def call(self, op: str, answer_within: float = 60.0, **fields: Any) -> dict[str, Any]:
         stdin = self.party.popen.stdin
         assert stdin is not None
+        self.closed = self.closed or op == "close"
         stdin.write(json.dumps({"op": op, **fields}) + "\n")
         stdin.flush()
         line = _readline(self.stdout, answer_within)
@@ -331,11 +344,48 @@ def poll(condition: Callable[[], Any], timeout: float, what: str, interval: floa
 
 # ---------------------------------------------------------------------- a cluster on the hosts
 
-# Security: tcp:// without keys needs ``--insecure`` (``insecure = true``) for now. Every command
-# gets SECURITY_FLAGS and the client CLIENT_SECURITY: the one place to put credentials
-# (``--credentials FILE``, ``credentials=...``) once the daemon has them.
-SECURITY_FLAGS: list[str] = ["--insecure"]
-CLIENT_SECURITY: dict[str, Any] = {"insecure": True}
+# Security: every cluster has keys by default (``Cluster(secure=True)``). ``Security`` makes the
+# cluster's directory with ``scaler-keys init`` and one credential per party with ``scaler-keys
+# issue``, outside the parties' private /tmp (each host mounts its own tmpfs there, so a file in
+# the test process's /tmp is not visible to them): under KEYS_ROOT. ``secure=False`` runs the
+# same cluster with ``--insecure`` (bench/multihost.py compares the two).
+INSECURE_FLAGS: list[str] = ["--insecure"]
+INSECURE_CLIENT: dict[str, Any] = {"insecure": True}
+KEYS_ROOT = "/var/tmp"
+
+
+class Security:
+    """A cluster's security directory and its parties' credentials, made with ``scaler-keys``."""
+
+    def __init__(self, run: str) -> None:
+        self.root = tempfile.mkdtemp(prefix=f"{run}-keys-", dir=KEYS_ROOT)
+        self.path = os.path.join(self.root, "cluster")
+        keys("init", self.path)
+        self.credentials: dict[str, str] = {}
+
+    def credential(self, name: str, role: str) -> str:
+        """The credential file of ``name`` (issued on first use with ``role``)."""
+        if name not in self.credentials:
+            output = os.path.join(self.root, f"{name}.cred")
+            keys("issue", self.path, name, "--role", role, "--output", output)
+            self.credentials[name] = output
+        return self.credentials[name]
+
+    def revoke(self, name: str) -> None:
+        keys("revoke", self.path, name)
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def keys(*args: str) -> str:
+    """Run ``scaler-keys ARGS`` (the module, in this interpreter); its output, or fail with its error."""
+    run = subprocess.run([sys.executable, "-m", "scaler_executor.cli.keys", *args], capture_output=True,
+                         text=True, timeout=60, env=child_env(), cwd=REPO)
+    if run.returncode != 0:
+        raise AssertionError(f"scaler-keys {' '.join(args)} failed: {run.stderr.strip()}")
+    return run.stdout
+
 
 # Liveness on the multi-host tests' clusters: a peer silent for LIVENESS_LIMIT seconds is lost.
 HEARTBEAT = 0.2
@@ -345,20 +395,43 @@ COMMON = ["--heartbeat-interval", str(HEARTBEAT), "--heartbeat-liveness", str(LI
 
 
 class Cluster:
-    """A daemon on ``daemon``, workers on ``w1`` and ``w2``, a driven client on ``client``."""
+    """A daemon on ``daemon``, workers on ``w1`` and ``w2``, a driven client on ``client``.
 
-    def __init__(self, hosts: Hosts, daemon_flags: list[str], worker_flags: list[str]) -> None:
+    With ``secure`` (the default) the daemon runs ``--security DIR`` and every party holds a
+    credential of its own: a worker ``w1``'s is named ``w1`` (role worker), the n-th client's
+    ``client-n`` (role client). They are issued before the daemon starts (it reads its
+    allow-list at start and then every few seconds): the workers', ``CLIENTS`` clients' and
+    those ``parties`` names (name: role).
+    """
+
+    CLIENTS = 4
+
+    def __init__(self, hosts: Hosts, daemon_flags: list[str], worker_flags: list[str], secure: bool = True,
+                 parties: dict[str, str] | None = None, port: int = 8786) -> None:
         self.hosts = hosts
-        self.address = hosts.daemon_address()
+        self.address = hosts.daemon_address(port)
         self.daemon_flags = daemon_flags
         self.worker_flags = worker_flags
+        self.security = hosts.security() if secure else None
+        if self.security is not None:
+            wanted = {"w1": "worker", "w2": "worker", **{f"client-{i}": "client" for i in range(self.CLIENTS)}}
+            for name, role in {**wanted, **(parties or {})}.items():
+                self.security.credential(name, role)
         self.daemon: Party | None = None
         self.workers: dict[str, Party] = {}
         self.clients: list[Driver] = []
 
+    def _flags(self, name: str, role: str) -> list[str]:
+        if self.security is None:
+            return INSECURE_FLAGS
+        if role == "daemon":
+            return ["--security", self.security.path]
+        return ["--credentials", self.security.credential(name, role)]
+
     def start_daemon(self) -> Party:
         argv = [sys.executable, "-m", "scaler_executor.cli.daemon", "--address", self.address,
-                "--workers", "0", "--object-store-size", "768M", *COMMON, *SECURITY_FLAGS, *self.daemon_flags]
+                "--workers", "0", "--object-store-size", "768M", *COMMON, *self._flags("daemon", "daemon"),
+                *self.daemon_flags]
         self.daemon = self.hosts.spawn("daemon", argv)
         return self.daemon
 
@@ -366,21 +439,45 @@ class Cluster:
         assert self.daemon is not None
         self.daemon.stop(signal.SIGKILL)
 
-    def start_worker(self, role: str) -> Party:
+    def start_worker(self, role: str, flags: list[str] | None = None) -> Party:
+        """A worker on host ``role`` with its own credential (``flags``, if given, instead)."""
+        security = self._flags(role, "worker") if flags is None else flags
         argv = [sys.executable, "-m", "scaler_executor.cli.worker", self.address, "--name", role,
-                "--processors", "2", *COMMON, *SECURITY_FLAGS, *self.worker_flags]
+                "--processors", "2", *COMMON, *security, *self.worker_flags]
         self.workers[role] = party = self.hosts.spawn(role, argv)
         return party
 
-    def client(self, **config: Any) -> Driver:
+    def client(self, credentials: str | None = None, host: str = "client", **config: Any) -> Driver:
+        """A driven client on ``host``: its own credential (issued before the daemon started), or the file ``credentials``."""
+        settings = {"heartbeat_interval": HEARTBEAT, "heartbeat_liveness": LIVENESS, **config}
+        executor: dict[str, Any] = {}
+        if self.security is None:
+            settings.update(INSECURE_CLIENT)
+        elif credentials is not None:
+            executor["credentials"] = credentials
+        else:
+            name = f"client-{len(self.clients)}"
+            if name not in self.security.credentials:  # issued now, it would race the daemon's next read
+                raise AssertionError(f"{name} was not issued before the daemon started: raise Cluster.CLIENTS")
+            executor["credentials"] = self.security.credentials[name]
         here = os.path.dirname(os.path.abspath(__file__))
-        party = self.hosts.spawn("client", [sys.executable, os.path.join(here, "multihost_client.py")], stdin=True)
+        party = self.hosts.spawn(host, [sys.executable, os.path.join(here, "multihost_client.py")], stdin=True)
         assert party.popen.stdout is not None
         driver = Driver(party, party.popen.stdout)
-        settings = {"heartbeat_interval": HEARTBEAT, "heartbeat_liveness": LIVENESS, **CLIENT_SECURITY, **config}
-        driver.call("open", address=self.address, config=settings)
         self.clients.append(driver)
+        driver.call("open", address=self.address, config=settings, executor=executor)
         return driver
+
+    def stop(self) -> None:
+        """Close the clients, then stop the workers and the daemon (a bench runs clusters in turn)."""
+        for driver in self.clients:
+            if not driver.closed and driver.party.alive():
+                driver.call("close", answer_within=60)
+            driver.party.stop()
+        for party in self.workers.values():
+            party.stop()
+        if self.daemon is not None:
+            self.daemon.stop()
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.host} ({p.pid}) ---\n{p.log()[-3000:]}" for p in self.hosts.parties)

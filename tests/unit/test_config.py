@@ -53,6 +53,7 @@ def test_defaults() -> None:
         "max_retries": 3,
         "max_tasks_per_child": None,
         "send_hwm": 1000,
+        "max_message_size": 256 << 20,
         "submit_window": 100_000,
         "worker_lanes": True,
         "max_prefetch": 256,
@@ -375,3 +376,10 @@ def test_sizes_read_every_common_spelling_as_binary_multiples() -> None:
             parse_size(bad)
     config = ClusterConfig().replace(object_store_size="256MiB")
     assert config.object_store_size == "256MiB"
+
+
+def test_max_message_size_keeps_an_object_chunk() -> None:
+    """Below 8 MiB a 4 MiB object chunk (plus its header) could be cut: refused, naming the key."""
+    with pytest.raises(ConfigError, match="max_message_size"):
+        ClusterConfig(max_message_size=1 << 20)
+    assert ClusterConfig(max_message_size=8 << 20).max_message_size == 8 << 20

@@ -618,6 +618,18 @@ def test_release_of_a_function_the_client_never_registered_is_ignored(cluster: C
     other = cluster.client(b"c2")
     cluster.send(b"c2", m.ReleaseFunctions([fn, tid(other, 5)]))
     assert fn in cluster.scheduler.functions
+    assert cluster.stat("refused") == 1  # another client's function: refused; an unknown id: ignored
+
+
+def test_a_client_cannot_cancel_another_clients_task(cluster: Cluster) -> None:
+    cid, fn = client_with_function(cluster)
+    cluster.client(b"c2")
+    t = tid(cid, 1)
+    cluster.send(b"c1", m.SubmitTasks([spec(t, fn_id=fn)]))  # queued: no worker yet
+    out = cluster.send(b"c2", m.CancelTasks([t], False))
+    assert out.to(b"c2") == [m.TasksCancelled([], [t])]
+    cluster.send(b"c2", m.CancelTasks([t], True))
+    assert t in cluster.scheduler.tasks and cluster.stat("refused") == 2  # still c1's, still queued
 
 
 def test_a_client_cannot_register_over_another_clients_function(cluster: Cluster) -> None:
