@@ -123,7 +123,7 @@ def install(store: ObjectStore, threshold: int, limit: int | None = None) -> Ins
     default = _capsule_pointer(default_capsule, b"mem_handler")
     out = ffi.new("void **")
     store._check(
-        lib.objstore_np_handler(store._handle, threshold, limit, ffi.cast("void *", default), out),
+        store._call(lib.objstore_np_handler, threshold, limit, ffi.cast("void *", default), out),
         "install the NumPy handler",
     )
     name = int(ffi.cast("uintptr_t", lib.objstore_np_capsule_name()))  # static: outlives the capsule

@@ -30,12 +30,13 @@ the region lock serialises them), but ``close()`` must not race other calls on t
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import itertools
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any, Literal, Self
 
@@ -142,6 +143,7 @@ class _Region:
         self.release_failures = 0
         self._tokens = itertools.count()
         self._lock = threading.RLock()
+        self.users = 0  # threads inside a C call on the handle (ObjectStore._use)
 
     def view(self, object_id: bytes, ptr: Any, size: int, writable: bool) -> memoryview:
         held = _Held(object_id, writable)
@@ -205,6 +207,8 @@ class _Region:
 
     def close_now(self) -> None:
         with self._lock:
+            if self.users:
+                return  # a thread is inside a C call on the mapping: the last one closes it
             handle, self.handle = self.handle, None
             if handle is not None:
                 ffi.release(handle)  # runs objstore_close now
@@ -326,7 +330,7 @@ class ObjectStore:
         :meth:`get` returns lies inside it (how tests prove a value is zero-copy)."""
         base = ffi.new("const void **")
         size = ffi.new("uint64_t *")
-        lib.objstore_mapping(self._handle, base, size)
+        self._call(lib.objstore_mapping, base, size)
         return int(ffi.cast("uintptr_t", base[0])), int(size[0])
 
     @property
@@ -385,7 +389,6 @@ class ObjectStore:
         ObjectStoreFull, ObjectTableFull, StoreLockTimeout.
         """
         oid = _object_id(object_id)
-        handle = self._handle
         view = memoryview(data)
         if not view.c_contiguous:
             view = memoryview(view.tobytes())
@@ -394,11 +397,12 @@ class ObjectStore:
         # kept by a traceback cycle that still holds an exported memoryview can crash
         # CPython's garbage collector (memory_clear drops the buffer under the export).
         try:
-            if size:
-                with ffi.from_buffer(view) as source:
-                    st = lib.objstore_put(handle, oid, source, size)
-            else:
-                st = lib.objstore_put(handle, oid, ffi.NULL, 0)
+            with self._use() as handle:
+                if size:
+                    with ffi.from_buffer(view) as source:
+                        st = lib.objstore_put(handle, oid, source, size)
+                else:
+                    st = lib.objstore_put(handle, oid, ffi.NULL, 0)
         finally:
             view.release()
         self._check(st, "put", oid, size)
@@ -414,8 +418,9 @@ class ObjectStore:
         if size < 0:
             raise ValueError(f"size must be >= 0, got {size}")
         data = ffi.new("void **")
-        self._check(lib.objstore_create(self._handle, oid, size, data), "create", oid, size)
-        return self._region.view(oid, data[0], size, writable=True)
+        with self._use() as handle:  # the view is registered before a close may unmap
+            self._check(lib.objstore_create(handle, oid, size, data), "create", oid, size)
+            return self._region.view(oid, data[0], size, writable=True)
 
     def seal(self, object_id: bytes) -> None:
         """Make the object immutable and visible to readers; release its writable views.
@@ -424,7 +429,7 @@ class ObjectStore:
         goes. Raises ObjectNotFound, ObjectAlreadySealed, ObjectNotHeld.
         """
         oid = _object_id(object_id)
-        self._check(lib.objstore_seal(self._handle, oid), "seal", oid)
+        self._check(self._call(lib.objstore_seal, oid), "seal", oid)
         for _held, view in list(self._region.find(oid, writable=True)):
             try:
                 view.release()
@@ -444,7 +449,7 @@ class ObjectStore:
         if not base <= address < base + length:
             return None
         oid = ffi.new("char[16]")
-        st = lib.objstore_seal_at(self._handle, ffi.cast("void *", address), size, oid)
+        st = self._call(lib.objstore_seal_at, ffi.cast("void *", address), size, oid)
         if st in (lib.OBJSTORE_E_NOT_FOUND, lib.OBJSTORE_E_SEALED, lib.OBJSTORE_E_NOT_HELD):
             return None
         self._check(st, "seal_at")
@@ -459,7 +464,7 @@ class ObjectStore:
         oid = ffi.new("char[16]")
         size = ffi.new("uint64_t *")
         state = ffi.new("int *")
-        st = lib.objstore_object_at(self._handle, ffi.cast("void *", address), oid, size, state)
+        st = self._call(lib.objstore_object_at, ffi.cast("void *", address), oid, size, state)
         if st == lib.OBJSTORE_E_NOT_FOUND:
             return None
         self._check(st, "object_at")
@@ -476,11 +481,11 @@ class ObjectStore:
         state = self.state(oid)
         if state != "unsealed":
             # let the C library produce the exact status for this state
-            self._check(lib.objstore_abort(self._handle, oid), "abort", oid)
+            self._check(self._call(lib.objstore_abort, oid), "abort", oid)
             return
         views = list(self._region.find(oid, writable=True))
         if not views:
-            self._check(lib.objstore_abort(self._handle, oid), "abort", oid)
+            self._check(self._call(lib.objstore_abort, oid), "abort", oid)
             return
         for held, view in views:
             _release_view(held, view, oid)
@@ -497,8 +502,9 @@ class ObjectStore:
         oid = _object_id(object_id)
         data = ffi.new("const void **")
         size = ffi.new("uint64_t *")
-        self._check(lib.objstore_get(self._handle, oid, data, size), "get", oid)
-        return self._region.view(oid, data[0], int(size[0]), writable=False)
+        with self._use() as handle:  # the view is registered before a close may unmap
+            self._check(lib.objstore_get(handle, oid, data, size), "get", oid)
+            return self._region.view(oid, data[0], int(size[0]), writable=False)
 
     def release(self, object_id: bytes) -> None:
         """Release the most recent live view returned by :meth:`get` for ``object_id``.
@@ -523,14 +529,14 @@ class ObjectStore:
         """
         oid = _object_id(object_id)
         deferred = ffi.new("int *")
-        self._check(lib.objstore_delete(self._handle, oid, deferred), "delete", oid)
+        self._check(self._call(lib.objstore_delete, oid, deferred), "delete", oid)
         return not deferred[0]
 
     def state(self, object_id: bytes) -> ObjectState:
         """``"absent"``, ``"unsealed"``, ``"sealed"`` or ``"delete_pending"``."""
         oid = _object_id(object_id)
         out = ffi.new("int *")
-        self._check(lib.objstore_contains(self._handle, oid, out), "contains", oid)
+        self._check(self._call(lib.objstore_contains, oid, out), "contains", oid)
         return _STATES[out[0]]
 
     def contains(self, object_id: bytes) -> bool:
@@ -543,7 +549,7 @@ class ObjectStore:
         room = 0
         while True:
             ids = ffi.new("char[]", max(1, room) * ID_SIZE)
-            self._check(lib.objstore_list(self._handle, ids, room, count), "list")
+            self._check(self._call(lib.objstore_list, ids, room, count), "list")
             if count[0] <= room:
                 raw = ffi.buffer(ids, count[0] * ID_SIZE)[:]
                 return [raw[i : i + ID_SIZE] for i in range(0, len(raw), ID_SIZE)]
@@ -557,7 +563,7 @@ class ObjectStore:
     def stats(self) -> ObjectStoreStats:
         """A snapshot of capacity, use, objects, references and processes."""
         out = ffi.new("objstore_stats_t *")
-        self._check(lib.objstore_stats(self._handle, out), "stats")
+        self._check(self._call(lib.objstore_stats, out), "stats")
         values: dict[str, Any] = {
             f.name: int(getattr(out, f.name)) for f in fields(ObjectStoreStats)
         }
@@ -567,13 +573,13 @@ class ObjectStore:
     def reap(self) -> int:
         """Return the references and slots of processes that are gone; how many were."""
         out = ffi.new("uint32_t *")
-        self._check(lib.objstore_reap(self._handle, out), "reap")
+        self._check(self._call(lib.objstore_reap, out), "reap")
         return int(out[0])
 
     def validate(self) -> None:
         """Check every invariant of the region; raise StoreCorrupt saying which failed."""
         msg = ffi.new("char[512]")
-        st = lib.objstore_validate(self._handle, msg, 512)
+        st = self._call(lib.objstore_validate, msg, 512)
         if st == lib.OBJSTORE_E_CORRUPT:
             raise StoreCorrupt(f"validate on region {self._name!r}: {ffi.string(msg).decode()}")
         self._check(st, "validate")
@@ -587,21 +593,39 @@ class ObjectStore:
             raise ValueError(f"unknown crash point {point!r}; choose one of {CRASH_POINTS}")
         code = getattr(lib, "OBJSTORE_CRASH_" + point.upper())
         act = lib.OBJSTORE_CRASH_STOP if action == "stop" else lib.OBJSTORE_CRASH_EXIT
-        lib.objstore_test_crash_point(self._handle, code, countdown, act)
+        self._call(lib.objstore_test_crash_point, code, countdown, act)
 
     def _test_set_commit_limit(self, limit: int) -> None:
         """Tests only: committing the region past ``limit`` bytes (from its start,
         tables included) fails for this handle as if /dev/shm were full; 0 lifts it."""
-        lib.objstore_test_set_commit_limit(self._handle, limit)
+        self._call(lib.objstore_test_set_commit_limit, limit)
 
     # ------------------------------------------------------------ helpers
 
-    @property
-    def _handle(self) -> Any:
-        handle = self._region.handle
-        if self._closed or handle is None:
-            raise ValueError(f"the object store {self._name!r} is closed")
-        return handle
+    @contextlib.contextmanager
+    def _use(self) -> Iterator[Any]:
+        """The C handle, kept mapped until the block ends: another thread's ``close`` (the
+        client's agent tearing down while a user thread reads the store) waits for it
+        instead of unmapping the region under a running C call."""
+        region = self._region
+        with region._lock:
+            handle = region.handle
+            if self._closed or handle is None:
+                raise ValueError(f"the object store {self._name!r} is closed")
+            region.users += 1
+        try:
+            yield handle
+        finally:
+            with region._lock:
+                region.users -= 1
+                close = region.closing and not region.users and not region.live
+            if close:
+                region.close_now()
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(handle, *args)`` inside :meth:`_use`."""
+        with self._use() as handle:
+            return fn(handle, *args)
 
     def _check(self, st: int, operation: str, oid: bytes | None = None, size: int = 0) -> None:
         if st == lib.OBJSTORE_OK:

@@ -121,11 +121,10 @@ def test_a_worker_key_cannot_submit_and_a_client_key_cannot_serve(make_cluster) 
     cluster = make_cluster(workers=("w1",), parties={"stolen-worker": "worker", "stolen-client": "client"})
     client = _ready(cluster)
     assert cluster.security is not None
-    thief = cluster.client(credentials=cluster.security.credential("stolen-worker", "worker"), host="rogue")
-    batch = thief.call("submit", fn="where", args=[[1]])["batch"]
-    errors = thief.call("wait", batch=batch, timeout=60)["errors"]
-    assert errors[0] is not None and errors[0][0] == "DaemonLost", errors
-    assert "has role worker: it cannot join as a client" in errors[0][1]
+    # The constructor waits for the daemon's answer: the refusal is the ScalerExecutor's own
+    # DaemonLost, raised in the rogue host's client process (the harness reports it).
+    with pytest.raises(AssertionError, match=r"(?s)failed in 'open'.*DaemonLost.*has role worker: it cannot join as a client"):
+        cluster.client(credentials=cluster.security.credential("stolen-worker", "worker"), host="rogue")
     fake = cluster.start_worker("rogue", ["--credentials", cluster.security.credential("stolen-client", "client")])
     assert fake.popen.wait(60) == 2, fake.log()
     assert "has role client: it cannot join as a worker" in fake.log()
@@ -177,12 +176,10 @@ def test_a_wrong_daemon_key_and_a_revoked_key_are_named(make_cluster) -> None:
         (stranger, "likely the wrong daemon key"),
         (cluster.security.credential("carol", "client"), "not in the daemon's allow-list"),
     ):
-        rogue = cluster.client(credentials=credential, host="rogue")
-        batch = rogue.call("submit", fn="where", args=[[1]])["batch"]
-        errors = rogue.call("wait", batch=batch, timeout=60)["errors"]
-        assert errors[0] is not None and errors[0][0] == "DaemonLost", errors
-        assert expect in errors[0][1] and cluster.address in errors[0][1], errors
-        rogue.call("close")
+        # The constructor waits for the daemon's answer: its DaemonLost names the cause.
+        with pytest.raises(AssertionError, match=r"(?s)failed in 'open'.*DaemonLost: the daemon at (\S+) .*") as caught:
+            cluster.client(credentials=credential, host="rogue")
+        assert expect in str(caught.value) and cluster.address in str(caught.value), caught.value
     log = _daemon_log(cluster)
     assert f"refused a connection from {cluster.hosts.addresses['rogue']}: key SHA256:" in log, log
     assert _stats(client)["submitted"] == 0
