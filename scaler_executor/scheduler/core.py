@@ -68,6 +68,7 @@ WORKER_STATUSES = frozenset(
 # What a task without store objects or dependencies records: one shared empty tuple, not
 # the two empty lists the codec decoded (112 bytes of each pending task).
 NONE: tuple[()] = ()
+NO_CLIENT = b""  # the owner of a task whose client is gone (no ZeroMQ identity is empty)
 
 # --------------------------------------------------------------------------- events / commands
 
@@ -768,6 +769,10 @@ class Scheduler:
             task = self.tasks.get(task_id)
             if task is not None:
                 self._cancel(task, force=False)
+                if task_id in self.tasks:
+                    # Still at a worker (cancelling): it belongs to no client now, so a client
+                    # that joins again on the same connection gets neither its result nor a say.
+                    task.client = NO_CLIENT
         for fn_id in list(client.functions):
             self._release_function(fn_id)
         for object_id, count in client.objects.items():
