@@ -381,3 +381,20 @@ def test_rejoined_client_does_not_inherit_its_old_sessions_task() -> None:
     out = cluster.send(b"w1", m.TaskResults([result(task)]))
     assert not out.results(b"c1")
     assert task not in cluster.scheduler.tasks
+
+
+def test_client_may_not_submit_an_on_lane_task() -> None:
+    """Found by test_core_survives_reordered_and_duplicated_flows: a submitted task flagged
+    ON_LANE (the daemon's own record of a lane task) was never dispatched nor answered; a
+    dependent of it then outlived it and validate() failed with a KeyError."""
+    cluster = FuzzCluster(CONFIG)
+    cid = cluster.client(b"c1")
+    cluster.worker(b"w1")
+    lane, plain = tid(cid, 1), tid(cid, 2)
+    bad = spec(lane)._replace(flags=m.TaskFlags.ON_LANE | m.TaskFlags.INLINE_FN)
+    out = cluster.send(b"c1", m.SubmitTasks([bad, spec(plain, deps=[lane])]))
+    statuses = {r.task_id: r.status for r in out.results(b"c1")}
+    assert statuses[lane] == Status.REJECTED
+    assert lane not in cluster.scheduler.tasks
+    cluster.step(PeerUnreachable(b"w1", cluster.now))
+    assert not cluster.scheduler.tasks or all(t.task_id != lane for t in cluster.scheduler.tasks.values())
