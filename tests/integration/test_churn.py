@@ -138,7 +138,7 @@ def test_vanished_clients_are_freed(daemon: Daemon) -> None:
             s = stats()
             return s["clients"] == 1 and s["tasks"] == 0 and s["functions"] == 0
 
-        for first in range(0, CLIENTS, AT_ONCE):
+        for _first in range(0, CLIENTS, AT_ONCE):
             batch = [daemon.client() for _ in range(AT_ONCE)]
             for proc in batch:
                 assert proc.stdout is not None

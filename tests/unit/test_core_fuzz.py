@@ -14,6 +14,8 @@ its traceback, which this test counts as a failure.
 from __future__ import annotations
 
 import logging
+import os
+import types
 import typing
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +24,7 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_core import CONFIG, Cluster, Out, hello, result, spec, tid
 
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.codec import VERSION_FRAME, DecodeError, decode, encode
@@ -35,8 +38,6 @@ from scaler_executor.scheduler.core import (
     Wake,
     WorkerExited,
 )
-
-from test_core import CONFIG, Cluster, Out, hello, result, spec, tid
 
 
 class FuzzCluster(Cluster):
@@ -55,7 +56,7 @@ class FuzzCluster(Cluster):
 
 # Ids the core is likely to know (tasks and functions of clients 1..4, peers' pids), mixed
 # with edges of msgpack's integer range.
-_KNOWN_IDS = [tid(c, n) for c in range(1, 5) for n in range(0, 6)] + [tid(c, 1_000_001) for c in range(1, 5)]
+_KNOWN_IDS = [tid(c, n) for c in range(1, 5) for n in range(6)] + [tid(c, 1_000_001) for c in range(1, 5)]
 _INTS = st.one_of(
     st.integers(-2, 6),
     st.sampled_from(_KNOWN_IDS),
@@ -92,7 +93,7 @@ def strategy_for(tp: Any) -> st.SearchStrategy[Any]:
         result = _PRIMITIVES[tp]
     elif getattr(tp, "__supertype__", None) is not None:  # NewType
         result = strategy_for(tp.__supertype__)
-    elif origin in (typing.Union, getattr(__import__("types"), "UnionType")):
+    elif origin in (typing.Union, types.UnionType):
         result = st.one_of(*[st.none() if a is type(None) else strategy_for(a) for a in args])
     elif origin is list:
         result = st.lists(st.deferred(lambda: strategy_for(args[0])), max_size=4)
@@ -218,8 +219,11 @@ def _run_core(events: list[Any], dts: list[float], failures: _Failures) -> None:
     assert not cluster.scheduler.tasks, list(cluster.scheduler.tasks.values())[:3]
 
 
+# Examples per run: a quick pass by default; SCALER_FUZZ_EXAMPLES=N for a longer one.
+EXAMPLES = int(os.environ.get("SCALER_FUZZ_EXAMPLES", "100"))
+
 _SETTINGS = settings(
-    max_examples=300,
+    max_examples=EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
 )
@@ -250,7 +254,7 @@ def protocol_flow(draw: st.DrawFn) -> list[Any]:
         roll = draw(st.integers(0, 11))
         t = draw(st.sampled_from(tasks))
         if roll < 3:
-            deps = draw(st.lists(st.sampled_from(tasks + [tid(2, 1), 0, -1]), max_size=3))
+            deps = draw(st.lists(st.sampled_from([*tasks, tid(2, 1), 0, -1]), max_size=3))
             flags = draw(st.sampled_from([m.TaskFlags.INLINE_FN, m.TaskFlags.CALL, 0, 0xFFFF]))
             f = fn if flags == m.TaskFlags.CALL else draw(st.sampled_from([0, fn]))
             flow.append(Received(b"c1", [m.SubmitTasks([m.TaskSpec(t, f, 0, flags, b"a", deps, [], 0)])], 0.0))
@@ -291,7 +295,7 @@ def test_core_survives_reordered_and_duplicated_flows(flow: list[Any], data: st.
 
 def _decode_or_error(frames: list[bytes]) -> None:
     try:
-        messages, buffers = decode(frames)
+        messages, _buffers = decode(frames)
     except DecodeError:
         return
     # What decodes is well-typed: it encodes again and decodes to the same messages.
@@ -309,13 +313,13 @@ def _has_nan(value: Any) -> bool:
     return False
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=EXAMPLES * 5, deadline=None)
 @given(st.lists(st.binary(max_size=64), max_size=4))
 def test_decode_random_frames(frames: list[bytes]) -> None:
     _decode_or_error(frames)
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=EXAMPLES * 5, deadline=None)
 @given(st.binary(max_size=200))
 def test_decode_random_body(body: bytes) -> None:
     _decode_or_error([VERSION_FRAME, body])
@@ -328,14 +332,14 @@ _msgpack_values = st.recursive(
 )
 
 
-@settings(max_examples=1000, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(list(MESSAGE_TAGS.values()) + [0, 99, -1]), _msgpack_values), max_size=3))
+@settings(max_examples=EXAMPLES * 5, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([*list(MESSAGE_TAGS.values()), 0, 99, -1]), _msgpack_values), max_size=3))
 def test_decode_well_framed_garbage(batch: list[tuple[int, Any]]) -> None:
     """Valid msgpack, valid tags, fields of any shape."""
     _decode_or_error([VERSION_FRAME, msgpack.packb([list(x) for x in batch], use_bin_type=True)])
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=EXAMPLES * 5, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(any_message, min_size=1, max_size=3), st.data())
 def test_decode_mutated_transmissions(batch: list[Any], data: st.DataObject) -> None:
     frames = encode(batch)
