@@ -109,3 +109,21 @@ def test_done_callback_at_the_limit_gets_the_error(gates: list[Gate]) -> None:
         second.open()
         assert b.result(timeout=BOUND) == "b"
         assert outcomes[0].result(timeout=BOUND) == "c"
+
+
+def test_a_flood_keeps_the_daemon_within_the_limit() -> None:
+    """A submitter that never waits: the daemon never holds more than max_pending_tasks of
+    its tasks, and every future completes with its value."""
+    limit, n = 200, 3000
+    with ScalerExecutor(max_workers=1, config=fast_config(max_pending_tasks=limit)) as ex:
+        futures: list[Any] = []
+        thread = threading.Thread(target=lambda: futures.extend(ex.submit(echo, i) for i in range(n)))
+        thread.start()
+        samples = []
+        try:
+            while thread.is_alive():
+                samples.append(ex.statistics(timeout=BOUND)["tasks"])
+        finally:
+            thread.join(BOUND)
+        assert samples and max(samples) <= limit, (limit, max(samples))
+        assert [f.result(timeout=BOUND) for f in futures] == list(range(n))
