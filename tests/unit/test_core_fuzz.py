@@ -221,6 +221,7 @@ def _run_core(events: list[Any], dts: list[float], failures: _Failures) -> None:
 
 # Examples per run: a quick pass by default; SCALER_FUZZ_EXAMPLES=N for a longer one.
 EXAMPLES = int(os.environ.get("SCALER_FUZZ_EXAMPLES", "100"))
+pytestmark = pytest.mark.timeout(max(120, EXAMPLES // 2))  # a longer pass may take longer
 
 _SETTINGS = settings(
     max_examples=EXAMPLES,
