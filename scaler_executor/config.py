@@ -296,6 +296,24 @@ class ClusterConfig:
         "higher pipelines submits, lower bounds client memory and applies backpressure",
         ge=1,
     )
+    max_pending_tasks: int = _opt(
+        1_000_000,
+        "tasks a client may have pending (submitted, future not yet done)",
+        "bounds the client's and the daemon's memory under a flood; at the limit submit waits or raises (pending_full)",
+        ge=1,
+    )
+    max_pending_bytes: int = _opt(
+        8 * 2**30,
+        "bytes of pickled arguments a client may have pending",
+        "bounds memory held by pending tasks' arguments; a larger task alone is still admitted",
+        ge=1,
+    )
+    pending_full: str = _opt(
+        "block",
+        "what submit on a user thread does at a pending limit: block until a task completes, or raise PendingLimitReached",
+        "block applies backpressure to the submitter; on the client's own threads (done-callbacks) submit always raises",
+        check=lambda v: None if v in ("block", "raise") else "must be block or raise",
+    )
     worker_lanes: bool = _opt(
         True,
         "a client on a worker's host submits a task it submitted alone straight to that worker",

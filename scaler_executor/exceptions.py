@@ -26,6 +26,7 @@ __all__ = [
     "DaemonLost",
     "InitializerFailed",
     "NoWorkerWarning",
+    "PendingLimitReached",
     "ProtocolError",
     "ProxyUnavailable",
     "RemoteError",
@@ -150,6 +151,11 @@ class DaemonLost(BrokenScalerExecutor):
 
 
 # --------------------------------------------------------------------------- warnings
+
+
+class PendingLimitReached(RuntimeError):
+    """``submit`` found ``max_pending_tasks`` or ``max_pending_bytes`` reached and may not
+    wait for room: ``pending_full="raise"``, or on the client's own thread (a done-callback)."""
 
 
 class NoWorkerWarning(UserWarning):

@@ -72,6 +72,7 @@ from scaler_executor.client.completion import (
 )
 from scaler_executor.client.future import TaskFuture
 from scaler_executor.client.no_worker import warn_no_worker
+from scaler_executor.client.pending import PendingLimit
 from scaler_executor.client.pickling import (
     AfterLane,
     DependencyFailed,
@@ -146,6 +147,12 @@ class ClientAgent:
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.lock = ranked_lock("ClientAgent.lock", LOCK_RANK_CORE)  # the core, and the shutdown and broken flags
         self.core = ClientCore(config.submit_window)
+        self.pending = self.core.pending = PendingLimit(
+            config.max_pending_tasks,
+            config.max_pending_bytes,
+            block=config.pending_full == "block",
+            own_thread=lambda: threading.current_thread() in self.completer.threads,
+        )
         self.packer = Packer(self, config)
         self.completion = Completion(self)
         self.stats_waiters: deque[Future[dict[str, Any]]] = deque()
@@ -243,21 +250,35 @@ class ClientAgent:
             exc.add_note(note())
             future.set_exception(exc)
             return future
+        size = len(pickled.payload)
         try:
-            self._enqueue(future, fn_id, options_id, flags, pickled, pack if pickled.deps else None)
+            self.pending.charge(size)  # waits for room (or raises) at max_pending_tasks/bytes
+            try:
+                self._enqueue(future, fn_id, options_id, flags, pickled, pack if pickled.deps else None, size)
+            except BaseException:
+                self.pending.free(size)
+                raise
         except BaseException:
             self.packer.discard_created(pickled)
             raise
         return future
 
     def _enqueue(
-        self, future: TaskFuture[Any], fn_id: int, options_id: int, flags: int, pickled: Pickled, repack: Pack | None
+        self,
+        future: TaskFuture[Any],
+        fn_id: int,
+        options_id: int,
+        flags: int,
+        pickled: Pickled,
+        repack: Pack | None,
+        charge: int = -1,
     ) -> None:
         core = self.core
         with self.lock:
             self.check_usable()
             alone = not core.records
             record = core.new_task(future, UNSENT, time.time())
+            record.charge = charge
             if repack is not None:
                 record.repack = (repack, options_id)
             if alone:
@@ -446,6 +467,7 @@ class ClientAgent:
         # The agent decides to stop under the lock (_turns) and _enqueue checks the flag
         # under it, so a submit racing this either lands before the agent stops or raises.
         self.shutdown_requested = True
+        self.pending.close()  # a submit waiting for room raises (after shutdown) instead
         own = threading.current_thread() in self.completer.threads
         if cancel_futures:
             # All pending tasks asked of the daemon in one message; returns once it

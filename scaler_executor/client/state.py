@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from scaler_executor.client.pending import PendingLimit
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import TaskFlags, TaskOptions
 
@@ -99,7 +100,7 @@ class TaskItem(NamedTuple):
 class TaskRecord:
     """One outstanding task: its future and what sending it again needs."""
 
-    __slots__ = ("n", "future", "where", "submitted", "repack", "item", "blob", "cancel", "owner")
+    __slots__ = ("n", "future", "where", "submitted", "repack", "item", "blob", "cancel", "owner", "charge")
 
     def __init__(self, n: int, future: Any, where: str, submitted: float, owner: ClientCore) -> None:
         self.n = n
@@ -111,6 +112,7 @@ class TaskRecord:
         self.blob: bytes | None = None  # its callable, for a lane task (it may be released meanwhile)
         self.cancel: Any = None  # the agent's wait for the daemon's answer to a cancel
         self.owner = owner  # which client's task: futures of other executors are not ours
+        self.charge = -1  # bytes charged to the pending limit (client/pending.py); -1: not charged
 
     def __repr__(self) -> str:
         return f"<TaskRecord {self.n} {self.where}>"
@@ -130,6 +132,12 @@ class ClientCore:
         self.fn_payloads: dict[int, bytes] = {}  # registered callables (a lane's first task needs one)
         self.fn_cache: weakref.WeakKeyDictionary[Callable[..., Any], int] = weakref.WeakKeyDictionary()
         self.options: dict[tuple[Any, ...], int] = {}
+        self.pending: PendingLimit | None = None  # frees a charged task as its record leaves
+
+    def _left(self, record: TaskRecord) -> None:
+        if record.charge >= 0 and self.pending is not None:
+            self.pending.free(record.charge)
+            record.charge = -1
 
     # ------------------------------------------------------------------ tasks
 
@@ -160,6 +168,7 @@ class ClientCore:
         if where is None:
             if self.records.get(record.n) is record:
                 del self.records[record.n]
+                self._left(record)
         else:
             record.where = where
         return where
@@ -167,7 +176,10 @@ class ClientCore:
     def claim(self, n: int) -> TaskRecord | None:
         """Take task ``n`` out to complete it; None if another path got it first (its result
         came twice, or it was cancelled).  One ``dict.pop``: atomic, no lock needed."""
-        return self.records.pop(n, None)
+        record = self.records.pop(n, None)
+        if record is not None and record.charge >= 0:
+            self._left(record)
+        return record
 
     def renumber(self, record: TaskRecord) -> int:
         """(Under the lock) a new number for a task sent again after it left a lane (the
@@ -319,6 +331,10 @@ class ClientCore:
         records = list(self.records.values())
         self.records.clear()
         self.outbox.clear()
+        for record in records:
+            self._left(record)
+        if self.pending is not None:
+            self.pending.close()
         return records
 
     def validate(self) -> None:

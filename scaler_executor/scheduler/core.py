@@ -68,6 +68,12 @@ WORKER_STATUSES = frozenset(
 # What a task without store objects or dependencies records: one shared empty tuple, not
 # the two empty lists the codec decoded (112 bytes of each pending task).
 NONE: tuple[()] = ()
+# The TaskSpec flags a client may set (ON_LANE is the daemon's own; no other bit is defined).
+CLIENT_FLAGS = (
+    TaskFlags.CHUNK | TaskFlags.INLINE_FN | TaskFlags.NO_RESULT | TaskFlags.PACKED | TaskFlags.WRITABLE
+    | TaskFlags.REPLY_DIRECT | TaskFlags.LANE_RETRY
+)
+NO_CLIENT = b""  # the owner of a task whose client is gone (no ZeroMQ identity is empty)
 
 # --------------------------------------------------------------------------- events / commands
 
@@ -547,6 +553,11 @@ class Scheduler:
             if spec.task_id in tasks or spec.task_id >> m.TASK_ID_BITS != client.client_id:
                 self._reject_spec(peer, spec, f"task id {spec.task_id:#x} is reused or not this client's")
                 continue
+            if spec.flags & ~CLIENT_FLAGS:
+                # ON_LANE marks the daemon's own record of a lane task (never dispatched or
+                # answered): a submitted one would be neither, and its dependents would hang.
+                self._reject_spec(peer, spec, f"task flags {spec.flags:#x} are not a client's to set")
+                continue
             if options is None:
                 self._reject_spec(peer, spec, f"options record {spec.options_id} was never registered")
                 continue
@@ -775,6 +786,10 @@ class Scheduler:
             task = self.tasks.get(task_id)
             if task is not None:
                 self._cancel(task, force=False)
+                if task_id in self.tasks:
+                    # Still at a worker (cancelling): it belongs to no client now, so a client
+                    # that joins again on the same connection gets neither its result nor a say.
+                    task.client = NO_CLIENT
         for fn_id in list(client.functions):
             self._release_function(fn_id)
         for object_id, count in client.objects.items():
