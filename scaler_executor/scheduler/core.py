@@ -51,6 +51,7 @@ from scaler_executor.scheduler.state import (
     constraint_key,
     describe_key,
 )
+from scaler_executor.scheduler.turns import TurnHistogram
 
 log = logging.getLogger("scaler_executor.daemon")
 
@@ -288,6 +289,7 @@ class Scheduler:
         self.local_host = ""
         self.stopping_pids: set[int] = set()
         self._commands: list[Command] = []
+        self.turns = TurnHistogram()  # recorded by the loop (scheduler/loop.py), reported here
 
     # ------------------------------------------------------------------ entry point
 
@@ -1250,6 +1252,7 @@ class Scheduler:
         snapshot["processors"] = sum(w.capacity for w in self.workers.values())
         snapshot["clients"] = len(self.clients)
         snapshot["functions"] = len(self.functions)
+        snapshot.update(self.turns.snapshot())
         return snapshot
 
     def validate(self) -> None:
