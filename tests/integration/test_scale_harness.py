@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import scale  # noqa: E402
+from bench import scale
 
 
 def _check(row: dict[str, Any], size: scale.Size) -> None:
