@@ -609,6 +609,32 @@ def run_size(size: Size, workdir: str, prefix: list[str] | None = None) -> dict[
 # --------------------------------------------------------------------------- main
 
 
+LOAD_COLUMNS = [
+    ("transport", "transport", "{}"), ("workers", "W", "{}"), ("processors", "P", "{}"), ("clients", "C", "{}"),
+    ("tasks_per_s", "tasks/s", "{:,.0f}"), ("us_per_task", "µs CPU/task", "{:.1f}"),
+    ("daemon_core_pct", "daemon % core", "{:.0f}"), ("others_on_core_pct", "others % core", "{:.0f}"),
+    ("submit_dispatch_p50_ms", "sub→disp p50 ms", "{:.1f}"), ("submit_dispatch_p99_ms", "p99 ms", "{:.1f}"),
+    ("turn_p50_us", "turn p50 µs", "{:,}"), ("turn_p99_us", "turn p99 µs", "{:,}"), ("turn_max_us", "turn max µs", "{:,}"),
+    ("harness_bound", "harness-bound", "{}"), ("repeat", "run", "{}"),
+]
+IDLE_COLUMNS = [
+    ("transport", "transport", "{}"), ("workers", "W", "{}"), ("processors", "P", "{}"), ("clients", "C", "{}"),
+    ("idle_core_pct", "idle % core", "{:.2f}"), ("us_per_heartbeat", "µs CPU/heartbeat", "{:.1f}"),
+    ("idle_others_on_core_pct", "others % core", "{:.0f}"), ("kb_per_worker", "KB/worker", "{:.2f}"),
+    ("bytes_per_pending_task", "B/pending task", "{:.0f}"), ("pending_queued", "pending", "{:,}"),
+    ("repeat", "run", "{}"),
+]
+
+
+def rst_table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
+    cells = [[title for _, title, _ in columns]] + [[fmt.format(row.get(key, "")) for key, _, fmt in columns] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    rule = "  ".join("=" * w for w in widths)
+    lines = [rule, "  ".join(c.ljust(w) for c, w in zip(cells[0], widths, strict=True)), rule]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells[1:]]
+    return "\n".join([*lines, rule])
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -627,7 +653,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--insecure", action="store_true", help="tcp without CURVE")
     p.add_argument("--repeat", type=int, default=1, help="runs of every size, alternated")
     p.add_argument("--json", help="append each row as a JSON line to this file")
+    p.add_argument("--report", nargs="+", metavar="JSONL", help="print the rows of these --json files as tables, run nothing")
     args = p.parse_args(argv)
+    if args.report:
+        rows = [json.loads(line) for path in args.report for line in open(path) if line.strip()]  # noqa: SIM115
+        print(rst_table(rows, LOAD_COLUMNS), "", rst_table(rows, IDLE_COLUMNS), sep="\n")
+        return 0
     if args.insecure and args.transport != "tcp":
         p.error("--insecure applies to --transport tcp only; drop it or add --transport tcp")
     nofile = raise_nofile()
