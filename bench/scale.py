@@ -69,6 +69,7 @@ from scaler_executor._compat import python_version
 from scaler_executor._version import __version__
 from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
+from scaler_executor.protocol.rejoin import is_unknown_peer
 from scaler_executor.scheduler import turns
 
 HARNESS_BOUND = 0.85  # share of a phase's wall time on a CPU above which the harness limited it
@@ -182,6 +183,7 @@ class Peer:
     refused: str = ""
     last_sent: float = 0.0
     out: list[Any] = field(default_factory=list)
+    hello: Any = None
     # worker
     running: int = 0
     held: deque[tuple[int, int, bytes]] = field(default_factory=deque)  # dispatched, not yet started
@@ -218,6 +220,7 @@ class Sim:
         self.wrong_client = 0  # results that reached a client which did not submit them
         self.submit_to_dispatch: list[float] = []
         self.heartbeats_sent = 0
+        self.rejoins = 0  # peers the daemon called unknown, which joined again
         self.daemon_heartbeats = 0
         self.stats: dict[str, Any] | None = None
 
@@ -242,10 +245,11 @@ class Sim:
         (self.workers if role == m.Role.WORKER else self.clients).append(peer)
         self.poller.register(peer.chan.pollable)
         self.by_pollable[peer.chan.pollable] = peer
-        peer.out.append(m.Hello(
+        peer.hello = m.Hello(
             role, m.PROTOCOL_VERSION, python_version(), cloudpickle.__version__, __version__,
             f"sim-{role}-{peer.index}", os.getpid(), socket.gethostname(), capacity, {}, [],
-        ))
+        )
+        peer.out.append(peer.hello)
         return peer
 
     # ------------------------------------------------------------------ the loop
@@ -332,7 +336,14 @@ class Sim:
         elif kind is m.Stats:
             self.stats = dict(message.snapshot)
         elif kind is m.Refused:
-            peer.refused = message.reason
+            if is_unknown_peer(message.reason):
+                # The daemon does not know this connection (ZeroMQ reconnected it under a new
+                # routing id): join again, as a real worker or client does (protocol/rejoin.py).
+                self.rejoins += 1
+                peer.welcomed = False
+                peer.out.insert(0, peer.hello)
+            else:
+                peer.refused = message.reason
         elif kind is m.Goodbye:
             peer.refused = f"the daemon said goodbye: {message.reason}"
         # TasksRunning and the rest: nothing for a no-op peer to do
@@ -599,6 +610,7 @@ def run_size(size: Size, workdir: str, prefix: list[str] | None = None) -> dict[
         row["results_missing"] = total - len(sim.result_ids)
         row["results_duplicated"] = sum(1 for n in sim.result_ids.values() if n > 1)
         row["results_to_wrong_client"] = sim.wrong_client
+        row["rejoins"] = sim.rejoins
         row["daemon_finished"] = int(sim.request_stats().get("finished", -1))
     finally:
         sim.close()

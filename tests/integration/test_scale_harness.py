@@ -29,6 +29,7 @@ def _check(row: dict[str, Any], size: scale.Size) -> None:
     assert row["daemon_finished"] == total, row
     assert row["pending_queued"] == size.pending, row
     assert row["workers"] == size.workers and row["clients"] == size.clients
+    assert row["rejoins"] == 0, row  # at this size nothing reconnects
 
 
 @pytest.mark.timeout(120)
