@@ -32,6 +32,7 @@ from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS as DEFAULT
 from scaler_executor.protocol.messages import Role, Status, TaskFlags
 from scaler_executor.protocol.rejoin import UNKNOWN_PEER
+from scaler_executor.scheduler.deadlines import DeadlineQueue
 from scaler_executor.scheduler.no_worker import NoWorkerWatch
 from scaler_executor.scheduler.policies import (
     LeastLoaded,
@@ -52,6 +53,7 @@ from scaler_executor.scheduler.state import (
     constraint_key,
     describe_key,
 )
+from scaler_executor.scheduler.turns import TurnHistogram
 
 log = logging.getLogger("scaler_executor.daemon")
 
@@ -229,6 +231,11 @@ class Scheduler:
         self.function_refs: dict[int, int] = {}  # fn_id -> tasks that refer to it
         self.released_functions: set[int] = set()  # released by their client, kept while tasks refer
         self.last_sent: dict[bytes, float] = {}
+        # Clients and workers by when they may next miss their liveness deadline, and every
+        # peer by when it may next need a heartbeat from us: no per-tick sweep (deadlines.py).
+        wheel = config.heartbeat_interval / 8  # finer than the loop's ticks (interval / 4)
+        self._liveness = DeadlineQueue(wheel)
+        self._quiet = DeadlineQueue(wheel)
         self.counters: dict[str, int] = {
             "submitted": 0,
             "finished": 0,
@@ -296,6 +303,7 @@ class Scheduler:
         self.local_host = ""
         self.stopping_pids: set[int] = set()
         self._commands: list[Command] = []
+        self.turns = TurnHistogram()  # recorded by the loop (scheduler/loop.py), reported here
 
     # ------------------------------------------------------------------ entry point
 
@@ -351,11 +359,18 @@ class Scheduler:
     def _on_tick(self, event: Tick) -> None:
         now = event.now
         deadline = self.config.heartbeat_interval * self.config.heartbeat_liveness
-        for worker in [w for w in self.workers.values() if now - w.last_seen > deadline]:
-            self._lose_worker(worker, f"missed heartbeats: no message for {now - worker.last_seen:.1f} s (host lost or process hung)")
         client_deadline = max(deadline, self.config.client_timeout)
-        for client in [c for c in self.clients.values() if now - c.last_seen > client_deadline]:
-            self._lose_client(client, f"no message for {now - client.last_seen:.1f} s")
+        for peer in self._liveness.due(now):
+            if (worker := self.workers.get(peer)) is not None:
+                if now - worker.last_seen > deadline:
+                    self._lose_worker(worker, f"missed heartbeats: no message for {now - worker.last_seen:.1f} s (host lost or process hung)")
+                else:
+                    self._liveness.add(peer, worker.last_seen + deadline)
+            elif (client := self.clients.get(peer)) is not None:
+                if now - client.last_seen > client_deadline:
+                    self._lose_client(client, f"no message for {now - client.last_seen:.1f} s")
+                else:
+                    self._liveness.add(peer, client.last_seen + client_deadline)
         for peer in [p for p, seen in self._monitors.items() if now - seen > deadline]:
             del self._monitors[peer]
         if self.constrained:
@@ -461,6 +476,12 @@ class Scheduler:
             log.info("worker %r joined with %d processors (pid %d on %s)", hello.name, hello.capacity, hello.pid, hello.host)
         else:
             self._monitors[peer] = self._now
+        if hello.role != Role.MONITOR:
+            limit = self.config.heartbeat_interval * self.config.heartbeat_liveness
+            if hello.role == Role.CLIENT:
+                limit = max(limit, self.config.client_timeout)
+            self._liveness.add(peer, self._now + limit)
+        self._quiet.add(peer, self._now + self.config.heartbeat_interval)
         self._send(
             peer, m.Welcome(peer_id, self.config.heartbeat_interval, self.config.heartbeat_liveness, self.object_store)
         )
@@ -1210,9 +1231,20 @@ class Scheduler:
         if self._heartbeats_due:
             self._heartbeats_due = False
             interval, now = self.config.heartbeat_interval, self._now
-            for peer in [*self.clients, *self.workers, *self._monitors]:
-                if peer not in self._out and now - self.last_sent.get(peer, 0.0) >= interval:
-                    self._send(peer, m.Heartbeat(self.ready.live, len(self.tasks) - self.ready.live))
+            beat = m.Heartbeat(self.ready.live, len(self.tasks) - self.ready.live)
+            workers, clients, monitors, out, last_sent = self.workers, self.clients, self._monitors, self._out, self.last_sent
+            now_due: list[bytes] = []  # sent to this turn: next due an interval from now
+            for peer in self._quiet.due(now):
+                if peer not in workers and peer not in clients and peer not in monitors:
+                    continue  # gone: its entry ends here
+                if peer not in out:
+                    last = last_sent.get(peer, 0.0)
+                    if now - last < interval:
+                        self._quiet.add(peer, last + interval)
+                        continue
+                    out[peer] = [beat]
+                now_due.append(peer)
+            self._quiet.add_all(now_due, now + interval)
         commands: list[Command] = [Send(peer, messages) for peer, messages in self._out.items()]
         for peer in self._out:
             if peer in self.clients or peer in self.workers or peer in self._monitors:
@@ -1287,6 +1319,7 @@ class Scheduler:
         snapshot["clients"] = len(self.clients)
         snapshot["functions"] = len(self.functions)
         snapshot.update(self.no_worker.statistics())
+        snapshot.update(self.turns.snapshot())
         return snapshot
 
     def validate(self) -> None:

@@ -12,6 +12,7 @@
       → core.handle(*events) → [Send(peer, messages)]
       → encode one transmission per peer; an unroutable peer is an error (ROUTER_MANDATORY)
         (→ PeerUnreachable next turn) and a full one EAGAIN (→ that peer's backlog, kept in order)
+      → the turn's duration (receive to last send) into core.turns (scheduler/turns.py)
 
 Everything the daemon decides is in ``core.py``; this file only moves bytes,
 reads clocks and starts or stops processes.
@@ -156,6 +157,7 @@ class Daemon:
                 if self.backlog:
                     timeout = min(timeout, BACKLOG_RETRY_MS)
                 ready = poller.poll(self.sock.poll_timeout(timeout))
+                turn_started = time.perf_counter_ns()
                 now = time.monotonic()
                 events: list[core.Event] = []
                 if self.sock.pollable in ready or self.sock.buffered:
@@ -191,6 +193,7 @@ class Daemon:
                         log.exception("daemon: the core failed to handle %d events", len(events))
                         continue
                     self._execute(commands, now)
+                    self.core.turns.record(time.perf_counter_ns() - turn_started)
                 self.chunks.clear()  # those the core refused (a peer not allowed to put)
                 if self.backlog:
                     self._retry_backlog(now)

@@ -260,29 +260,73 @@ class ClientRecord:
         return f"<Client {self.name} id={self.client_id} tasks={len(self.tasks)}>"
 
 
-class ReadyQueue:
-    """Tasks ready to run, highest priority first, FIFO within a priority.
+class _ClientLane:
+    """One client's ready tasks: highest priority first, FIFO within a priority."""
 
-    Cancelled entries are removed lazily (skipped when popped) so that cancel is
-    O(1); ``live`` counts the entries that are still queued.
-    """
+    __slots__ = ("priorities", "queues", "size")
 
     def __init__(self) -> None:
-        self._queues: dict[int, deque[TaskRecord]] = {}
-        self._priorities: list[int] = []  # sorted descending
-        self.live = 0
+        self.queues: dict[int, deque[TaskRecord]] = {}
+        self.priorities: list[int] = []  # sorted descending
+        self.size = 0  # entries, live or lazily removed
 
-    def push(self, task: TaskRecord, *, front: bool = False) -> None:
+    def push(self, task: TaskRecord, front: bool) -> None:
         priority = task.options.priority
-        queue = self._queues.get(priority)
+        queue = self.queues.get(priority)
         if queue is None:
-            queue = self._queues[priority] = deque()
-            self._priorities.append(priority)
-            self._priorities.sort(reverse=True)
+            queue = self.queues[priority] = deque()
+            self.priorities.append(priority)
+            self.priorities.sort(reverse=True)
         if front:
             queue.appendleft(task)
         else:
             queue.append(task)
+        self.size += 1
+
+    def pop(self) -> TaskRecord | None:
+        """The first live entry, or None once every entry is gone."""
+        for priority in self.priorities:
+            queue = self.queues[priority]
+            while queue:
+                task = queue.popleft()
+                self.size -= 1
+                if task.state in QUEUED_STATES:
+                    return task
+        return None
+
+    def head_priority(self) -> int:
+        for priority in self.priorities:
+            if self.queues[priority]:
+                return priority
+        return 0
+
+
+class ReadyQueue:
+    """Tasks ready to run: fair between clients, by priority within each client.
+
+    Each client has a lane (highest ``priority`` first, FIFO within a priority); ``pop``
+    takes one task from the lane whose turn it is and moves that lane to the back, so
+    clients with ready tasks are served in rotation, one task each: a client that
+    submitted 10^6 tasks holds up another's first task by at most one task per client,
+    not by its backlog.  ``priority`` orders one client's tasks; it does not let one
+    client jump another (docs/architecture.rst, Scheduling: "Fairness between clients").
+
+    Cancelled entries are removed lazily (skipped when popped) so that cancel is
+    O(1); ``live`` counts the entries that are still queued.  Every operation is O(1)
+    but for a lane's walk over its priority levels (few).
+    """
+
+    def __init__(self) -> None:
+        self._lanes: dict[bytes, _ClientLane] = {}
+        self._turn: deque[bytes] = deque()  # clients whose lanes have entries, next first
+        self.live = 0
+
+    def push(self, task: TaskRecord, *, front: bool = False) -> None:
+        lane = self._lanes.get(task.client)
+        if lane is None:
+            lane = self._lanes[task.client] = _ClientLane()
+            self._turn.append(task.client)
+        lane.push(task, front)
         self.live += 1
 
     def discard(self) -> None:
@@ -290,24 +334,33 @@ class ReadyQueue:
         self.live -= 1
 
     def pop(self) -> TaskRecord | None:
-        for priority in self._priorities:
-            queue = self._queues[priority]
-            while queue:
-                task = queue.popleft()
-                if task.state in QUEUED_STATES:
-                    self.live -= 1
-                    return task
+        turn, lanes = self._turn, self._lanes
+        while turn:
+            client = turn[0]
+            lane = lanes[client]
+            task = lane.pop()
+            if lane.size:
+                turn.rotate(-1)  # its next task waits for every other client's
+            else:
+                del lanes[client]
+                turn.popleft()
+            if task is not None:
+                self.live -= 1
+                return task
         return None
 
     def head_priority(self) -> int:
         """The highest priority with a queued entry (an estimate: lazily removed entries count)."""
-        for priority in self._priorities:
-            if self._queues[priority]:
-                return priority
-        return 0
+        return max((lane.head_priority() for lane in self._lanes.values()), default=0)
 
     def __len__(self) -> int:
         return self.live
 
     def entries(self) -> list[TaskRecord]:
-        return [t for p in self._priorities for t in self._queues[p] if t.state in QUEUED_STATES]
+        return [
+            t
+            for lane in self._lanes.values()
+            for p in lane.priorities
+            for t in lane.queues[p]
+            if t.state in QUEUED_STATES
+        ]

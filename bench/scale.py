@@ -1,0 +1,699 @@
+"""One daemon, many simulated workers and clients: what the daemon costs as the cluster grows.
+
+A script, not a test (its figures are measured, never asserted)::
+
+    PYTHONPATH=. python bench/scale.py --workers 10,100,1000 --processors 4 --clients 1,10
+    PYTHONPATH=. python bench/scale.py --transport tcp --workers 100 --clients 10       # CURVE on
+    PYTHONPATH=. python bench/scale.py --transport tcp --insecure --workers 100
+
+A real daemon (``python -m scaler_executor.cli.daemon --address ... --workers 0``) is started
+per size, pinned to core 0 with ``taskset``; this process, pinned to core 1, runs every
+simulated peer in one event loop over the project's own codec (protocol/codec.py) and
+channels (protocol/channel.py: a ``StreamDealer`` per peer on ipc; on tcp one ZeroMQ
+DEALER per peer, all in one context, with the CURVE keys of a ``scaler-keys`` credential,
+because a ``DealerChannel`` per peer would start a ZeroMQ context and I/O thread each).
+
+* A simulated **worker** says ``Hello`` as a worker with P processors, sends a ``Heartbeat``
+  whenever it has been silent for the daemon's ``heartbeat_interval`` (from ``Welcome``),
+  and answers each dispatched task with ``TaskResults`` after a duration drawn from
+  ``--duration`` (``0``, ``fixed:S``, ``uniform:A:B``, ``exp:MEAN``), at most P at a time.
+* A simulated **client** says ``Hello`` as a client and keeps up to ``--window`` no-op tasks
+  outstanding (``TaskFlags.INLINE_FN``; the payload is the submit time, which the daemon
+  never unpickles), counting the results.
+
+Phases, per size: clients connect (RSS₀); workers connect (RSS₁: memory per worker);
+**idle** for ``--idle`` seconds (the daemon's CPU over that time per worker heartbeat, and
+as a share of its core); **load**: ``--tasks`` tasks through the windows (daemon CPU per
+task, tasks/s, submit→dispatch at the worker, the daemon's turn histogram from its
+statistics); **pending**: the workers leave (``Goodbye``), ``--pending`` more tasks are
+submitted and acknowledged (RSS growth per queued task), then as many fresh workers join
+and drain them.  Heartbeats are counted as the simulated peers send them; the daemon's
+own heartbeats to quiet peers (one per peer per interval) are part of the CPU measured.
+
+The daemon's CPU is read from ``/proc/PID/task/*/schedstat`` (ns); ``others_on_core_pct``
+is how busy its core was with other processes meanwhile (``/proc/stat``: ``taskset`` keeps
+the daemon on its core, not the machine's other work off it), which inflates turn times
+(wall clock, preemption included) and latencies but not CPU per task.  If this process was on
+its CPU for more than ``HARNESS_BOUND`` of a phase's wall time, the harness, not the
+daemon, limited that phase, and the row says so.
+
+Limits: RLIMIT_NOFILE is raised to its hard limit (ipc: two descriptors per simulated
+peer here, one in the daemon; tcp: ZeroMQ's ``MAX_SOCKETS`` of the shared context is set
+to the number of peers plus 64); both are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import os
+import random
+import resource
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle  # type: ignore[import-untyped]
+import psutil
+
+from scaler_executor._compat import python_version
+from scaler_executor._version import __version__
+from scaler_executor.protocol import channel, codec
+from scaler_executor.protocol import messages as m
+from scaler_executor.protocol.rejoin import is_unknown_peer
+from scaler_executor.scheduler import turns
+
+HARNESS_BOUND = 0.85  # share of a phase's wall time on a CPU above which the harness limited it
+_STAMP = struct.Struct("<d")
+
+
+def daemon_cpu(pid: int) -> float:
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total / 1e9
+
+
+def cpu_busy(cpu: int) -> float:
+    """Seconds CPU ``cpu`` was busy (any process), from /proc/stat; 0.0 where unreadable."""
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith(f"cpu{cpu} "):
+                    v = [int(x) for x in line.split()[1:]]
+                    idle = v[3] + (v[4] if len(v) > 4 else 0)
+                    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        pass
+    return 0.0
+
+
+def duration_sampler(text: str) -> Callable[[], float]:
+    """``0``, ``fixed:S``, ``uniform:A:B`` or ``exp:MEAN`` (seconds) as a sampler."""
+    kind, _, rest = text.partition(":")
+    try:
+        if kind == "0" and not rest:
+            return lambda: 0.0
+        if kind == "fixed":
+            s = float(rest)
+            return lambda: s
+        if kind == "uniform":
+            a, b = (float(x) for x in rest.split(":"))
+            return lambda: random.uniform(a, b)
+        if kind == "exp":
+            mean = float(rest)
+            return lambda: random.expovariate(1 / mean) if mean > 0 else 0.0
+    except ValueError:
+        pass
+    raise SystemExit(f"scale.py: bad --duration {text!r}; use 0, fixed:S, uniform:A:B or exp:MEAN (seconds)")
+
+
+# --------------------------------------------------------------------------- transports
+
+
+class SharedZmqDealer:
+    """A tcp:// peer's socket in the harness's one ZeroMQ context (a channel's interface)."""
+
+    buffered = False
+
+    def __init__(self, context: Any, address: str, hwm: int, credential: Any) -> None:
+        import zmq
+
+        from scaler_executor.protocol import wire
+
+        self._wire = wire
+        self._again = zmq.Again
+        self.sock = context.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.SNDHWM, hwm)
+        self.sock.setsockopt(zmq.RCVHWM, hwm)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        if credential is not None:
+            self.sock.setsockopt(zmq.CURVE_SERVERKEY, credential.daemon_public_key.encode("ascii"))
+            self.sock.setsockopt(zmq.CURVE_PUBLICKEY, credential.public_key.encode("ascii"))
+            self.sock.setsockopt(zmq.CURVE_SECRETKEY, credential.secret_key.encode("ascii"))
+        self.sock.connect(address)
+        self.pollable = self.sock
+
+    def send(self, frames: list[Any]) -> None:
+        try:
+            self._wire.send(self.sock, frames)
+        except self._again:
+            raise channel.Again() from None
+
+    def readable(self) -> bool:
+        return bool(self._wire.readable(self.sock))
+
+    def recv(self) -> list[Any]:
+        try:
+            return list(self._wire.recv(self.sock))
+        except self._again:
+            raise channel.Again() from None
+
+    def poll_timeout(self, timeout_ms: float) -> float:
+        return timeout_ms
+
+    def close(self, linger: float | None = None) -> None:
+        self.sock.close(linger=0)
+
+
+# --------------------------------------------------------------------------- peers
+
+
+@dataclass(eq=False)
+class Peer:
+    index: int
+    role: str
+    chan: Any
+    capacity: int = 0
+    peer_id: int = 0
+    welcomed: bool = False
+    refused: str = ""
+    last_sent: float = 0.0
+    out: list[Any] = field(default_factory=list)
+    hello: Any = None
+    # worker
+    running: int = 0
+    held: deque[tuple[int, int, bytes]] = field(default_factory=deque)  # dispatched, not yet started
+    # client
+    next_n: int = 1
+    outstanding: int = 0
+    quota: int = 0  # tasks this client may still submit
+    results: int = 0
+    acked: int = 0
+
+
+class Sim:
+    """Every simulated peer, in one event loop."""
+
+    def __init__(self, address: str, *, hwm: int = 100_000, credentials: dict[str, Any] | None = None,
+                 duration: Callable[[], float] = lambda: 0.0, window: int = 100) -> None:
+        self.address = address
+        self.hwm = hwm
+        self.credentials = credentials or {}
+        self.duration = duration
+        self.window = window
+        self.poller = channel.Poller()
+        self.by_pollable: dict[Any, Peer] = {}
+        self.peers: list[Peer] = []
+        self.workers: list[Peer] = []
+        self.clients: list[Peer] = []
+        self.context: Any = None
+        self.heartbeat_interval = 0.5
+        self.timers: list[tuple[float, int, Peer, int, int, bytes]] = []  # task completions
+        self._seq = 0
+        self._made = 0
+        self.dispatched: dict[int, int] = {}  # task id -> dispatches seen by workers
+        self.result_ids: dict[int, int] = {}  # task id -> results seen by its client
+        self.wrong_client = 0  # results that reached a client which did not submit them
+        self.submit_to_dispatch: list[float] = []
+        self.heartbeats_sent = 0
+        self.rejoins = 0  # peers the daemon called unknown, which joined again
+        self.daemon_heartbeats = 0
+        self.stats: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ set-up
+
+    def _channel(self, role: str) -> Any:
+        if self.address.startswith("ipc://"):
+            return channel.connect(self.address, hwm=self.hwm, linger=0)
+        if self.context is None:
+            import zmq
+
+            self.context = zmq.Context(1)
+        import zmq
+
+        self.context.set(zmq.MAX_SOCKETS, max(1024, len(self.peers) + 64 + 1024))
+        return SharedZmqDealer(self.context, self.address, self.hwm, self.credentials.get(role))
+
+    def add(self, role: str, capacity: int = 0) -> Peer:
+        self._made += 1
+        peer = Peer(self._made, role, self._channel(role), capacity=capacity)
+        self.peers.append(peer)
+        (self.workers if role == m.Role.WORKER else self.clients).append(peer)
+        self.poller.register(peer.chan.pollable)
+        self.by_pollable[peer.chan.pollable] = peer
+        peer.hello = m.Hello(
+            role, m.PROTOCOL_VERSION, python_version(), cloudpickle.__version__, __version__,
+            f"sim-{role}-{peer.index}", os.getpid(), socket.gethostname(), capacity, {}, [],
+        )
+        peer.out.append(peer.hello)
+        return peer
+
+    # ------------------------------------------------------------------ the loop
+
+    def run_until(self, done: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            now = time.monotonic()
+            if now > deadline:
+                raise TimeoutError(f"scale.py: {what} did not happen within {timeout:.0f} s")
+            refused = [p.refused for p in self.peers if p.refused]
+            if refused:
+                raise RuntimeError(f"scale.py: the daemon refused a simulated peer: {refused[0]}")
+            self.turn(now)
+
+    def turn(self, now: float) -> None:
+        self._flush(now)
+        wait = 50.0
+        if self.timers:
+            wait = min(wait, max(0.0, (self.timers[0][0] - now) * 1000))
+        for peer in self.peers:
+            if peer.chan.buffered:
+                wait = 0
+                break
+        if self.address.startswith("ipc://"):
+            wait = min(peer.chan.poll_timeout(wait) for peer in self.peers) if self.peers else wait
+        ready = self.poller.poll(wait)
+        now = time.monotonic()
+        for target in ready:
+            self._drain(self.by_pollable[target], now)
+        for peer in self.peers:
+            if peer.chan.buffered:
+                self._drain(peer, now)
+        timers = self.timers
+        while timers and timers[0][0] <= now:
+            _, _, worker, task_id, attempt, payload = heapq.heappop(timers)
+            self._finish(worker, task_id, attempt, payload)
+        interval = self.heartbeat_interval
+        for peer in self.peers:
+            if peer.welcomed and not peer.out and now - peer.last_sent >= interval:
+                if peer.role == m.Role.WORKER:
+                    peer.out.append(m.Heartbeat(len(peer.held), peer.running))
+                else:
+                    peer.out.append(m.Heartbeat(0, 0))
+                self.heartbeats_sent += 1
+        for client in self.clients:
+            self._top_up(client)
+        self._flush(now)
+
+    def _drain(self, peer: Peer, now: float) -> None:
+        chan = peer.chan
+        while chan.readable():
+            try:
+                frames = chan.recv()
+            except channel.Again:
+                return
+            messages, _ = codec.decode(frames)
+            for message in messages:
+                self._on(peer, message, now)
+
+    def _on(self, peer: Peer, message: Any, now: float) -> None:
+        kind = type(message)
+        if kind is m.DispatchTasks:
+            for task in message.tasks:
+                self.dispatched[task.task_id] = self.dispatched.get(task.task_id, 0) + 1
+                self.submit_to_dispatch.append(now - _STAMP.unpack(task.payload)[0])
+                peer.held.append((task.task_id, task.attempt, task.payload))
+            self._start(peer, now)
+        elif kind is m.TaskResults:
+            for result in message.results:
+                if result.task_id >> m.TASK_ID_BITS != peer.peer_id:
+                    self.wrong_client += 1
+                self.result_ids[result.task_id] = self.result_ids.get(result.task_id, 0) + 1
+                peer.results += 1
+                peer.outstanding -= 1
+        elif kind is m.SubmitAck:
+            peer.acked += message.count
+        elif kind is m.Heartbeat:
+            self.daemon_heartbeats += 1
+        elif kind is m.Welcome:
+            peer.peer_id = message.peer_id
+            peer.welcomed = True
+            self.heartbeat_interval = message.heartbeat_interval
+        elif kind is m.Stats:
+            self.stats = dict(message.snapshot)
+        elif kind is m.Refused:
+            if is_unknown_peer(message.reason):
+                # The daemon does not know this connection (ZeroMQ reconnected it under a new
+                # routing id): join again, as a real worker or client does (protocol/rejoin.py).
+                self.rejoins += 1
+                peer.welcomed = False
+                peer.out.insert(0, peer.hello)
+            else:
+                peer.refused = message.reason
+        elif kind is m.Goodbye:
+            peer.refused = f"the daemon said goodbye: {message.reason}"
+        # TasksRunning and the rest: nothing for a no-op peer to do
+
+    def _start(self, worker: Peer, now: float) -> None:
+        while worker.held and worker.running < worker.capacity:
+            task_id, attempt, payload = worker.held.popleft()
+            worker.running += 1
+            seconds = self.duration()
+            if seconds <= 0:
+                self._finish(worker, task_id, attempt, payload)
+            else:
+                self._seq += 1
+                heapq.heappush(self.timers, (now + seconds, self._seq, worker, task_id, attempt, payload))
+
+    def _finish(self, worker: Peer, task_id: int, attempt: int, payload: bytes) -> None:
+        worker.running -= 1
+        result = m.TaskResult(task_id, attempt, m.Status.OK, payload, m.NO_FACTS, m.NO_OBJECTS)
+        out = worker.out
+        if out and type(out[-1]) is m.TaskResults:
+            out[-1].results.append(result)
+        else:
+            out.append(m.TaskResults([result]))
+        if worker.held:
+            self._start(worker, time.monotonic())
+
+    def drop_workers(self) -> None:
+        """Every worker says Goodbye and closes (none holds a task: call between phases)."""
+        for worker in self.workers:
+            assert not worker.held and not worker.running, "drop_workers with tasks at a worker"
+            worker.chan.send(codec.encode([*worker.out, m.Goodbye("harness: next phase")]))
+            self.poller.unregister(worker.chan.pollable)
+            del self.by_pollable[worker.chan.pollable]
+            worker.chan.close(linger=1.0)
+        gone = set(map(id, self.workers))
+        self.peers = [p for p in self.peers if id(p) not in gone]
+        self.workers = []
+
+    def _top_up(self, client: Peer) -> None:
+        room = min(self.window - client.outstanding, client.quota)
+        if room <= 0 or not client.welcomed:
+            return
+        stamp = _STAMP.pack(time.monotonic())
+        base = client.peer_id << m.TASK_ID_BITS
+        n = client.next_n
+        specs = [m.TaskSpec(base | (n + i), 0, 0, m.TaskFlags.INLINE_FN, stamp, [], [], 0) for i in range(room)]
+        client.next_n = n + room
+        client.outstanding += room
+        client.quota -= room
+        client.out.append(m.SubmitTasks(specs))
+
+    def _flush(self, now: float) -> None:
+        for peer in self.peers:
+            if peer.out:
+                try:
+                    peer.chan.send(codec.encode(peer.out))
+                except channel.Again:
+                    continue  # the daemon is behind: keep the batch, try next turn
+                peer.out = []
+                peer.last_sent = now
+
+    # ------------------------------------------------------------------ queries
+
+    def request_stats(self, timeout: float = 60.0) -> dict[str, Any]:
+        self.stats = None
+        self.clients[0].out.append(m.StatsRequest())
+        self.run_until(lambda: self.stats is not None, timeout, "a Stats answer")
+        assert self.stats is not None
+        return self.stats
+
+    def close(self) -> None:
+        for peer in self.peers:
+            if peer.welcomed:
+                try:
+                    peer.chan.send(codec.encode([m.Goodbye("harness done")]))
+                except channel.SendError:
+                    pass
+        for peer in self.peers:
+            peer.chan.close(linger=0)
+        self.poller.close()
+        if self.context is not None:
+            self.context.term()
+
+
+# --------------------------------------------------------------------------- the daemon
+
+
+def raise_nofile() -> tuple[int, int]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def pin() -> tuple[list[str], bool]:
+    """(prefix of the daemon's command, whether this process is pinned apart from it)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= 2 and shutil.which("taskset"):
+        os.sched_setaffinity(0, set(cpus[1:]))
+        return ["taskset", "-c", str(cpus[0])], True
+    return [], False
+
+
+class DaemonProcess:
+    def __init__(self, address: str, extra: list[str], prefix: list[str], log_path: str) -> None:
+        self.log = open(log_path, "wb")  # noqa: SIM115  # closed by stop(), after the process
+        cmd = [*prefix, sys.executable, "-m", "scaler_executor.cli.daemon", "--address", address, "--workers", "0", *extra]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.ps = psutil.Process(self.proc.pid)
+        self.core = int(prefix[-1]) if prefix else None  # the CPU it is pinned to
+
+    def cpu(self) -> float:
+        return daemon_cpu(self.proc.pid)
+
+    def rss(self) -> int:
+        return int(self.ps.memory_info().rss)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+# --------------------------------------------------------------------------- one size
+
+
+@dataclass
+class Size:
+    workers: int
+    processors: int
+    clients: int
+    tasks: int = 100_000
+    window: int = 100
+    idle: float = 5.0
+    pending: int = 20_000
+    duration: str = "0"
+    transport: str = "ipc"
+    insecure: bool = False
+    timeout: float = 600.0
+
+
+def _phase(sim: Sim, daemon: DaemonProcess, body: Callable[[], None]) -> dict[str, float]:
+    """Run ``body``; the wall time, the daemon's and this process's CPU, and how busy the
+    daemon's core was with other processes (``others``: the machine is shared)."""
+    core = daemon.core
+    cpu0, own0, t0 = daemon.cpu(), time.process_time(), time.monotonic()
+    busy0 = cpu_busy(core) if core is not None else 0.0
+    body()
+    wall = time.monotonic() - t0
+    used = daemon.cpu() - cpu0
+    others = (cpu_busy(core) - busy0 - used) / wall if core is not None else float("nan")
+    return {"wall": wall, "daemon_cpu": used, "harness_cpu": time.process_time() - own0, "others": max(0.0, others)}
+
+
+def _pctl(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def run_size(size: Size, workdir: str, prefix: list[str] | None = None) -> dict[str, Any]:
+    """Start a daemon, offer it ``size``, measure; returns a row of figures (see the module doc).
+
+    Also reports the harness's own checks: ``dispatched_more_than_once``, ``never_dispatched``,
+    ``results_missing``, ``results_duplicated``, ``results_to_wrong_client`` (all 0 when right)."""
+    prefix = [] if prefix is None else prefix
+    credentials: dict[str, Any] = {}
+    extra: list[str] = []
+    if size.transport == "ipc":
+        address = f"ipc://{workdir}/daemon.sock"
+    else:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        address = f"tcp://127.0.0.1:{port}"
+        if size.insecure:
+            extra.append("--insecure")
+        else:
+            from scaler_executor.security.keys import SecurityDir, load_credential
+
+            keys = os.path.join(workdir, "keys")
+            directory = SecurityDir.init(keys)
+            for role in (m.Role.WORKER, m.Role.CLIENT):
+                path = os.path.join(workdir, f"{role}.cred")
+                directory.issue(f"sim-{role}", role, path)
+                credentials[role] = load_credential(path)
+            extra += ["--security", keys]
+    daemon = DaemonProcess(address, extra, prefix, os.path.join(workdir, "daemon.log"))
+    sim = Sim(address, credentials=credentials, duration=duration_sampler(size.duration), window=size.window)
+    row: dict[str, Any] = {
+        "transport": size.transport + ("" if size.transport == "ipc" else (" insecure" if size.insecure else " curve")),
+        "workers": size.workers, "processors": size.processors, "clients": size.clients,
+    }
+    try:
+        for _ in range(size.clients):
+            sim.add(m.Role.CLIENT)
+        sim.run_until(lambda: all(c.welcomed for c in sim.clients), 60, "the clients' Welcome")
+        rss0 = daemon.rss()
+        for _ in range(size.workers):
+            sim.add(m.Role.WORKER, size.processors)
+        sim.run_until(lambda: all(w.welcomed for w in sim.workers), size.timeout, "the workers' Welcome")
+        row["heartbeat_interval"] = sim.heartbeat_interval
+        # Idle: nothing but heartbeats, both ways.
+        hb0 = sim.heartbeats_sent
+        end = time.monotonic() + size.idle
+        idle = _phase(sim, daemon, lambda: sim.run_until(lambda: time.monotonic() >= end, size.idle + 60, "idle"))
+        rss1 = daemon.rss()
+        beats = sim.heartbeats_sent - hb0
+        row["idle_core_pct"] = 100 * idle["daemon_cpu"] / idle["wall"]
+        row["us_per_heartbeat"] = 1e6 * idle["daemon_cpu"] / max(1, beats)
+        row["idle_others_on_core_pct"] = 100 * idle["others"]
+        row["idle_harness_bound"] = idle["harness_cpu"] / idle["wall"] > HARNESS_BOUND
+        row["kb_per_worker"] = (rss1 - rss0) / 1024 / max(1, size.workers)
+        # Load: no-op tasks through the clients' windows.
+        stats0 = sim.request_stats()
+        per_client, extra_tasks = divmod(size.tasks, size.clients)
+        for i, client in enumerate(sim.clients):
+            client.quota = per_client + (1 if i < extra_tasks else 0)
+        sim.submit_to_dispatch = []
+        load = _phase(sim, daemon, lambda: sim.run_until(
+            lambda: all(c.quota == 0 and c.outstanding == 0 for c in sim.clients), size.timeout, "the load phase"))
+        stats1 = sim.request_stats()
+        row["tasks_per_s"] = size.tasks / load["wall"]
+        row["us_per_task"] = 1e6 * load["daemon_cpu"] / size.tasks
+        row["daemon_core_pct"] = 100 * load["daemon_cpu"] / load["wall"]
+        row["others_on_core_pct"] = 100 * load["others"]
+        row["harness_bound"] = load["harness_cpu"] / load["wall"] > HARNESS_BOUND
+        row["submit_dispatch_p50_ms"] = 1e3 * _pctl(sim.submit_to_dispatch, 0.5)
+        row["submit_dispatch_p99_ms"] = 1e3 * _pctl(sim.submit_to_dispatch, 0.99)
+        bins0, bins1 = turns.parse_bins(str(stats0["turn_bins"])), turns.parse_bins(str(stats1["turn_bins"]))
+        diff = {k: n - bins0.get(k, 0) for k, n in bins1.items() if n - bins0.get(k, 0) > 0}
+        # A bin's upper bound, so no more than the longest turn seen (over the daemon's life).
+        row["turn_max_us"] = int(stats1["turn_max_us"])
+        row["turn_p50_us"] = min(turns.percentile(diff, 0.5), row["turn_max_us"])
+        row["turn_p99_us"] = min(turns.percentile(diff, 0.99), row["turn_max_us"])
+        # Pending: the workers leave (Goodbye), so what the clients submit now waits in the
+        # daemon; then as many fresh workers join and drain it.
+        if size.pending:
+            sim.drop_workers()
+            sim.run_until(lambda: int(sim.request_stats()["workers"]) == 0, 60, "the workers' departure")
+            acked0 = sum(c.acked for c in sim.clients)
+            before = daemon.rss()
+            sim.window = size.window + size.pending
+            for i, client in enumerate(sim.clients):
+                client.quota = size.pending // size.clients + (1 if i < size.pending % size.clients else 0)
+            sim.run_until(lambda: sum(c.acked for c in sim.clients) - acked0 >= size.pending, size.timeout,
+                          "the pending tasks' acks")
+            stats = sim.request_stats()
+            queued = int(stats.get("tasks_pending", 0))
+            row["pending_queued"] = queued
+            row["bytes_per_pending_task"] = (daemon.rss() - before) / max(1, queued)
+            for _ in range(size.workers):
+                sim.add(m.Role.WORKER, size.processors)
+            sim.run_until(lambda: all(c.outstanding == 0 for c in sim.clients), size.timeout, "the pending tasks' drain")
+        total = size.tasks + size.pending
+        row["dispatched_more_than_once"] = sum(1 for n in sim.dispatched.values() if n > 1)
+        row["never_dispatched"] = total - len(sim.dispatched)
+        row["results_missing"] = total - len(sim.result_ids)
+        row["results_duplicated"] = sum(1 for n in sim.result_ids.values() if n > 1)
+        row["results_to_wrong_client"] = sim.wrong_client
+        row["rejoins"] = sim.rejoins
+        row["daemon_finished"] = int(sim.request_stats().get("finished", -1))
+    finally:
+        sim.close()
+        daemon.stop()
+    return row
+
+
+# --------------------------------------------------------------------------- main
+
+
+LOAD_COLUMNS = [
+    ("transport", "transport", "{}"), ("workers", "W", "{}"), ("processors", "P", "{}"), ("clients", "C", "{}"),
+    ("tasks_per_s", "tasks/s", "{:,.0f}"), ("us_per_task", "µs CPU/task", "{:.1f}"),
+    ("us_per_task_net", "net of idle", "{:.1f}"),
+    ("daemon_core_pct", "daemon % core", "{:.0f}"), ("others_on_core_pct", "others % core", "{:.0f}"),
+    ("submit_dispatch_p50_ms", "sub→disp p50 ms", "{:.1f}"), ("submit_dispatch_p99_ms", "p99 ms", "{:.1f}"),
+    ("turn_p50_us", "turn p50 µs", "{:,}"), ("turn_p99_us", "turn p99 µs", "{:,}"), ("turn_max_us", "turn max µs", "{:,}"),
+    ("harness_bound", "harness-bound", "{}"), ("repeat", "run", "{}"),
+]
+IDLE_COLUMNS = [
+    ("transport", "transport", "{}"), ("workers", "W", "{}"), ("processors", "P", "{}"), ("clients", "C", "{}"),
+    ("idle_core_pct", "idle % core", "{:.2f}"), ("us_per_heartbeat", "µs CPU/heartbeat", "{:.1f}"),
+    ("idle_others_on_core_pct", "others % core", "{:.0f}"), ("kb_per_worker", "KB/worker", "{:.2f}"),
+    ("bytes_per_pending_task", "B/pending task", "{:.0f}"), ("pending_queued", "pending", "{:,}"),
+    ("repeat", "run", "{}"),
+]
+
+
+def rst_table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
+    cells = [[title for _, title, _ in columns]] + [[fmt.format(row.get(key, "")) for key, _, fmt in columns] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    rule = "  ".join("=" * w for w in widths)
+    lines = [rule, "  ".join(c.ljust(w) for c, w in zip(cells[0], widths, strict=True)), rule]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells[1:]]
+    return "\n".join([*lines, rule])
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", default="10,100,1000", help="comma-separated worker counts")
+    p.add_argument("--processors", default="4", help="comma-separated processors per worker")
+    p.add_argument("--clients", default="1,10", help="comma-separated client counts")
+    p.add_argument("--tasks", type=int, default=100_000, help="tasks in the load phase")
+    p.add_argument("--window", type=int, default=100, help="tasks each client keeps outstanding")
+    p.add_argument("--idle", type=float, default=5.0, help="seconds of the idle phase")
+    p.add_argument("--pending", type=int, default=20_000, help="tasks of the pending phase (0: skip)")
+    p.add_argument("--duration", default="0", help="task duration: 0, fixed:S, uniform:A:B or exp:MEAN")
+    p.add_argument("--transport", choices=("ipc", "tcp"), default="ipc")
+    p.add_argument("--insecure", action="store_true", help="tcp without CURVE")
+    p.add_argument("--repeat", type=int, default=1, help="runs of every size, alternated")
+    p.add_argument("--json", help="append each row as a JSON line to this file")
+    p.add_argument("--report", nargs="+", metavar="JSONL", help="print the rows of these --json files as tables, run nothing")
+    args = p.parse_args(argv)
+    if args.report:
+        rows = [json.loads(line) for path in args.report for line in open(path) if line.strip()]  # noqa: SIM115
+        for row in rows:  # less what the idle phase's rate (heartbeats) would have cost meanwhile
+            row["us_per_task_net"] = row["us_per_task"] - row["idle_core_pct"] / 100 * 1e6 / row["tasks_per_s"]
+        print(rst_table(rows, LOAD_COLUMNS), "", rst_table(rows, IDLE_COLUMNS), sep="\n")
+        return 0
+    if args.insecure and args.transport != "tcp":
+        p.error("--insecure applies to --transport tcp only; drop it or add --transport tcp")
+    nofile = raise_nofile()
+    prefix, pinned = pin()
+    print(f"# RLIMIT_NOFILE {nofile[0]}/{nofile[1]}; daemon {'pinned: ' + ' '.join(prefix) if pinned else 'NOT pinned (fewer than 2 CPUs or no taskset)'}; "
+          f"harness on CPUs {sorted(os.sched_getaffinity(0))}; load average {os.getloadavg()[0]:.1f}", flush=True)
+    sizes = [Size(w, pr, c, args.tasks, args.window, args.idle, args.pending, args.duration, args.transport, args.insecure)
+             for w in _ints(args.workers) for pr in _ints(args.processors) for c in _ints(args.clients)]
+    for rep in range(args.repeat):
+        for size in sizes:
+            with tempfile.TemporaryDirectory(prefix="scale-") as workdir:
+                row = run_size(size, workdir, prefix)
+            row["repeat"] = rep
+            row["loadavg"] = os.getloadavg()[0]
+            print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+            if args.json:
+                with open(args.json, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

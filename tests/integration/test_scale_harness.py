@@ -1,0 +1,70 @@
+"""The scale harness (bench/scale.py) is right before its figures mean anything.
+
+A real daemon, simulated workers and clients at a small size, on each transport: every
+task the clients submitted is dispatched exactly once, and its result reaches the client
+that submitted it (and no other); the pending phase's tasks are all queued in the daemon
+while no worker is connected.  Figures are never asserted.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench import scale
+
+
+def _check(row: dict[str, Any], size: scale.Size) -> None:
+    total = size.tasks + size.pending
+    assert row["dispatched_more_than_once"] == 0, row
+    assert row["never_dispatched"] == 0, row
+    assert row["results_missing"] == 0, row
+    assert row["results_duplicated"] == 0, row
+    assert row["results_to_wrong_client"] == 0, row
+    assert row["daemon_finished"] == total, row
+    assert row["pending_queued"] == size.pending, row
+    assert row["workers"] == size.workers and row["clients"] == size.clients
+    assert row["rejoins"] == 0, row  # at this size nothing reconnects
+
+
+@pytest.mark.timeout(120)
+def test_ipc_every_task_dispatched_once_and_answered_to_its_client(tmp_path: Path) -> None:
+    size = scale.Size(
+        workers=6, processors=2, clients=3, tasks=900, window=25, idle=0.6, pending=150,
+        duration="uniform:0:0.002", timeout=90,
+    )
+    _check(scale.run_size(size, str(tmp_path)), size)
+
+
+@pytest.mark.timeout(120)
+def test_tcp_with_curve_credentials(tmp_path: Path) -> None:
+    size = scale.Size(
+        workers=3, processors=3, clients=2, tasks=300, window=10, idle=0.6, pending=40,
+        transport="tcp", timeout=90,
+    )
+    row = scale.run_size(size, str(tmp_path))
+    assert row["transport"] == "tcp curve"
+    _check(row, size)
+
+
+@pytest.mark.timeout(120)
+def test_tcp_insecure(tmp_path: Path) -> None:
+    size = scale.Size(
+        workers=3, processors=1, clients=2, tasks=300, window=10, idle=0.6, pending=40,
+        transport="tcp", insecure=True, duration="exp:0.001", timeout=90,
+    )
+    row = scale.run_size(size, str(tmp_path))
+    assert row["transport"] == "tcp insecure"
+    _check(row, size)
+
+
+def test_duration_spelling_is_checked() -> None:
+    with pytest.raises(SystemExit, match="bad --duration 'normal:1'"):
+        scale.duration_sampler("normal:1")
+    assert scale.duration_sampler("fixed:0.25")() == 0.25
+    assert 1.0 <= scale.duration_sampler("uniform:1:2")() <= 2.0
