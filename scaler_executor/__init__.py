@@ -32,6 +32,13 @@ if TYPE_CHECKING:
         WorkerLost,
     )
     from scaler_executor.objstore.errors import ObjectStoreFull
+    from scaler_executor.scheduler.stats import (
+        ClientStatistics,
+        RecentEvent,
+        Statistics,
+        TaskWindow,
+        WorkerStatistics,
+    )
 
 # Imported on first use (PEP 562): the daemon and worker processes import this
 # package too, and must not pay for the client's modules at start-up.
@@ -43,6 +50,10 @@ _LAZY = {
     "ObjectStoreFull": "scaler_executor.objstore.errors",
     "task_info": "scaler_executor.client.executor",
     "get_executor": "scaler_executor.client.executor",
+    **dict.fromkeys(
+        ("Statistics", "WorkerStatistics", "ClientStatistics", "TaskWindow", "RecentEvent"),
+        "scaler_executor.scheduler.stats",
+    ),
     **dict.fromkeys(
         (
             "BrokenScalerExecutor",
@@ -81,19 +92,24 @@ def __dir__() -> list[str]:
 # tests/unit/test_package.py keeps it and _LAZY in step.
 __all__ = [
     "BrokenScalerExecutor",
+    "ClientStatistics",
     "ClusterConfig",
     "DaemonLost",
     "InitializerFailed",
     "ObjectRef",
     "ObjectStoreFull",
+    "RecentEvent",
     "RemoteError",
     "ResultUnreadable",
     "ScalerExecutor",
+    "Statistics",
     "TaskCancelled",
     "TaskError",
     "TaskInfo",
     "TaskTimeout",
+    "TaskWindow",
     "WorkerLost",
+    "WorkerStatistics",
     "__version__",
     "get_executor",
     "task_info",

@@ -51,6 +51,7 @@ from scaler_executor.scheduler.state import (
     constraint_key,
     describe_key,
 )
+from scaler_executor.scheduler.stats import Recorder, Statistics, stats_message
 
 log = logging.getLogger("scaler_executor.daemon")
 
@@ -242,6 +243,9 @@ class Scheduler:
             "object_bytes_received": 0,
         }
         self._monitors: dict[bytes, float] = {}
+        self.recorder = Recorder()  # O(1) monitoring state: ended tasks per second, recent events
+        # The host store's figures for a snapshot (set by the loop, read only on request).
+        self.store_stats: Callable[[], dict[str, int]] | None = None
         self._refusals_logged: dict[tuple[bytes, str], float] = {}  # (peer, what) -> when last logged
         self._heartbeats_due = False
         self._stats_wanted: list[bytes] = []
@@ -342,6 +346,8 @@ class Scheduler:
 
     def _on_tick(self, event: Tick) -> None:
         now = event.now
+        if self.recorder.started is None:
+            self.recorder.started = now
         deadline = self.config.heartbeat_interval * self.config.heartbeat_liveness
         for worker in [w for w in self.workers.values() if now - w.last_seen > deadline]:
             self._lose_worker(worker, f"missed heartbeats: no message for {now - worker.last_seen:.1f} s (host lost or process hung)")
@@ -487,6 +493,7 @@ class Scheduler:
         """A message not acted upon because it is not the sender's to send: counted always,
         logged once per peer and kind of refusal per ``REFUSAL_LOG_SECONDS``."""
         self.counters["refused"] += 1
+        self.recorder.event(self._now, "refused", why, where=peer.hex()[:16])
         key = (peer, what)
         last = self._refusals_logged.get(key)
         if last is not None and self._now - last < REFUSAL_LOG_SECONDS:
@@ -663,6 +670,8 @@ class Scheduler:
     def _reject_spec(self, peer: bytes, spec: m.TaskSpec, reason: str) -> None:
         log.warning("rejected task %#x from %r: %s", spec.task_id, peer, reason)
         self.counters["failed"] += 1
+        self.recorder.ended(self._now, 0, 1)
+        self.recorder.event(self._now, "rejected", reason, task_id=spec.task_id, where=self.clients[peer].name if peer in self.clients else "")
         self._result_to(peer, m.TaskResult(spec.task_id, 0, Status.REJECTED, reason.encode(), m.NO_FACTS, m.NO_OBJECTS))
 
     def _on_cancel(self, peer: bytes, message: m.CancelTasks) -> None:
@@ -756,6 +765,8 @@ class Scheduler:
             "client %r %s (%s); cancelling its %d tasks", client.name, "left" if clean else "lost", why, len(client.tasks)
         )
         self.counters["clients_left" if clean else "clients_lost"] += 1
+        if not clean:
+            self.recorder.event(self._now, "client-lost", why, where=client.name)
         del self.clients[client.peer]
         for task_id in list(client.tasks):
             task = self.tasks.get(task_id)
@@ -792,14 +803,17 @@ class Scheduler:
                 continue  # late: an earlier attempt, or a task already settled elsewhere
             self._unassign(worker, task)
             if result.status == Status.PROCESSOR_DIED:
+                self.recorder.event(self._now, "processor-died", "", task_id=task.task_id, where=worker.name, payload=result.payload, status=result.status)
                 self._attempt_failed(task, f"worker {worker.name}: {result.payload.decode(errors='replace')}")
                 continue
+            duration = 0.0
             if result.status == Status.OK and result.facts.finished > result.facts.started:
                 duration = result.facts.finished - result.facts.started
                 mean = worker.mean_task_seconds
                 worker.mean_task_seconds = duration if mean is None else mean + EWMA_WEIGHT * (duration - mean)
             ok = result.status == Status.OK
             self.counters["finished" if ok else "failed"] += 1
+            self._record_result(worker, task, result, ok, duration)
             if self._direct_running:
                 self._direct_running.pop(task.task_id, None)  # its result tells the client it ran
             if ok and task.holds > 0 and task.state is TaskState.DISPATCHED:
@@ -823,6 +837,15 @@ class Scheduler:
                 self._result_to(task.client, result)
             elif result.objects and task.result_objects is None:
                 self._deletions.extend(result.objects)  # nobody will read them
+
+    def _record_result(self, worker: WorkerRecord, task: TaskRecord, result: m.TaskResult, ok: bool, duration: float) -> None:
+        recorder = self.recorder
+        recorder.ended(self._now, int(ok), int(not ok), int(duration > 0), duration, duration)
+        if result.facts.peak_memory:
+            recorder.peak_memory[worker.peer] = result.facts.peak_memory
+        if not ok:
+            kind = {Status.TIMEOUT: "timeout", Status.CANCELLED: "cancelled", Status.FORCE_CANCELLED: "cancelled"}.get(result.status, "failed")
+            recorder.event(self._now, kind, "", task_id=task.task_id, where=worker.name, payload=result.payload, status=result.status)
 
     def _on_lane_started(self, peer: bytes, message: m.LaneStarted) -> None:
         """Lane tasks still running: recorded as this worker's, DISPATCHED, so that its load,
@@ -856,6 +879,8 @@ class Scheduler:
         counters["retried"] += message.retried
         counters["delivered_direct"] += message.delivered
         counters["lane"] += ended + message.retried
+        if ended:
+            self.recorder.ended(self._now, message.finished, message.failed, ended if message.seconds > 0 else 0, message.seconds)
         if ended and message.seconds > 0:
             duration = message.seconds / ended
             mean = worker.mean_task_seconds
@@ -885,6 +910,8 @@ class Scheduler:
         (log.info if clean else log.warning)("worker %r lost: %s; %d tasks affected", worker.name, why, len(worker.inflight))
         if not clean:
             self.counters["workers_lost"] += 1
+            self.recorder.event(self._now, "worker-lost", f"{why}; {len(worker.inflight)} tasks affected", where=worker.name)
+        self.recorder.peak_memory.pop(worker.peer, None)
         del self.workers[worker.peer]
         self.last_sent.pop(worker.peer, None)
         self._out.pop(worker.peer, None)
@@ -928,6 +955,8 @@ class Scheduler:
                 f"task {task.task_id:#x} failed: the process running it died on all "
                 f"{len(task.failures)} attempt(s) allowed (max_retries={max_retries})"
             )
+            self.recorder.ended(self._now, 0, 1)
+            self.recorder.event(self._now, "retries-exhausted", f"{text}; last: {line}", task_id=task.task_id)
             payload = _pack_lost(text, task.failures)
             self._fail_dependents(task, Status.WORKER_LOST, payload)
             if not task.flags & TaskFlags.NO_RESULT:
@@ -1073,6 +1102,8 @@ class Scheduler:
                     self._forget(task)
                     self.counters["failed"] += 1
                     reason = (self._unsatisfiable_text(key) + f" within unsatisfiable_timeout={timeout:g} s").encode()
+                    self.recorder.ended(now, 0, 1)
+                    self.recorder.event(now, "rejected", reason.decode(), task_id=task.task_id)
                     self._fail_dependents(task, Status.REJECTED, reason)
                     if not task.flags & TaskFlags.NO_RESULT:
                         self._result_to(task.client, m.TaskResult(task.task_id, 0, Status.REJECTED, reason, m.NO_FACTS, m.NO_OBJECTS))
@@ -1157,10 +1188,10 @@ class Scheduler:
 
     def _flush(self) -> list[Command]:
         if self._stats_wanted:
-            snapshot = self.statistics()
+            snapshot = stats_message(self)
             for peer in self._stats_wanted:
                 if peer in self.clients or peer in self._monitors:
-                    self._send(peer, m.Stats(snapshot))
+                    self._send(peer, snapshot)
             self._stats_wanted.clear()
         if self._acks or self._running:
             self._flush_notices()
@@ -1238,19 +1269,11 @@ class Scheduler:
 
     # ------------------------------------------------------------------ observability
 
-    def statistics(self) -> dict[str, int | float | str]:
-        # Kept by every state change (TaskRecord.counts): a snapshot is not a walk over
-        # every task, which at 10^6 pending cost the daemon a fifth of a second per request.
-        snapshot: dict[str, int | float | str] = {
-            f"tasks_{state.value}": n for state, n in self.state_counts.items() if n
-        }
-        snapshot.update(self.counters)
-        snapshot["tasks"] = len(self.tasks)
-        snapshot["workers"] = len(self.workers)
-        snapshot["processors"] = sum(w.capacity for w in self.workers.values())
-        snapshot["clients"] = len(self.clients)
-        snapshot["functions"] = len(self.functions)
-        return snapshot
+    def statistics(self) -> Statistics:
+        """The snapshot a client or monitor would receive now (scheduler/stats.py).  Task
+        states are kept by every state change (TaskRecord.counts): a snapshot is no walk
+        over every task, which at 10^6 pending cost the daemon a fifth of a second."""
+        return Statistics.from_message(stats_message(self))
 
     def validate(self) -> None:
         """Check the cross-indexes; raises AssertionError naming the first broken invariant."""

@@ -99,6 +99,7 @@ class Daemon:
 
         self.objects = HostStore(config)
         self.core = Scheduler(config, self.objects.name)
+        self.core.store_stats = self.objects.figures
         self.lifeline_fd = lifeline_fd
         self.manager = manager
         self.host = socket.gethostname()
