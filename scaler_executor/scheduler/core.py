@@ -59,6 +59,9 @@ EWMA_WEIGHT = 0.2  # weight of the newest task duration in a worker's mean
 NOTICE_DELAY = 0.002  # longest a submit ack or running notice waits to travel with results
 MAX_NAME = 256  # characters of a peer's name or host in its Hello: they reach logs and Refused
 ID_MASK = (1 << m.TASK_ID_BITS) - 1  # the per-client part of a task or function id
+# Monitors share one snapshot built at most this often, however many watch or however often
+# they ask: the daemon's monitoring cost is bounded by this, not by its watchers.
+MONITOR_SNAPSHOT_SECONDS = 0.5
 REFUSAL_LOG_SECONDS = 60.0  # a refusal is logged once per peer and kind in this long
 MAX_REFUSAL_KEYS = 4096
 # What a worker may say of a task; the others are the daemon's to say (REJECTED, WORKER_LOST, ...).
@@ -244,6 +247,7 @@ class Scheduler:
         }
         self._monitors: dict[bytes, float] = {}
         self.recorder = Recorder()  # O(1) monitoring state: ended tasks per second, recent events
+        self._monitor_snapshot: tuple[float, m.Stats] | None = None  # (built at, snapshot)
         # The host store's figures for a snapshot (set by the loop, read only on request).
         self.store_stats: Callable[[], dict[str, int]] | None = None
         self._refusals_logged: dict[tuple[bytes, str], float] = {}  # (peer, what) -> when last logged
@@ -418,6 +422,10 @@ class Scheduler:
         return peer in self.clients or peer in self.workers or peer in self._monitors
 
     def _is_monitor(self, peer: bytes) -> bool:
+        return peer in self._monitors
+
+    def is_monitor(self, peer: bytes) -> bool:
+        """Whether ``peer`` joined as a monitor (the loop drops, never waits for, a slow one)."""
         return peer in self._monitors
 
     def _role_of(self, peer: bytes) -> str:
@@ -1188,10 +1196,13 @@ class Scheduler:
 
     def _flush(self) -> list[Command]:
         if self._stats_wanted:
-            snapshot = stats_message(self)
+            fresh = None  # a client's snapshot is always fresh: its own tests read exact counts
             for peer in self._stats_wanted:
-                if peer in self.clients or peer in self._monitors:
-                    self._send(peer, snapshot)
+                if peer in self.clients:
+                    fresh = fresh or stats_message(self)
+                    self._send(peer, fresh)
+                elif peer in self._monitors:
+                    self._send(peer, self._snapshot_for_monitors())
             self._stats_wanted.clear()
         if self._acks or self._running:
             self._flush_notices()
@@ -1220,6 +1231,12 @@ class Scheduler:
             commands.extend(self._commands)
             self._commands = []
         return commands
+
+    def _snapshot_for_monitors(self) -> m.Stats:
+        cached = self._monitor_snapshot
+        if cached is None or self._now - cached[0] >= MONITOR_SNAPSHOT_SECONDS:
+            cached = self._monitor_snapshot = (self._now, stats_message(self))
+        return cached[1]
 
     def _flush_notices(self) -> None:
         """Send submit acks and running notices with a client's results, or once the oldest

@@ -208,3 +208,21 @@ def test_a_rejected_task_is_a_failure_event(cluster: Cluster) -> None:
     cluster.send(b"c1", m.SubmitTasks([bad]))
     (event,) = cluster.scheduler.statistics().failures
     assert event.kind == "rejected" and event.task_id == tid(cid, 2) and event.where == "c1"
+
+
+def test_monitors_share_one_snapshot_built_at_most_every_interval(cluster: Cluster) -> None:
+    from scaler_executor.scheduler.core import MONITOR_SNAPSHOT_SECONDS
+
+    cid, fn = client_with_function(cluster)
+    cluster.worker(b"w1")
+    cluster.join(b"m1", hello(m.Role.MONITOR))
+    cluster.join(b"m2", hello(m.Role.MONITOR))
+    first = cluster.send(b"m1", m.StatsRequest()).one(b"m1", m.Stats)
+    cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, 2), fn)]), dt=MONITOR_SNAPSHOT_SECONDS / 2)
+    # Within the interval: the same snapshot, to either monitor, however often they ask.
+    assert cluster.send(b"m2", m.StatsRequest()).one(b"m2", m.Stats) is first
+    assert cluster.send(b"m1", m.StatsRequest(), m.StatsRequest()).of(b"m1", m.Stats) == [first, first]
+    # A client's snapshot is always fresh.
+    assert cluster.send(b"c1", m.StatsRequest()).one(b"c1", m.Stats).snapshot["submitted"] == 1
+    later = cluster.send(b"m2", m.StatsRequest(), dt=MONITOR_SNAPSHOT_SECONDS).one(b"m2", m.Stats)
+    assert later is not first and later.snapshot["submitted"] == 1 and first.snapshot["submitted"] == 0
