@@ -17,7 +17,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from scaler_executor import _compat
 from scaler_executor._compat import DAEMON_ADDRESS_ENV
@@ -32,6 +32,9 @@ from scaler_executor.client.options import make_options as _make_options
 from scaler_executor.client.pickling import MapCache, ObjectRef, Pickled
 from scaler_executor.config import ClusterConfig, check_address
 from scaler_executor.protocol.messages import TaskFlags, TaskOptions
+
+if TYPE_CHECKING:
+    from scaler_executor.scheduler.stats import Statistics
 
 T = TypeVar("T")
 
@@ -242,8 +245,15 @@ class ScalerExecutor(Executor):
         """
         return self._agent.cancels.force(future, force)
 
-    def statistics(self, timeout: float | None = 10.0) -> dict[str, Any]:
-        """A snapshot of the daemon's counters and task states.
+    def statistics(self, timeout: float | None = 10.0) -> Statistics:
+        """A snapshot of the daemon: a :class:`~scaler_executor.Statistics` (frozen).
+
+        It is also a read-only mapping over the daemon's counters, so
+        ``ex.statistics()["finished"]`` reads as before; its attributes add tasks by state,
+        the workers (load, queue, processors, last heard from, lane tasks, memory), the
+        clients, tasks ended and their run times over the last 10 and 60 s, recent
+        failures with their cause, and the host's object store (docs/monitoring.rst).
+        Raises ``TimeoutError`` if the daemon does not answer within ``timeout``.
 
         A sequential caller's result can reach it straight from the processor (see
         docs/architecture.rst, life of a task): the daemon counts that task once its worker
