@@ -129,7 +129,9 @@ def _failure_text(status: int, payload: bytes) -> tuple[str, str]:
     """(one line, traceback tail) of a failed result's payload, read without unpickling."""
     if status in (Status.ERROR,) and payload:
         try:
-            _pickled, type_name, message, tb_text, _tb = msgpack.unpackb(payload, raw=False)
+            # [pickled, type name, message, traceback text, traceback dict, rebuild]
+            # (worker/processor.py dump_exception; main grew the sixth field after this was written)
+            _pickled, type_name, message, tb_text = msgpack.unpackb(payload, raw=False)[:4]
             return f"{type_name}: {message}"[:500], str(tb_text)[-DETAIL_CHARS:]
         except Exception:  # noqa: BLE001 - a payload we cannot read still has its event
             return "error (unreadable payload)", ""
