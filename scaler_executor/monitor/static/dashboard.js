@@ -47,7 +47,8 @@ function drawThroughput(snap) {
   const top = Math.max(1, ...history);
   const ns = "http://www.w3.org/2000/svg";
   const line = document.createElementNS(ns, "polyline");
-  line.setAttribute("points", history.map((v, i) => `${(i * 600 / (HISTORY - 1)).toFixed(1)},${(118 - v * 112 / top).toFixed(1)}`).join(" "));
+  const span = Math.max(history.length, 60) - 1; // the first minute fills the width, then it scrolls
+  line.setAttribute("points", history.map((v, i) => `${(i * 600 / span).toFixed(1)},${(118 - v * 112 / top).toFixed(1)}`).join(" "));
   svg.append(line);
   const w = snap.windows[0];
   document.getElementById("throughput-now").textContent =
