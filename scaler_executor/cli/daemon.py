@@ -123,12 +123,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Clust
             parse_listen(args.dashboard)
         except ValueError as exc:
             fail(parser.prog, str(exc))
-        if config.address.startswith("tcp://") and not config.insecure:
-            fail(
-                parser.prog,
-                "--dashboard on a secured tcp:// daemon is not supported yet: run `scaler-dashboard "
-                "ADDRESS --credentials FILE` with a monitor key (scaler-keys issue DIR NAME --role monitor)",
-            )
     elif args.metrics_without_token:
         fail(parser.prog, "--metrics-without-token needs --dashboard HOST:PORT")
     if args.early_workers is not None:
@@ -149,12 +143,20 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(config, "scaler-daemon")
     assert config.address is not None
     directory = daemon_security(config, config.address)
+    ephemeral: dict[str, Any] = {}  # the local workers' and the dashboard's keys, allowed in memory only
     dashboard = None
     if args.dashboard is not None:  # first: a port that is taken stops us before anything else starts
         from scaler_executor.monitor.launch import DashboardFailed, start_dashboard
 
+        credential = None
+        if directory is not None:  # its own monitor key, handed over on its stdin
+            from scaler_executor.security.keys import EphemeralKeys
+
+            credential = EphemeralKeys(directory.daemon_keys()[0], ephemeral).issue("dashboard", "monitor")
         try:
-            dashboard = start_dashboard(config, args.dashboard, metrics_without_token=args.metrics_without_token)
+            dashboard = start_dashboard(
+                config, args.dashboard, metrics_without_token=args.metrics_without_token, credential=credential
+            )
         except DashboardFailed as exc:
             from scaler_executor.cli.common import fail
 
@@ -162,7 +164,6 @@ def main(argv: list[str] | None = None) -> int:
     from scaler_executor.manager.local import LocalWorkerManager
 
     manager = None
-    ephemeral: dict[str, Any] = {}  # the local workers' keys, allowed in memory only
     keys = None
     if directory is not None and config.workers:
         from scaler_executor.security.keys import EphemeralKeys

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
 
@@ -36,6 +36,9 @@ from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.rejoin import is_unknown_peer
 from scaler_executor.scheduler.stats import Statistics
+
+if TYPE_CHECKING:
+    from scaler_executor.security.client import ClientSecurity
 
 __all__ = ["Monitor", "MonitorRefused"]
 
@@ -61,14 +64,15 @@ class Monitor:
         insecure: bool = False,
         name: str = "monitor",
         timeout: float = 10.0,
+        security: ClientSecurity | None = None,
     ) -> None:
         from scaler_executor.security import for_connecting
 
         check_address(address)
-        config = ClusterConfig(credentials=credentials, insecure=insecure)
         self.address = address
         self.name = name
-        security = for_connecting(config, address, m.Role.MONITOR)
+        if security is None:  # ``security``: a key held in memory (scaler-daemon --dashboard's child)
+            security = for_connecting(ClusterConfig(credentials=credentials, insecure=insecure), address, m.Role.MONITOR)
         self._sock: Any = channel.connect(address, hwm=16, linger=0, security=security)
         self._poller = channel.Poller()
         self._poller.register(self._sock.pollable)

@@ -230,6 +230,7 @@ def _parser() -> argparse.ArgumentParser:
         help="serve /metrics without the token (everything else still needs it)",
     )  # fmt: skip
     parser.add_argument("--token-stdin", action="store_true", help=argparse.SUPPRESS)  # started by scaler-daemon
+    parser.add_argument("--credential-stdin", action="store_true", help=argparse.SUPPRESS)  # and its monitor key
     return parser
 
 
@@ -244,8 +245,18 @@ def main(argv: list[str] | None = None) -> int:
     token = sys.stdin.readline().strip() if args.token_stdin else secrets.token_urlsafe(24)
     from scaler_executor.monitor.client import Monitor
 
+    security = None
+    if args.credential_stdin:  # the ephemeral monitor key a secured daemon issued us, the line after the token
+        from scaler_executor.security.client import ClientSecurity
+        from scaler_executor.security.keys import Credential
+
+        security = ClientSecurity(Credential.from_line(sys.stdin.readline(), "the credential on stdin"), args.address)
+
     def connect() -> Monitor:
-        return Monitor(args.address, credentials=args.credentials, insecure=args.insecure, name="dashboard", timeout=5.0)
+        return Monitor(
+            args.address, credentials=args.credentials, insecure=args.insecure, name="dashboard", timeout=5.0,
+            security=security,
+        )  # fmt: skip
 
     source = SnapshotSource(connect)
     try:

@@ -13,8 +13,12 @@ import secrets
 import selectors
 import subprocess
 import sys
+from typing import TYPE_CHECKING
 
 from scaler_executor.config import ClusterConfig
+
+if TYPE_CHECKING:
+    from scaler_executor.security.keys import Credential
 
 __all__ = ["DashboardFailed", "DashboardProcess", "start_dashboard"]
 
@@ -44,9 +48,15 @@ class DashboardProcess:
             self.process.stdout.close()
 
 
-def start_dashboard(config: ClusterConfig, listen: str, *, metrics_without_token: bool = False) -> DashboardProcess:
+def start_dashboard(
+    config: ClusterConfig, listen: str, *, metrics_without_token: bool = False, credential: Credential | None = None
+) -> DashboardProcess:
+    """Start the dashboard for the daemon of ``config``; ``credential``: its monitor key on a
+    secured tcp:// daemon (sent on its stdin after the token).  Raises DashboardFailed."""
     assert config.address is not None
     command = [sys.executable, "-m", "scaler_executor.monitor.dashboard", config.address, "--listen", listen, "--token-stdin"]
+    if credential is not None:
+        command.append("--credential-stdin")
     if config.insecure and config.address.startswith("tcp://"):
         command.append("--insecure")
     if metrics_without_token:
@@ -54,6 +64,8 @@ def start_dashboard(config: ClusterConfig, listen: str, *, metrics_without_token
     process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert process.stdin is not None and process.stdout is not None
     process.stdin.write(secrets.token_urlsafe(24).encode() + b"\n")
+    if credential is not None:
+        process.stdin.write(credential.to_line().encode("ascii") + b"\n")
     process.stdin.flush()
     with selectors.DefaultSelector() as selector:
         selector.register(process.stdout, selectors.EVENT_READ)

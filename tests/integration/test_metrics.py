@@ -124,3 +124,27 @@ def test_a_departed_workers_series_are_dropped_and_labels_escaped() -> None:
     # One family per name: none is another's name plus a suffix the parser would fold into it.
     names = [f.name for f in text_string_to_metric_families(metrics.render(_stats(_worker("w"))))]
     assert len(names) == len(set(names))
+
+
+def test_a_secured_tcp_daemon_gives_its_dashboard_a_monitor_key(tmp_path: Path) -> None:
+    import re
+    import urllib.request
+
+    from test_security import Cluster
+
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.secure_daemon("--workers", "1", "--dashboard", "127.0.0.1:0")
+        found: list[str] = []
+        assert wait_until(lambda: bool(found.extend(re.findall(r"dashboard at (\S+)", cluster.log())) or found), timeout=WAIT)
+        base, _, token = found[0].partition("/?token=")
+
+        def scraped_worker() -> bool:
+            request = urllib.request.Request(base + "/metrics", headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(request, timeout=WAIT) as reply:
+                return "scaler_workers 1" in reply.read().decode()
+
+        assert wait_until(scraped_worker, timeout=WAIT), cluster.log()
+        assert "refused" not in cluster.log().lower(), cluster.log()
+    finally:
+        cluster.close()
