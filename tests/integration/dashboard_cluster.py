@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import psutil
 from scaler_testing import child_env, wait_until
 
 from scaler_executor import ClusterConfig, ScalerExecutor
@@ -45,6 +46,10 @@ class DashboardCluster:
         parts = urlsplit(self.url)
         self.base = f"{parts.scheme}://{parts.netloc}"
         self.token = parts.query.removeprefix("token=")
+        (self.dashboard,) = [
+            p for p in psutil.Process(self.proc.pid).children()
+            if "scaler_executor.monitor.dashboard" in " ".join(p.cmdline())
+        ]  # fmt: skip
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -73,5 +78,9 @@ class DashboardCluster:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        # The dashboard process is the daemon's child: gone with its lifeline.
+        # The dashboard process is the daemon's child: gone with its lifeline (stdin's EOF).
+        _, alive = psutil.wait_procs([self.dashboard], timeout=WAIT)
+        for p in alive:
+            p.kill()
+        assert not alive, "the dashboard outlived its daemon"
         assert "Traceback" not in self.log(), self.log()
