@@ -764,6 +764,8 @@ class Scheduler:
         self._commands.append(StoreChunk(peer, message.object_id, message.offset, message.total))
 
     def _on_stats_request(self, peer: bytes, message: m.StatsRequest) -> None:
+        if peer in self._monitors and peer in self._stats_wanted:
+            return  # one answer per monitor per turn, however many it asked for
         self._stats_wanted.append(peer)  # answered in _flush, after this turn's dispatch
 
     def _lose_client(self, client: ClientRecord, why: str, clean: bool = False) -> None:
