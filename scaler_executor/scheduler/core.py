@@ -771,6 +771,8 @@ class Scheduler:
         self._commands.append(StoreChunk(peer, message.object_id, message.offset, message.total))
 
     def _on_stats_request(self, peer: bytes, message: m.StatsRequest) -> None:
+        if peer in self._monitors and peer in self._stats_wanted:
+            return  # one answer per monitor per turn, however many it asked for
         self._stats_wanted.append(peer)  # answered in _flush, after this turn's dispatch
 
     def _lose_client(self, client: ClientRecord, why: str, clean: bool = False) -> None:
@@ -803,6 +805,8 @@ class Scheduler:
 
     def _on_task_results(self, peer: bytes, message: m.TaskResults) -> None:
         worker = self.workers[peer]
+        durations: list[float] = []  # for the recorder, once per batch
+        ended = failed = peak = 0
         for result in message.results:
             if result.status not in WORKER_STATUSES:
                 # Only the daemon says a task was rejected, lost its worker or its dependency:
@@ -822,14 +826,18 @@ class Scheduler:
                 self.recorder.event(self._now, "processor-died", "", task_id=task.task_id, where=worker.name, payload=result.payload, status=result.status)
                 self._attempt_failed(task, f"worker {worker.name}: {result.payload.decode(errors='replace')}")
                 continue
-            duration = 0.0
             if result.status == Status.OK and result.facts.finished > result.facts.started:
                 duration = result.facts.finished - result.facts.started
                 mean = worker.mean_task_seconds
                 worker.mean_task_seconds = duration if mean is None else mean + EWMA_WEIGHT * (duration - mean)
+                durations.append(duration)
+                peak = result.facts.peak_memory or peak
             ok = result.status == Status.OK
             self.counters["finished" if ok else "failed"] += 1
-            self._record_result(worker, task, result, ok, duration)
+            ended += 1
+            if not ok:
+                failed += 1
+                self._record_failure(worker, task, result)
             if self._direct_running:
                 self._direct_running.pop(task.task_id, None)  # its result tells the client it ran
             if ok and task.holds > 0 and task.state is TaskState.DISPATCHED:
@@ -853,15 +861,16 @@ class Scheduler:
                 self._result_to(task.client, result)
             elif result.objects and task.result_objects is None:
                 self._deletions.extend(result.objects)  # nobody will read them
+        # Once per batch, not per result: the tasks that ran and ended, their run times, the
+        # last peak memory.  (Dependents failed with a task count in ``failed``, not here.)
+        if ended:
+            self.recorder.ended(self._now, ended - failed, failed, len(durations), sum(durations), max(durations, default=0.0))
+        if peak:
+            self.recorder.peak_memory[peer] = peak
 
-    def _record_result(self, worker: WorkerRecord, task: TaskRecord, result: m.TaskResult, ok: bool, duration: float) -> None:
-        recorder = self.recorder
-        recorder.ended(self._now, int(ok), int(not ok), int(duration > 0), duration, duration)
-        if result.facts.peak_memory:
-            recorder.peak_memory[worker.peer] = result.facts.peak_memory
-        if not ok:
-            kind = {Status.TIMEOUT: "timeout", Status.CANCELLED: "cancelled", Status.FORCE_CANCELLED: "cancelled"}.get(result.status, "failed")
-            recorder.event(self._now, kind, "", task_id=task.task_id, where=worker.name, payload=result.payload, status=result.status)
+    def _record_failure(self, worker: WorkerRecord, task: TaskRecord, result: m.TaskResult) -> None:
+        kind = {Status.TIMEOUT: "timeout", Status.CANCELLED: "cancelled", Status.FORCE_CANCELLED: "cancelled"}.get(result.status, "failed")
+        self.recorder.event(self._now, kind, "", task_id=task.task_id, where=worker.name, payload=result.payload, status=result.status)
 
     def _on_lane_started(self, peer: bytes, message: m.LaneStarted) -> None:
         """Lane tasks still running: recorded as this worker's, DISPATCHED, so that its load,

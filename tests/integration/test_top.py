@@ -46,7 +46,7 @@ class Tmux:
         self.run("set-option", "-t", self.session, "remain-on-exit", "on")
 
     def screen(self) -> str:
-        return self.run("capture-pane", "-p", "-t", self.session)
+        return self.run("capture-pane", "-p", "-J", "-t", self.session)  # -J: wrapped lines joined
 
     def keys(self, *keys: str) -> None:
         self.run("send-keys", "-t", self.session, *keys)
