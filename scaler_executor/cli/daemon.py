@@ -117,7 +117,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Clust
         except OSError as exc:
             fail(parser.prog, f"cannot read --initializer {args.initializer}: {exc.strerror or exc}; fix the path")
     if args.dashboard is not None:
-        from scaler_executor.monitor.dashboard import parse_listen
+        from scaler_executor.config import parse_listen
 
         try:
             parse_listen(args.dashboard)

@@ -82,6 +82,10 @@ class ScalerExecutor(Executor):
             ``scaler-keys issue DIR NAME --role client`` (overrides the config's
             ``credentials`` / ``SCALER_CREDENTIALS``). tcp:// needs one unless the config
             says ``insecure = true`` (which warns).
+        dashboard: ``"HOST:PORT"`` (say ``"127.0.0.1:8787"``; port 0 picks one) to serve the
+            embedded cluster's web dashboard and Prometheus ``/metrics`` there; the daemon
+            prints the URL with its access token on stderr (docs/monitoring.rst). Not with
+            ``address``.
 
     Raises:
         ValueError / TypeError: for invalid arguments, naming the fix.
@@ -105,8 +109,20 @@ class ScalerExecutor(Executor):
         min_workers: int | None = None,
         config: ClusterConfig | None = None,
         credentials: str | None = None,
+        dashboard: str | None = None,
     ) -> None:
         _check_pool_arguments(mp_context, initializer, max_tasks_per_child)
+        if dashboard is not None:
+            from scaler_executor.config import parse_listen
+
+            if not isinstance(dashboard, str):
+                raise TypeError(f"dashboard must be a 'HOST:PORT' string, got {type(dashboard).__name__}")
+            if address is not None:
+                raise ValueError(
+                    "dashboard= serves the embedded cluster's dashboard; for a running daemon start it "
+                    "with scaler-daemon --dashboard HOST:PORT, or run scaler-dashboard ADDRESS"
+                )
+            parse_listen(dashboard)  # ValueError naming the fix
         if config is None:
             config = ClusterConfig.load()
         elif not isinstance(config, ClusterConfig):
@@ -136,6 +152,7 @@ class ScalerExecutor(Executor):
                 minimum=min_workers,
                 initializer=init_blob,
                 max_tasks_per_child=max_tasks_per_child,
+                dashboard=dashboard,
             )
             address = self._cluster.address
             config = self._cluster.config

@@ -38,6 +38,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from scaler_executor.config import parse_listen
 from scaler_executor.exceptions import ProtocolError
 from scaler_executor.monitor import metrics
 from scaler_executor.scheduler.stats import Statistics
@@ -206,14 +207,6 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 # --------------------------------------------------------------------------- the process
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT``) → (host, port); ValueError naming the fix."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"--dashboard {text!r} is not HOST:PORT (say 127.0.0.1:8787)")
-    return host.strip("[]"), int(port)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -148,3 +148,28 @@ def test_a_secured_tcp_daemon_gives_its_dashboard_a_monitor_key(tmp_path: Path) 
         assert "refused" not in cluster.log().lower(), cluster.log()
     finally:
         cluster.close()
+
+
+def test_the_embedded_cluster_serves_a_dashboard_and_prints_its_url(capfd: pytest.CaptureFixture[str]) -> None:
+    import re
+    import urllib.request
+
+    from scaler_executor import ScalerExecutor
+
+    with pytest.raises(ValueError, match="not HOST:PORT"):
+        ScalerExecutor(dashboard="8787")
+    with pytest.raises(ValueError, match="scaler-daemon --dashboard"):
+        ScalerExecutor(address="ipc:///nowhere", dashboard="127.0.0.1:0")
+    with ScalerExecutor(2, dashboard="127.0.0.1:0") as ex:
+        assert ex.submit(square, 4).result(timeout=WAIT) == 16
+        err: list[str] = []
+        assert wait_until(lambda: bool(err.append(capfd.readouterr().err) or re.search(r"dashboard at \S+", "".join(err))), timeout=WAIT)
+        url = re.findall(r"dashboard at (\S+)", "".join(err))[0]
+        base, _, token = url.partition("/?token=")
+        request = urllib.request.Request(base + "/metrics", headers={"Authorization": f"Bearer {token}"})
+
+        def counted() -> bool:
+            with urllib.request.urlopen(request, timeout=WAIT) as reply:
+                return 'scaler_tasks_completed_total{outcome="finished"} 1' in reply.read().decode()
+
+        assert wait_until(counted, timeout=WAIT)
