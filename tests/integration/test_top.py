@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,16 +28,18 @@ def square(x: int) -> int:
 
 
 class Tmux:
-    """A tmux server of this test's own (-L), so nobody else's sessions are touched."""
+    """A tmux server of this test's own (-S, in a directory removed at the end), so nobody
+    else's sessions are touched and no socket file is left behind."""
 
-    def __init__(self, name: str) -> None:
-        self.socket = f"scaler-top-test-{os.getpid()}-{name}"
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="scaler-top-")  # short: a socket path has ~100 bytes
+        self.socket = os.path.join(self.dir, "tmux.sock")
         self.session = "top"
 
     def run(self, *args: str) -> str:
         tmux = shutil.which("tmux")
         assert tmux is not None
-        done = subprocess.run([tmux, "-L", self.socket, *args], capture_output=True, text=True, timeout=WAIT)
+        done = subprocess.run([tmux, "-S", self.socket, *args], capture_output=True, text=True, timeout=WAIT)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -57,8 +60,9 @@ class Tmux:
 
     def close(self) -> None:
         tmux = shutil.which("tmux")
-        if tmux is not None:
-            subprocess.run([tmux, "-L", self.socket, "kill-server"], capture_output=True, timeout=WAIT)
+        if tmux is not None and os.path.exists(self.socket):
+            subprocess.run([tmux, "-S", self.socket, "kill-server"], capture_output=True, timeout=WAIT)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -71,8 +75,8 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 @pytest.fixture
-def tmux(request: pytest.FixtureRequest) -> Iterator[Tmux]:
-    t = Tmux(request.node.name.replace("[", "-").replace("]", ""))
+def tmux() -> Iterator[Tmux]:
+    t = Tmux()
     try:
         yield t
     finally:
