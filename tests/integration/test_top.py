@@ -55,8 +55,16 @@ class Tmux:
         self.run("send-keys", "-t", self.session, *keys)
 
     def exited(self) -> tuple[bool, str]:
-        dead, _, status = self.run("display-message", "-p", "-t", self.session, "#{pane_dead} #{pane_dead_status}").strip().partition(" ")
-        return dead == "1", status
+        """(whether the program ended, its exit status or "signal N").  tmux marks a pane dead
+        when its terminal closes and learns the status when it reaps the process: until
+        then the status is blank, and this reports the program as still running."""
+        fields = self.run(
+            "display-message", "-p", "-t", self.session, "#{pane_dead}:#{pane_dead_status}:#{pane_dead_signal}"
+        ).strip()
+        dead, status, signal = fields.split(":")
+        if dead != "1" or not (status or signal):
+            return False, ""
+        return True, status if status else f"signal {signal}"
 
     def close(self) -> None:
         tmux = shutil.which("tmux")
