@@ -111,7 +111,13 @@ def _draw(screen: Any, lines: list[str]) -> None:
     screen.refresh()
 
 
+CTRL_C = 3
+
+
 def _run(screen: Any, monitor: Any, address: str, interval: float) -> int:
+    # Raw mode: Ctrl-C arrives as a key, read between snapshots, rather than as SIGINT
+    # raised wherever the program is (inside a socket call, say); q and Ctrl-C quit alike.
+    curses.raw()
     curses.curs_set(0)
     screen.timeout(KEY_POLL_MS)
     sort, reverse = "n", False
@@ -131,7 +137,7 @@ def _run(screen: Any, monitor: Any, address: str, interval: float) -> int:
         else:
             _draw(screen, [f"scaler-top  {address}", error or "waiting for the first snapshot..."])
         key = screen.getch()
-        if key in (ord("q"), ord("Q")):
+        if key in (ord("q"), ord("Q"), CTRL_C):
             return 0
         if 0 <= key < 256 and chr(key) in SORT_KEYS:
             pressed = chr(key)

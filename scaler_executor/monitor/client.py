@@ -93,6 +93,9 @@ class Monitor:
         """The daemon's current statistics (at most ``MONITOR_SNAPSHOT_SECONDS`` old)."""
         if self.closed:
             raise ValueError("this Monitor is closed")
+        rejoin = self._drain()
+        if rejoin:
+            self._join(timeout)
         self._send(m.StatsRequest())
         got = self._wait(m.Stats, timeout)
         if got is None:  # the daemon had dropped us (slow, or silent too long): join again, once
@@ -124,6 +127,19 @@ class Monitor:
         self._send(hello)
         if self._wait(m.Welcome, timeout) is None:
             raise MonitorRefused(f"daemon at {self.address} answered this monitor's Hello with UNKNOWN_PEER")
+
+    def _drain(self) -> bool:
+        """Read what came since the last call (a late answer to a timed-out request, the
+        daemon's heartbeats) without waiting; True when the daemon has forgotten us."""
+        forgotten = False
+        while self._sock.readable():
+            messages, _ = codec.decode(self._sock.recv())
+            for message in messages:
+                if type(message) is m.Refused:
+                    if not is_unknown_peer(message.reason):
+                        raise MonitorRefused(f"daemon at {self.address} refused this monitor: {message.reason}")
+                    forgotten = True
+        return forgotten
 
     def _send(self, message: Any) -> None:
         try:

@@ -317,8 +317,25 @@ class Statistics(Mapping[str, Any]):
             MappingProxyType(dict(message.store)),
         )
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Picklable (a snapshot may be sent to a task or a logger process); mapping proxies are not.
+        return _rebuild, (
+            dict(self.counters), dict(self.tasks_by_state), self.uptime, self.workers, self.clients,
+            self.windows, self.events, dict(self.store),
+        )  # fmt: skip
+
     def __repr__(self) -> str:
         return (
             f"Statistics(tasks={self.counters.get('tasks', 0)}, workers={len(self.workers)}, "
             f"clients={len(self.clients)}, counters={dict(self.counters)})"
         )
+
+
+def _rebuild(
+    counters: dict[str, Any], states: dict[str, int], uptime: float, *rest: Any
+) -> Statistics:
+    workers, clients, windows, events, store = rest
+    return Statistics(
+        MappingProxyType(counters), MappingProxyType(states), uptime, workers, clients, windows, events,
+        MappingProxyType(store),
+    )  # fmt: skip

@@ -12,6 +12,7 @@ import pytest
 from scaler_testing import wait_until
 from test_security import WAIT, Cluster, RawPeer
 
+from scaler_executor import ScalerExecutor
 from scaler_executor.exceptions import DaemonLost
 from scaler_executor.monitor import Monitor, MonitorRefused
 from scaler_executor.protocol import channel
@@ -52,6 +53,16 @@ def test_a_monitor_sees_workers_tasks_and_failures(cluster: Cluster) -> None:
         assert len(stats.workers) == 1 and stats.workers[0].processors >= 1
         (failure,) = stats.failures
         assert failure.cause.endswith("ValueError: no 7") and "fails" in failure.detail
+
+
+def test_a_monitor_watches_an_embedded_cluster_over_ipc() -> None:
+    """ipc:// needs no key (the socket is the user's own): the same user can watch ``ex.address``."""
+    with ScalerExecutor(max_workers=1) as ex:
+        assert ex.submit(square, 2).result(timeout=WAIT) == 4
+        with Monitor(ex.address) as monitor:
+            assert wait_until(lambda: monitor.snapshot()["finished"] == 1, timeout=WAIT)
+            stats = monitor.snapshot()
+            assert stats["clients"] == 1 and stats["monitors"] == 1 and len(stats.workers) == 1
 
 
 def test_a_monitor_key_cannot_submit_and_a_client_key_cannot_monitor(cluster: Cluster) -> None:

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,16 +28,18 @@ def square(x: int) -> int:
 
 
 class Tmux:
-    """A tmux server of this test's own (-L), so nobody else's sessions are touched."""
+    """A tmux server of this test's own (-S, in a directory removed at the end), so nobody
+    else's sessions are touched and no socket file is left behind."""
 
-    def __init__(self, name: str) -> None:
-        self.socket = f"scaler-top-test-{os.getpid()}-{name}"
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="scaler-top-")  # short: a socket path has ~100 bytes
+        self.socket = os.path.join(self.dir, "tmux.sock")
         self.session = "top"
 
     def run(self, *args: str) -> str:
         tmux = shutil.which("tmux")
         assert tmux is not None
-        done = subprocess.run([tmux, "-L", self.socket, *args], capture_output=True, text=True, timeout=WAIT)
+        done = subprocess.run([tmux, "-S", self.socket, *args], capture_output=True, text=True, timeout=WAIT)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -52,13 +55,22 @@ class Tmux:
         self.run("send-keys", "-t", self.session, *keys)
 
     def exited(self) -> tuple[bool, str]:
-        dead, _, status = self.run("display-message", "-p", "-t", self.session, "#{pane_dead} #{pane_dead_status}").strip().partition(" ")
-        return dead == "1", status
+        """(whether the program ended, its exit status or "signal N").  tmux marks a pane dead
+        when its terminal closes and learns the status when it reaps the process: until
+        then the status is blank, and this reports the program as still running."""
+        fields = self.run(
+            "display-message", "-p", "-t", self.session, "#{pane_dead}:#{pane_dead_status}:#{pane_dead_signal}"
+        ).strip()
+        dead, status, signal = fields.split(":")
+        if dead != "1" or not (status or signal):
+            return False, ""
+        return True, status if status else f"signal {signal}"
 
     def close(self) -> None:
         tmux = shutil.which("tmux")
-        if tmux is not None:
-            subprocess.run([tmux, "-L", self.socket, "kill-server"], capture_output=True, timeout=WAIT)
+        if tmux is not None and os.path.exists(self.socket):
+            subprocess.run([tmux, "-S", self.socket, "kill-server"], capture_output=True, timeout=WAIT)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -71,8 +83,8 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 @pytest.fixture
-def tmux(request: pytest.FixtureRequest) -> Iterator[Tmux]:
-    t = Tmux(request.node.name.replace("[", "-").replace("]", ""))
+def tmux() -> Iterator[Tmux]:
+    t = Tmux()
     try:
         yield t
     finally:

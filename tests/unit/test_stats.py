@@ -195,6 +195,20 @@ def test_a_monitor_receives_the_same_snapshot_over_the_wire(cluster: Cluster) ->
     assert received.failures[0].cause == "builtins.ValueError: boom 42"
 
 
+def test_a_snapshot_pickles_and_stays_read_only(cluster: Cluster) -> None:
+    import pickle
+
+    cid, fn = client_with_function(cluster)
+    cluster.worker(b"w1")
+    cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, 2), fn)]))
+    cluster.send(b"w1", m.TaskResults([result(tid(cid, 2), status=Status.ERROR, payload=_boom())]))
+    stats = cluster.scheduler.statistics()
+    again = pickle.loads(pickle.dumps(stats))
+    assert again == stats and again.failures == stats.failures
+    with pytest.raises(TypeError):
+        again.counters["tasks"] = 1  # type: ignore[index]
+
+
 def test_uptime_counts_from_the_first_tick(cluster: Cluster) -> None:
     assert cluster.scheduler.statistics().uptime == 0.0
     cluster.tick()
