@@ -193,9 +193,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _refuse(self, status: HTTPStatus, text: str) -> None:
         self._reply(status, "text/plain; charset=utf-8", f"{status.value} {status.phrase}: {text}\n".encode(),
-                    [("WWW-Authenticate", 'Bearer realm="scaler"')] if status is HTTPStatus.UNAUTHORIZED else [])  # fmt: skip
+                    (("WWW-Authenticate", 'Bearer realm="scaler"'),) if status is HTTPStatus.UNAUTHORIZED else ())  # fmt: skip
 
-    def _reply(self, status: HTTPStatus, kind: str, body: bytes, headers: list[tuple[str, str]] = ()) -> None:  # type: ignore[assignment]  # a tuple default, never mutated
+    def _reply(self, status: HTTPStatus, kind: str, body: bytes, headers: tuple[tuple[str, str], ...] = ()) -> None:
         self.send_response(status)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
