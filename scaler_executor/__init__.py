@@ -39,6 +39,13 @@ if TYPE_CHECKING:
         WorkerLost,
     )
     from scaler_executor.objstore.errors import ObjectStoreFull
+    from scaler_executor.scheduler.stats import (
+        ClientStatistics,
+        RecentEvent,
+        Statistics,
+        TaskWindow,
+        WorkerStatistics,
+    )
 del TYPE_CHECKING  # not a name of the package
 
 # Imported on first use (PEP 562): the daemon and worker processes import this
@@ -51,6 +58,10 @@ _LAZY = {
     "ObjectStoreFull": "scaler_executor.objstore.errors",
     "task_info": "scaler_executor.client.executor",
     "get_executor": "scaler_executor.client.executor",
+    **dict.fromkeys(
+        ("Statistics", "WorkerStatistics", "ClientStatistics", "TaskWindow", "RecentEvent"),
+        "scaler_executor.scheduler.stats",
+    ),
     **dict.fromkeys(
         (
             "BrokenScalerExecutor",
@@ -92,6 +103,7 @@ def __dir__() -> list[str]:
 # tests/unit/test_package.py keeps it and _LAZY in step.
 __all__ = [
     "BrokenScalerExecutor",
+    "ClientStatistics",
     "ClusterConfig",
     "DaemonLost",
     "InitializerFailed",
@@ -100,14 +112,18 @@ __all__ = [
     "ObjectStoreFull",
     "PendingLimitReached",
     "ProxyUnavailable",
+    "RecentEvent",
     "RemoteError",
     "ResultUnreadable",
     "ScalerExecutor",
+    "Statistics",
     "TaskCancelled",
     "TaskError",
     "TaskInfo",
     "TaskTimeout",
+    "TaskWindow",
     "WorkerLost",
+    "WorkerStatistics",
     "__version__",
     "get_executor",
     "task_info",

@@ -148,6 +148,14 @@ def _address_problem(address: str) -> str | None:
     return None
 
 
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT``) → (host, port); ValueError naming the fix."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"dashboard address {text!r} is not HOST:PORT (say 127.0.0.1:8787)")
+    return host.strip("[]"), int(port)
+
+
 def check_address(address: object, what: str = "address") -> str:
     """``address`` if it is ``tcp://HOST:PORT`` or ``ipc://PATH``.
 

@@ -86,6 +86,15 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="a file holding cloudpickle.dumps((initializer, initargs)) run in every local processor",
     )
+    parser.add_argument(
+        "--dashboard", metavar="HOST:PORT",
+        help="serve the web dashboard and Prometheus /metrics here (off by default; a separate "
+        "read-only process; its URL with the access token is printed at start)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--metrics-without-token", action="store_true",
+        help="with --dashboard: serve /metrics without the token (the page still needs it)",
+    )  # fmt: skip
     parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)  # stop when stdin closes
     parser.add_argument("--workdir", help=argparse.SUPPRESS)  # the embedded cluster's private directory
     # The embedded cluster's first workers, started before the daemon's imports: see start_early_workers.
@@ -107,6 +116,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Clust
                 pass
         except OSError as exc:
             fail(parser.prog, f"cannot read --initializer {args.initializer}: {exc.strerror or exc}; fix the path")
+    if args.dashboard is not None:
+        from scaler_executor.config import parse_listen
+
+        try:
+            parse_listen(args.dashboard)
+        except ValueError as exc:
+            fail(parser.prog, str(exc))
+    elif args.metrics_without_token:
+        fail(parser.prog, "--metrics-without-token needs --dashboard HOST:PORT")
     if args.early_workers is not None:
         if not config.workers:
             fail(parser.prog, f"{EARLY_WORKERS_FLAG} needs local workers (--workers N)")
@@ -125,10 +143,27 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(config, "scaler-daemon")
     assert config.address is not None
     directory = daemon_security(config, config.address)
+    ephemeral: dict[str, Any] = {}  # the local workers' and the dashboard's keys, allowed in memory only
+    dashboard = None
+    if args.dashboard is not None:  # first: a port that is taken stops us before anything else starts
+        from scaler_executor.monitor.launch import DashboardFailed, start_dashboard
+
+        credential = None
+        if directory is not None:  # its own monitor key, handed over on its stdin
+            from scaler_executor.security.keys import EphemeralKeys
+
+            credential = EphemeralKeys(directory.daemon_keys()[0], ephemeral).issue("dashboard", "monitor")
+        try:
+            dashboard = start_dashboard(
+                config, args.dashboard, metrics_without_token=args.metrics_without_token, credential=credential
+            )
+        except DashboardFailed as exc:
+            from scaler_executor.cli.common import fail
+
+            fail("scaler-daemon", str(exc))
     from scaler_executor.manager.local import LocalWorkerManager
 
     manager = None
-    ephemeral: dict[str, Any] = {}  # the local workers' keys, allowed in memory only
     keys = None
     if directory is not None and config.workers:
         from scaler_executor.security.keys import EphemeralKeys
@@ -164,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if manager is not None:
             manager.stop()
+        if dashboard is not None:
+            dashboard.stop()
         bind_failure("scaler-daemon", config.address, exc)
         raise
     daemon.install_signal_handlers()
@@ -171,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return daemon.run()
     finally:
+        if dashboard is not None:
+            dashboard.stop()
         if args.workdir:
             # The embedded cluster's directory (socket, config, initializer): gone with the
             # daemon, even when the client that made it was killed.

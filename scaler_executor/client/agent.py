@@ -51,7 +51,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
 
@@ -106,6 +106,9 @@ from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import TaskFlags, TaskOptions
 from scaler_executor.protocol.rejoin import is_unknown_peer
 
+if TYPE_CHECKING:
+    from scaler_executor.scheduler.stats import Statistics
+
 log = logging.getLogger("scaler_executor.client")
 
 FLUSH_WAIT = 1.0  # seconds shutdown(cancel_futures=True) waits for the daemon's answer
@@ -155,7 +158,7 @@ class ClientAgent:
         )
         self.packer = Packer(self, config)
         self.completion = Completion(self)
-        self.stats_waiters: deque[Future[dict[str, Any]]] = deque()
+        self.stats_waiters: deque[Future[Statistics]] = deque()
         self.fetch_waiters: deque[Future[dict[bytes, bytes]]] = deque()
         self.remote_store: RemoteStore | None = None  # the daemon's store, when this host cannot map it
         self.shutdown_requested = False
@@ -451,8 +454,8 @@ class ClientAgent:
         self.wake()
         return future.result()
 
-    def request_stats(self) -> Future[dict[str, Any]]:
-        future: Future[dict[str, Any]] = Future()
+    def request_stats(self) -> Future[Statistics]:
+        future: Future[Statistics] = Future()
         with self.lock:
             self.check_usable()
             self.stats_waiters.append(future)
@@ -671,7 +674,10 @@ class ClientAgent:
 
     def _on_stats(self, message: m.Stats, _buffers: list[Any]) -> None:
         if self.stats_waiters:
-            self.stats_waiters.popleft().set_result(dict(message.snapshot))
+            # Imported when first asked for: no start-up cost for a client that never asks.
+            from scaler_executor.scheduler.stats import Statistics
+
+            self.stats_waiters.popleft().set_result(Statistics.from_message(message))
 
     def _on_cluster_broken(self, message: m.ClusterBroken, _buffers: list[Any]) -> None:
         self.break_with(_initializer_failed(message))

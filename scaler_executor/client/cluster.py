@@ -41,7 +41,9 @@ class EmbeddedCluster:
         minimum: int | None = None,
         initializer: bytes | None = None,
         max_tasks_per_child: int | None = None,
+        dashboard: str | None = None,
     ) -> None:
+        """``dashboard``: HOST:PORT for ``scaler-daemon --dashboard`` (it prints the URL on stderr)."""
         _remove_stale_directories()
         self.directory = tempfile.mkdtemp(prefix=f"scaler-{os.getpid()}-")  # mode 0700; pid names the owner
         self.address = f"ipc://{self.directory}/daemon.sock"
@@ -81,6 +83,8 @@ class EmbeddedCluster:
                 f.write(initializer)
             command += ["--initializer", initializer_file]
         command += ["--early-workers", self._write_early_workers(initializer_file)]
+        if dashboard is not None:
+            command += ["--dashboard", dashboard]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, env=_worker_environment(), start_new_session=True)
         self._stopped = False
 

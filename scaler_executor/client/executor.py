@@ -17,7 +17,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from scaler_executor import _compat
 from scaler_executor._compat import DAEMON_ADDRESS_ENV
@@ -32,6 +32,9 @@ from scaler_executor.client.options import make_options as _make_options
 from scaler_executor.client.pickling import MapCache, ObjectRef, Pickled
 from scaler_executor.config import ClusterConfig, check_address
 from scaler_executor.protocol.messages import TaskFlags, TaskOptions
+
+if TYPE_CHECKING:
+    from scaler_executor.scheduler.stats import Statistics
 
 T = TypeVar("T")
 
@@ -79,6 +82,10 @@ class ScalerExecutor(Executor):
             ``scaler-keys issue DIR NAME --role client`` (overrides the config's
             ``credentials`` / ``SCALER_CREDENTIALS``). tcp:// needs one unless the config
             says ``insecure = true`` (which warns).
+        dashboard: ``"HOST:PORT"`` (say ``"127.0.0.1:8787"``; port 0 picks one) to serve the
+            embedded cluster's web dashboard and Prometheus ``/metrics`` there; the daemon
+            prints the URL with its access token on stderr (docs/monitoring.rst). Not with
+            ``address``.
 
     Raises:
         ValueError / TypeError: for invalid arguments, naming the fix.
@@ -102,8 +109,20 @@ class ScalerExecutor(Executor):
         min_workers: int | None = None,
         config: ClusterConfig | None = None,
         credentials: str | None = None,
+        dashboard: str | None = None,
     ) -> None:
         _check_pool_arguments(mp_context, initializer, max_tasks_per_child)
+        if dashboard is not None:
+            from scaler_executor.config import parse_listen
+
+            if not isinstance(dashboard, str):
+                raise TypeError(f"dashboard must be a 'HOST:PORT' string, got {type(dashboard).__name__}")
+            if address is not None:
+                raise ValueError(
+                    "dashboard= serves the embedded cluster's dashboard; for a running daemon start it "
+                    "with scaler-daemon --dashboard HOST:PORT, or run scaler-dashboard ADDRESS"
+                )
+            parse_listen(dashboard)  # ValueError naming the fix
         if config is None:
             config = ClusterConfig.load()
         elif not isinstance(config, ClusterConfig):
@@ -133,6 +152,7 @@ class ScalerExecutor(Executor):
                 minimum=min_workers,
                 initializer=init_blob,
                 max_tasks_per_child=max_tasks_per_child,
+                dashboard=dashboard,
             )
             address = self._cluster.address
             config = self._cluster.config
@@ -255,8 +275,15 @@ class ScalerExecutor(Executor):
         """
         return self._agent.cancels.force(future, force)
 
-    def statistics(self, timeout: float | None = 10.0) -> dict[str, Any]:
-        """A snapshot of the daemon's counters and task states.
+    def statistics(self, timeout: float | None = 10.0) -> Statistics:
+        """A snapshot of the daemon: a :class:`~scaler_executor.Statistics` (frozen).
+
+        It is also a read-only mapping over the daemon's counters, so
+        ``ex.statistics()["finished"]`` reads as before; its attributes add tasks by state,
+        the workers (load, queue, processors, last heard from, lane tasks, memory), the
+        clients, tasks ended and their run times over the last 10 and 60 s, recent
+        failures with their cause, and the host's object store (docs/monitoring.rst).
+        Raises ``TimeoutError`` if the daemon does not answer within ``timeout``.
 
         A sequential caller's result can reach it straight from the processor (see
         docs/architecture.rst, life of a task): the daemon counts that task once its worker

@@ -386,8 +386,65 @@ class StatsRequest(NamedTuple):
     pass
 
 
+class WorkerStat(NamedTuple):
+    """One worker as the daemon sees it (in Stats; see scheduler/stats.py for the meaning)."""
+
+    name: str
+    host: str
+    pid: int
+    processors: int
+    tasks: int  # the daemon's tasks at it (announced lane tasks included)
+    lane_tasks: int
+    seceded: int
+    queued: int  # as its last heartbeat said
+    running: int
+    mean_task_seconds: float  # -1.0: not timed yet
+    peak_memory: int  # bytes of private memory its last task peaked at, 0 unknown
+    last_heard: float  # seconds since its last message
+    idle_for: float  # seconds since it last held no task, 0 while it holds some
+    draining: bool
+    broken: str
+
+
+class ClientStat(NamedTuple):
+    name: str
+    host: str
+    tasks: int
+    functions: int
+    objects: int  # store objects it holds
+    last_heard: float
+
+
+class StatEvent(NamedTuple):
+    """One of the daemon's recent notable events (failures, losses, retries)."""
+
+    ago: float  # seconds before the snapshot
+    kind: str
+    task_id: int  # 0 when the event is no task's
+    where: str  # the worker or client it concerns
+    cause: str  # one line
+    detail: str  # the tail of a traceback, or ""
+
+
+class StatWindow(NamedTuple):
+    """Tasks that ended in the last ``seconds`` (lane tasks included)."""
+
+    seconds: float
+    finished: int
+    failed: int
+    timed: int  # of them, those whose run time is known
+    run_seconds: float  # their run time, summed
+    max_seconds: float
+
+
 class Stats(NamedTuple):
-    snapshot: dict[str, int | float | str]
+    snapshot: dict[str, int | float | str]  # the counters (keys of ex.statistics()[...])
+    uptime: float = 0.0
+    workers: list[WorkerStat] = []  # noqa: RUF012 - a NamedTuple default, never mutated
+    clients: list[ClientStat] = []  # noqa: RUF012
+    events: list[StatEvent] = []  # noqa: RUF012
+    windows: list[StatWindow] = []  # noqa: RUF012
+    store: dict[str, int] = {}  # noqa: RUF012 - the host store's ObjectStoreStats, {} without one
 
 
 class TasksWithoutWorker(NamedTuple):

@@ -53,6 +53,7 @@ from scaler_executor.scheduler.state import (
     constraint_key,
     describe_key,
 )
+from scaler_executor.scheduler.stats import Recorder, Statistics, stats_message
 from scaler_executor.scheduler.turns import TurnHistogram
 
 log = logging.getLogger("scaler_executor.daemon")
@@ -61,6 +62,9 @@ EWMA_WEIGHT = 0.2  # weight of the newest task duration in a worker's mean
 NOTICE_DELAY = 0.002  # longest a submit ack or running notice waits to travel with results
 MAX_NAME = 256  # characters of a peer's name or host in its Hello: they reach logs and Refused
 ID_MASK = (1 << m.TASK_ID_BITS) - 1  # the per-client part of a task or function id
+# Monitors share one snapshot built at most this often, however many watch or however often
+# they ask: the daemon's monitoring cost is bounded by this, not by its watchers.
+MONITOR_SNAPSHOT_SECONDS = 0.5
 REFUSAL_LOG_SECONDS = 60.0  # a refusal is logged once per peer and kind in this long
 MAX_REFUSAL_KEYS = 4096
 # What a worker may say of a task; the others are the daemon's to say (REJECTED, WORKER_LOST, ...).
@@ -73,7 +77,7 @@ NONE: tuple[()] = ()
 # The TaskSpec flags a client may set (ON_LANE is the daemon's own; no other bit is defined).
 CLIENT_FLAGS = (
     TaskFlags.CHUNK | TaskFlags.INLINE_FN | TaskFlags.NO_RESULT | TaskFlags.PACKED | TaskFlags.WRITABLE
-    | TaskFlags.REPLY_DIRECT | TaskFlags.LANE_RETRY
+    | TaskFlags.REPLY_DIRECT | TaskFlags.LANE_RETRY | TaskFlags.CAPTURE
 )
 NO_CLIENT = b""  # the owner of a task whose client is gone (no ZeroMQ identity is empty)
 
@@ -257,6 +261,10 @@ class Scheduler:
             "object_bytes_received": 0,
         }
         self._monitors: dict[bytes, float] = {}
+        self.recorder = Recorder()  # O(1) monitoring state: ended tasks per second, recent events
+        self._monitor_snapshot: tuple[float, m.Stats] | None = None  # (built at, snapshot)
+        # The host store's figures for a snapshot (set by the loop, read only on request).
+        self.store_stats: Callable[[], dict[str, int]] | None = None
         self._refusals_logged: dict[tuple[bytes, str], float] = {}  # (peer, what) -> when last logged
         self._heartbeats_due = False
         self._stats_wanted: list[bytes] = []
@@ -358,6 +366,8 @@ class Scheduler:
 
     def _on_tick(self, event: Tick) -> None:
         now = event.now
+        if self.recorder.started is None:
+            self.recorder.started = now
         deadline = self.config.heartbeat_interval * self.config.heartbeat_liveness
         client_deadline = max(deadline, self.config.client_timeout)
         for peer in self._liveness.due(now):
@@ -438,6 +448,10 @@ class Scheduler:
         return peer in self.clients or peer in self.workers or peer in self._monitors
 
     def _is_monitor(self, peer: bytes) -> bool:
+        return peer in self._monitors
+
+    def is_monitor(self, peer: bytes) -> bool:
+        """Whether ``peer`` joined as a monitor (the loop drops, never waits for, a slow one)."""
         return peer in self._monitors
 
     def _role_of(self, peer: bytes) -> str:
@@ -521,6 +535,7 @@ class Scheduler:
         """A message not acted upon because it is not the sender's to send: counted always,
         logged once per peer and kind of refusal per ``REFUSAL_LOG_SECONDS``."""
         self.counters["refused"] += 1
+        self.recorder.event(self._now, "refused", why, where=peer.hex()[:16])
         key = (peer, what)
         last = self._refusals_logged.get(key)
         if last is not None and self._now - last < REFUSAL_LOG_SECONDS:
@@ -704,6 +719,8 @@ class Scheduler:
     def _reject_spec(self, peer: bytes, spec: m.TaskSpec, reason: str) -> None:
         log.warning("rejected task %#x from %r: %s", spec.task_id, peer, reason)
         self.counters["failed"] += 1
+        self.recorder.ended(self._now, 0, 1)
+        self.recorder.event(self._now, "rejected", reason, task_id=spec.task_id, where=self.clients[peer].name if peer in self.clients else "")
         self._result_to(peer, m.TaskResult(spec.task_id, 0, Status.REJECTED, reason.encode(), m.NO_FACTS, m.NO_OBJECTS))
 
     def _on_cancel(self, peer: bytes, message: m.CancelTasks) -> None:
@@ -793,6 +810,8 @@ class Scheduler:
         self._commands.append(StoreChunk(peer, message.object_id, message.offset, message.total))
 
     def _on_stats_request(self, peer: bytes, message: m.StatsRequest) -> None:
+        if peer in self._monitors and peer in self._stats_wanted:
+            return  # one answer per monitor per turn, however many it asked for
         self._stats_wanted.append(peer)  # answered in _flush, after this turn's dispatch
 
     def _lose_client(self, client: ClientRecord, why: str, clean: bool = False) -> None:
@@ -802,6 +821,8 @@ class Scheduler:
             "client %r %s (%s); cancelling its %d tasks", client.name, "left" if clean else "lost", why, len(client.tasks)
         )
         self.counters["clients_left" if clean else "clients_lost"] += 1
+        if not clean:
+            self.recorder.event(self._now, "client-lost", why, where=client.name)
         del self.clients[client.peer]
         for task_id in list(client.tasks):
             task = self.tasks.get(task_id)
@@ -827,6 +848,8 @@ class Scheduler:
 
     def _on_task_results(self, peer: bytes, message: m.TaskResults) -> None:
         worker = self.workers[peer]
+        durations: list[float] = []  # for the recorder, once per batch
+        ended = failed = peak = 0
         for result in message.results:
             if result.status not in WORKER_STATUSES:
                 # Only the daemon says a task was rejected, lost its worker or its dependency:
@@ -843,14 +866,21 @@ class Scheduler:
                 continue  # late: an earlier attempt, or a task already settled elsewhere
             self._unassign(worker, task)
             if result.status == Status.PROCESSOR_DIED:
+                self.recorder.event(self._now, "processor-died", "", task_id=task.task_id, where=worker.name, payload=result.payload, status=result.status)
                 self._attempt_failed(task, f"worker {worker.name}: {result.payload.decode(errors='replace')}", result.output)
                 continue
             if result.status == Status.OK and result.facts.finished > result.facts.started:
                 duration = result.facts.finished - result.facts.started
                 mean = worker.mean_task_seconds
                 worker.mean_task_seconds = duration if mean is None else mean + EWMA_WEIGHT * (duration - mean)
+                durations.append(duration)
+                peak = result.facts.peak_memory or peak
             ok = result.status == Status.OK
             self.counters["finished" if ok else "failed"] += 1
+            ended += 1
+            if not ok:
+                failed += 1
+                self._record_failure(worker, task, result)
             if self._direct_running:
                 self._direct_running.pop(task.task_id, None)  # its result tells the client it ran
             if ok and task.holds > 0 and task.state is TaskState.DISPATCHED:
@@ -874,6 +904,16 @@ class Scheduler:
                 self._result_to(task.client, result)
             elif result.objects and task.result_objects is None:
                 self._deletions.extend(result.objects)  # nobody will read them
+        # Once per batch, not per result: the tasks that ran and ended, their run times, the
+        # last peak memory.  (Dependents failed with a task count in ``failed``, not here.)
+        if ended:
+            self.recorder.ended(self._now, ended - failed, failed, len(durations), sum(durations), max(durations, default=0.0))
+        if peak:
+            self.recorder.peak_memory[peer] = peak
+
+    def _record_failure(self, worker: WorkerRecord, task: TaskRecord, result: m.TaskResult) -> None:
+        kind = {Status.TIMEOUT: "timeout", Status.CANCELLED: "cancelled", Status.FORCE_CANCELLED: "cancelled"}.get(result.status, "failed")
+        self.recorder.event(self._now, kind, "", task_id=task.task_id, where=worker.name, payload=result.payload, status=result.status)
 
     def _on_lane_started(self, peer: bytes, message: m.LaneStarted) -> None:
         """Lane tasks still running: recorded as this worker's, DISPATCHED, so that its load,
@@ -907,6 +947,8 @@ class Scheduler:
         counters["retried"] += message.retried
         counters["delivered_direct"] += message.delivered
         counters["lane"] += ended + message.retried
+        if ended:
+            self.recorder.ended(self._now, message.finished, message.failed, ended if message.seconds > 0 else 0, message.seconds)
         if ended and message.seconds > 0:
             duration = message.seconds / ended
             mean = worker.mean_task_seconds
@@ -936,6 +978,8 @@ class Scheduler:
         (log.info if clean else log.warning)("worker %r lost: %s; %d tasks affected", worker.name, why, len(worker.inflight))
         if not clean:
             self.counters["workers_lost"] += 1
+            self.recorder.event(self._now, "worker-lost", f"{why}; {len(worker.inflight)} tasks affected", where=worker.name)
+        self.recorder.peak_memory.pop(worker.peer, None)
         del self.workers[worker.peer]
         self.last_sent.pop(worker.peer, None)
         self._out.pop(worker.peer, None)
@@ -981,6 +1025,8 @@ class Scheduler:
                 f"task {task.task_id:#x} failed: the process running it died on all "
                 f"{len(task.failures)} attempt(s) allowed (max_retries={max_retries})"
             )
+            self.recorder.ended(self._now, 0, 1)
+            self.recorder.event(self._now, "retries-exhausted", f"{text}; last: {line}", task_id=task.task_id)
             payload = _pack_lost(text, task.failures)
             self._fail_dependents(task, Status.WORKER_LOST, payload)
             if not task.flags & TaskFlags.NO_RESULT:
@@ -1130,6 +1176,8 @@ class Scheduler:
                     self._forget(task)
                     self.counters["failed"] += 1
                     reason = (self._unsatisfiable_text(key) + f" within unsatisfiable_timeout={timeout:g} s").encode()
+                    self.recorder.ended(now, 0, 1)
+                    self.recorder.event(now, "rejected", reason.decode(), task_id=task.task_id)
                     self._fail_dependents(task, Status.REJECTED, reason)
                     if not task.flags & TaskFlags.NO_RESULT:
                         self._result_to(task.client, m.TaskResult(task.task_id, 0, Status.REJECTED, reason, m.NO_FACTS, m.NO_OBJECTS))
@@ -1214,10 +1262,13 @@ class Scheduler:
 
     def _flush(self) -> list[Command]:
         if self._stats_wanted:
-            snapshot = self.statistics()
+            fresh = None  # a client's snapshot is always fresh: its own tests read exact counts
             for peer in self._stats_wanted:
-                if peer in self.clients or peer in self._monitors:
-                    self._send(peer, m.Stats(snapshot))
+                if peer in self.clients:
+                    fresh = fresh or stats_message(self)
+                    self._send(peer, fresh)
+                elif peer in self._monitors:
+                    self._send(peer, self._snapshot_for_monitors())
             self._stats_wanted.clear()
         if self._acks or self._running:
             self._flush_notices()
@@ -1257,6 +1308,12 @@ class Scheduler:
             commands.extend(self._commands)
             self._commands = []
         return commands
+
+    def _snapshot_for_monitors(self) -> m.Stats:
+        cached = self._monitor_snapshot
+        if cached is None or self._now - cached[0] >= MONITOR_SNAPSHOT_SECONDS:
+            cached = self._monitor_snapshot = (self._now, stats_message(self))
+        return cached[1]
 
     def _flush_notices(self) -> None:
         """Send submit acks and running notices with a client's results, or once the oldest
@@ -1306,21 +1363,11 @@ class Scheduler:
 
     # ------------------------------------------------------------------ observability
 
-    def statistics(self) -> dict[str, int | float | str]:
-        # Kept by every state change (TaskRecord.counts): a snapshot is not a walk over
-        # every task, which at 10^6 pending cost the daemon a fifth of a second per request.
-        snapshot: dict[str, int | float | str] = {
-            f"tasks_{state.value}": n for state, n in self.state_counts.items() if n
-        }
-        snapshot.update(self.counters)
-        snapshot["tasks"] = len(self.tasks)
-        snapshot["workers"] = len(self.workers)
-        snapshot["processors"] = sum(w.capacity for w in self.workers.values())
-        snapshot["clients"] = len(self.clients)
-        snapshot["functions"] = len(self.functions)
-        snapshot.update(self.no_worker.statistics())
-        snapshot.update(self.turns.snapshot())
-        return snapshot
+    def statistics(self) -> Statistics:
+        """The snapshot a client or monitor would receive now (scheduler/stats.py).  Task
+        states are kept by every state change (TaskRecord.counts): a snapshot is no walk
+        over every task, which at 10^6 pending cost the daemon a fifth of a second."""
+        return Statistics.from_message(stats_message(self))
 
     def validate(self) -> None:
         """Check the cross-indexes; raises AssertionError naming the first broken invariant."""

@@ -100,6 +100,7 @@ class Daemon:
 
         self.objects = HostStore(config)
         self.core = Scheduler(config, self.objects.name)
+        self.core.store_stats = self.objects.figures
         self.lifeline_fd = lifeline_fd
         self.manager = manager
         self.host = socket.gethostname()
@@ -320,6 +321,12 @@ class Daemon:
         try:
             self.sock.send([peer, *frames])
         except channel.Again:
+            if self.core.is_monitor(peer):
+                # A monitor that does not read is dropped, never waited for: it may ask
+                # again (its library joins again), and no backlog grows for a watcher.
+                log.info("daemon: monitor %r is not reading its snapshots; dropping it", peer)
+                self.unreachable.append(PeerUnreachable(peer, now))
+                return
             self.backlog[peer] = deque([frames])
         except channel.Unreachable:
             self.unreachable.append(PeerUnreachable(peer, now))

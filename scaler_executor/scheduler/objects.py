@@ -105,6 +105,14 @@ class HostStore:
             return
         self.name = name
 
+    def figures(self) -> dict[str, int]:
+        """The store's figures for a statistics snapshot (ObjectStoreStats), {} without a store."""
+        if self.store is None:
+            return {}
+        from dataclasses import asdict
+
+        return {k: int(v) for k, v in asdict(self.store.stats()).items()}
+
     def delete(self, object_ids: tuple[bytes, ...]) -> None:
         if self.store is None:
             return

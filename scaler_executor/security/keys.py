@@ -338,10 +338,10 @@ class EphemeralKeys:
         self.daemon_public_key = daemon_public_key
         self.table = table
 
-    def issue(self, name: str) -> Credential:
+    def issue(self, name: str, role: str = "worker") -> Credential:
         public, secret = keypair()
-        self.table[public] = KeyEntry(name, "worker", public, f"ephemeral {now_text()}")
-        return Credential(name, "worker", public, secret, self.daemon_public_key, "")
+        self.table[public] = KeyEntry(name, role, public, f"ephemeral {now_text()}")
+        return Credential(name, role, public, secret, self.daemon_public_key, "")
 
     def withdraw(self, credential: Credential) -> None:
         self.table.pop(credential.public_key, None)

@@ -1,10 +1,10 @@
 """The package's layers import one way (issue 20).
 
 From the bottom up; a module may import its own unit and units of its own or a lower
-layer, never a higher one, and the three roles never import one another::
+layer, never a higher one, and the four roles never import one another::
 
   5  cli/, joblib, progress, demo, __init__    entry points, integrations, the facade
-  4  client/ | worker/ | manager/              the roles: none imports another
+  4  client/ | worker/ | manager/ | monitor/   the roles: none imports another
   3  scheduler/, security/                     the daemon (and the CapacityAdapter contract);
                                                keys, ZAP and CURVE for every role
   2  config                                    ClusterConfig
@@ -43,13 +43,14 @@ LAYERS = {
     "client": 4,
     "worker": 4,
     "manager": 4,
+    "monitor": 4,  # read-only watchers (Monitor); reads scheduler.stats' snapshot types
     "cli": 5,
     "joblib": 5,
     "progress": 5,
     "demo": 5,
     "__init__": 5,  # the package itself: the facade (``from scaler_executor import X``)
 }
-ROLES = frozenset({"client", "worker", "manager"})
+ROLES = frozenset({"client", "worker", "manager", "monitor"})
 
 
 def _module_name(path: Path, package_dir: Path) -> str:

@@ -1,0 +1,99 @@
+"""Prometheus ``/metrics``: a statistics snapshot in the text exposition format (0.0.4).
+
+A pure function of one ``Statistics``: nothing here keeps state between scrapes, so a
+departed worker's series are gone from the next scrape (Prometheus marks them stale) and a
+scrape costs the daemon one snapshot, no more.  Every family has one ``# HELP``/``# TYPE``
+pair and its own name: a counter ends in ``_total``, a unit is in the name (``_bytes``,
+``_seconds``), and no family's name is another's plus a suffix Prometheus reserves
+(``_total``, ``_count``, ``_sum``, ``_bucket``, ``_created``).  The table of families is in
+docs/monitoring.rst; keep both in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from scaler_executor.scheduler.stats import Statistics, WorkerStatistics
+
+__all__ = ["CONTENT_TYPE", "render"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# (family, counter key in Statistics.counters, help): the daemon's monotonic counters.
+COUNTERS = (
+    ("scaler_tasks_submitted_total", "submitted", "Tasks submitted to the daemon."),
+    ("scaler_tasks_retried_total", "retried", "Task attempts retried after a worker or processor was lost."),
+    ("scaler_workers_lost_total", "workers_lost", "Workers declared lost (silent or dead)."),
+    ("scaler_clients_lost_total", "clients_lost", "Clients lost without a goodbye."),
+    ("scaler_messages_dropped_total", "dropped_messages", "Transmissions dropped undecoded or refused."),
+)
+OUTCOMES = (("finished", "finished"), ("failed", "failed"), ("cancelled", "cancelled"))
+STORE = (
+    ("scaler_object_store_bytes", "data_bytes", "Bytes of objects held in the daemon host's object store."),
+    ("scaler_object_store_capacity_bytes", "capacity", "The object store's memory limit in bytes."),
+    ("scaler_object_store_objects", "objects", "Objects held in the daemon host's object store."),
+)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if value != value:  # NaN
+        return "NaN"
+    return repr(float(value)) if isinstance(value, float) else str(int(value))
+
+
+def _family(out: list[str], name: str, kind: str, text: str, samples: Iterable[tuple[str, float]]) -> None:
+    out.append(f"# HELP {name} {text}")
+    out.append(f"# TYPE {name} {kind}")
+    for labels, value in samples:
+        out.append(f"{name}{labels} {_number(value)}")
+
+
+def _label(**labels: str) -> str:
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
+
+
+def render(stats: Statistics) -> str:
+    """The exposition text of ``stats`` (ends with a newline, as the format requires)."""
+    c = stats.counters
+    out: list[str] = []
+    _family(
+        out, "scaler_tasks", "gauge", "Tasks the daemon holds, by state.",
+        ((_label(state=state), n) for state, n in sorted(stats.tasks_by_state.items())),
+    )  # fmt: skip
+    _family(
+        out, "scaler_tasks_completed_total", "counter", "Tasks that ended, by outcome.",
+        ((_label(outcome=outcome), int(c.get(key, 0))) for outcome, key in OUTCOMES),
+    )  # fmt: skip
+    for name, key, text in COUNTERS:
+        _family(out, name, "counter", text, [("", int(c.get(key, 0)))])
+    _family(out, "scaler_workers", "gauge", "Workers connected.", [("", len(stats.workers))])
+    _family(out, "scaler_processors", "gauge", "Processors of the connected workers.", [("", int(c.get("processors", 0)))])
+    _family(out, "scaler_clients", "gauge", "Clients connected.", [("", len(stats.clients))])
+    _family(out, "scaler_uptime_seconds", "gauge", "Seconds since the daemon's first tick.", [("", float(stats.uptime))])
+    if stats.windows:
+        w = stats.windows[0]
+        _family(
+            out, "scaler_task_throughput", "gauge",
+            f"Tasks ended per second over the last {w.seconds:g} seconds.", [("", float(w.throughput))],
+        )  # fmt: skip
+    for name, key, text in STORE:
+        if key in stats.store:
+            _family(out, name, "gauge", text, [("", int(stats.store[key]))])
+    workers = sorted(stats.workers, key=lambda w: w.name)
+    per_worker: tuple[tuple[str, str, str, Callable[[WorkerStatistics], float | None]], ...] = (
+        ("scaler_worker_tasks", "gauge", "Tasks at the worker (queued or running).", lambda w: w.tasks),
+        ("scaler_worker_processors", "gauge", "Processors of the worker.", lambda w: w.processors),
+        ("scaler_worker_last_heard_seconds", "gauge", "Seconds since the worker's last message.", lambda w: w.last_heard),
+        (
+            "scaler_worker_task_peak_memory_bytes", "gauge",
+            "Peak private memory of the worker's last task, in bytes (absent until reported).", lambda w: w.peak_memory,
+        ),
+    )  # fmt: skip
+    for name, kind, text, value in per_worker:
+        samples = [(_label(worker=w.name, host=w.host), v) for w in workers if (v := value(w)) is not None]
+        _family(out, name, kind, text, samples)
+    return "\n".join(out) + "\n"

@@ -1,0 +1,104 @@
+// The dashboard page: polls /api/snapshot once a second (the cookie carries the token) and
+// draws it.  No framework and nothing fetched from elsewhere: this file is all there is.
+"use strict";
+const POLL_MS = 1000;
+const HISTORY = 300; // points of throughput kept (one per poll)
+const history = [];
+let last = null; // [time ms, tasks ended] of the previous poll
+
+function el(tag, text, cls) {
+  const e = document.createElement(tag);
+  if (text !== undefined) e.textContent = text;
+  if (cls) e.className = cls;
+  return e;
+}
+function bytes(n) {
+  if (n === null || n === undefined) return "–";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return (i ? n.toFixed(1) : n) + " " + units[i];
+}
+function secs(s) { return s === null || s === undefined ? "–" : s < 1 ? (s * 1000).toFixed(1) + " ms" : s.toFixed(2) + " s"; }
+
+function drawStates(snap) {
+  const cards = document.getElementById("state-cards");
+  cards.replaceChildren();
+  for (const [state, n] of Object.entries(snap.tasks_by_state)) {
+    const card = el("div", undefined, "card");
+    const num = el("span", String(n), "n");
+    num.id = "state-" + state;
+    card.append(num, el("span", state));
+    cards.append(card);
+  }
+  for (const key of ["submitted", "finished", "failed", "cancelled"]) {
+    document.getElementById("count-" + key).textContent = String(snap.counters[key] || 0);
+  }
+}
+
+function drawThroughput(snap) {
+  const ended = (snap.counters.finished || 0) + (snap.counters.failed || 0);
+  const now = Date.now();
+  if (last !== null && now > last[0]) history.push(Math.max(0, (ended - last[1]) * 1000 / (now - last[0])));
+  last = [now, ended];
+  while (history.length > HISTORY) history.shift();
+  const svg = document.getElementById("throughput");
+  svg.replaceChildren();
+  const top = Math.max(1, ...history);
+  const ns = "http://www.w3.org/2000/svg";
+  const line = document.createElementNS(ns, "polyline");
+  const span = Math.max(history.length, 60) - 1; // the first minute fills the width, then it scrolls
+  line.setAttribute("points", history.map((v, i) => `${(i * 600 / span).toFixed(1)},${(118 - v * 112 / top).toFixed(1)}`).join(" "));
+  svg.append(line);
+  const w = snap.windows[0];
+  document.getElementById("throughput-now").textContent =
+    `peak on chart ${top.toFixed(1)}/s` + (w ? ` · last ${w.seconds} s: ${w.throughput.toFixed(1)}/s, mean task ${secs(w.mean_seconds)}` : "");
+}
+
+function drawWorkers(snap) {
+  const body = document.querySelector("#workers tbody");
+  body.replaceChildren();
+  document.getElementById("worker-count").textContent = `(${snap.workers.length})`;
+  for (const w of snap.workers) {
+    const row = el("tr");
+    const state = w.broken ? "broken: " + w.broken : w.draining ? "draining" : "ok";
+    for (const v of [w.name, w.host, w.pid, w.processors, w.tasks, w.running, w.queued, w.load.toFixed(2),
+                     secs(w.mean_task_seconds), bytes(w.peak_memory), secs(w.last_heard), state]) row.append(el("td", String(v)));
+    body.append(row);
+  }
+}
+
+function drawStore(snap) {
+  const s = snap.store;
+  document.getElementById("store").textContent = s.capacity === undefined ? "no store" :
+    `${bytes(s.data_bytes)} in ${s.objects} objects of ${bytes(s.capacity)} (${bytes(s.in_use)} allocated)`;
+}
+
+function drawFailures(snap) {
+  const list = document.getElementById("failures");
+  list.replaceChildren();
+  for (const f of snap.failures.slice().reverse()) {
+    const item = el("li");
+    item.append(el("strong", `${f.kind} task ${f.task_id}`), el("span", ` on ${f.where || "?"}, ${f.ago.toFixed(0)} s ago: ${f.cause}`));
+    if (f.detail) item.append(el("pre", f.detail));
+    list.append(item);
+  }
+  if (!snap.failures.length) list.append(el("li", "none"));
+}
+
+async function poll() {
+  const status = document.getElementById("status");
+  try {
+    const reply = await fetch("/api/snapshot", { cache: "no-store", credentials: "same-origin" });
+    if (!reply.ok) throw new Error(`${reply.status} ${await reply.text()}`);
+    const snap = await reply.json();
+    drawStates(snap); drawThroughput(snap); drawWorkers(snap); drawStore(snap); drawFailures(snap);
+    status.textContent = `up ${snap.uptime.toFixed(0)} s · ${snap.clients.length} client(s) · updated ${new Date().toLocaleTimeString()}`;
+    status.className = "";
+  } catch (err) {
+    status.textContent = "no data: " + err.message;
+    status.className = "bad";
+  }
+  setTimeout(poll, POLL_MS);
+}
+poll();

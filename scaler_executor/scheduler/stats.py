@@ -1,0 +1,342 @@
+"""The statistics snapshot: what ``ex.statistics()`` and monitors see.
+
+::
+
+    daemon core (core.py)                     the wire             a client or monitor
+    ─────────────────────                     ────────             ───────────────────
+    counters, state counts (kept anyway)  ┐
+    Recorder: per-second buckets, a ring  ├─► stats_message() ─► Stats ─► Statistics.from_message
+    of recent events (O(1) per event)     │   (built only when
+    workers, clients, the host store      ┘    someone asks)
+
+What the daemon keeps all the time is O(1) per event and bounded: ``Recorder`` adds a task's
+end to the bucket of its second (``HORIZON`` buckets, reused in a ring) and appends notable
+events (failures with their cause, lost workers and clients, retries, refusals) to a ring of
+``RECENT_EVENTS``.  Everything else (the worker and client tables, windows, the store's
+figures, decoding a failure's traceback) is computed when a snapshot is asked for.
+
+``Statistics`` is a frozen dataclass and also a read-only ``Mapping`` over the counters, so
+``ex.statistics()["finished"]`` and ``.get("tasks_pending", 0)`` read as they always did.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import msgpack
+
+from scaler_executor.protocol import messages as m
+from scaler_executor.protocol.messages import Status
+
+if TYPE_CHECKING:
+    from scaler_executor.scheduler.core import Scheduler
+
+__all__ = [
+    "ClientStatistics",
+    "RecentEvent",
+    "Recorder",
+    "Statistics",
+    "TaskWindow",
+    "WorkerStatistics",
+    "stats_message",
+]
+
+RECENT_EVENTS = 64  # the ring of recent events: enough for a screen of failures, a few KB
+HORIZON = 60  # one-second buckets of ended tasks kept: the longest window
+WINDOWS = (10.0, 60.0)  # seconds: the windows a snapshot reports
+MAX_KEPT_PAYLOAD = 64 * 1024  # a failure's payload larger than this is not kept for its traceback
+DETAIL_CHARS = 2000  # the tail of a traceback a snapshot carries
+
+STATUS_NAMES = {
+    Status.OK: "ok",
+    Status.ERROR: "error",
+    Status.PROCESSOR_DIED: "processor died",
+    Status.CANCELLED: "cancelled",
+    Status.WORKER_LOST: "worker lost",
+    Status.TIMEOUT: "timeout",
+    Status.FORCE_CANCELLED: "force cancelled",
+    Status.REJECTED: "rejected",
+    Status.DEP_FAILED: "dependency failed",
+    Status.DEP_GONE: "dependency gone",
+}
+
+
+# --------------------------------------------------------------------------- the daemon's side
+
+
+class _Event(NamedTuple):
+    when: float
+    kind: str
+    task_id: int
+    where: str
+    cause: str
+    payload: bytes  # a failed task's error payload (decoded only for a snapshot), or b""
+    status: int
+
+
+class Recorder:
+    """The daemon's only monitoring state: O(1) per event, bounded in size."""
+
+    __slots__ = ("_buckets", "events", "peak_memory", "started")
+
+    def __init__(self) -> None:
+        # [second, finished, failed, timed, run seconds, max run seconds] per bucket
+        self._buckets: list[list[Any]] = [[-1, 0, 0, 0, 0.0, 0.0] for _ in range(HORIZON)]
+        self.events: deque[_Event] = deque(maxlen=RECENT_EVENTS)
+        self.peak_memory: dict[bytes, int] = {}  # worker peer -> its last task's peak private memory
+        self.started: float | None = None  # the core's first tick
+
+    def ended(self, now: float, finished: int, failed: int, timed: int = 0, seconds: float = 0.0, longest: float = 0.0) -> None:
+        """Tasks that ended at ``now``; ``timed`` of them ran ``seconds`` in all, the longest ``longest``."""
+        second = int(now)
+        bucket = self._buckets[second % HORIZON]
+        if bucket[0] != second:
+            bucket[:] = [second, 0, 0, 0, 0.0, 0.0]
+        bucket[1] += finished
+        bucket[2] += failed
+        bucket[3] += timed
+        bucket[4] += seconds
+        if longest > bucket[5]:
+            bucket[5] = longest
+
+    def event(self, now: float, kind: str, cause: str, *, task_id: int = 0, where: str = "", payload: bytes = b"", status: int = -1) -> None:
+        if len(payload) > MAX_KEPT_PAYLOAD:
+            payload = b""  # the ring stays small whatever tasks raise
+        self.events.append(_Event(now, kind, task_id, where, cause[:500], payload, status))
+
+    def windows(self, now: float) -> list[m.StatWindow]:
+        second = int(now)
+        out = []
+        for seconds in WINDOWS:
+            finished = failed = timed = 0
+            run = longest = 0.0
+            for start, f, x, t, s, mx in self._buckets:
+                if second - seconds < start <= second:
+                    finished += f
+                    failed += x
+                    timed += t
+                    run += s
+                    longest = max(longest, mx)
+            out.append(m.StatWindow(seconds, finished, failed, timed, run, longest))
+        return out
+
+
+def _failure_text(status: int, payload: bytes) -> tuple[str, str]:
+    """(one line, traceback tail) of a failed result's payload, read without unpickling."""
+    if status in (Status.ERROR,) and payload:
+        try:
+            # [pickled, type name, message, traceback text, traceback dict, rebuild]
+            # (worker/processor.py dump_exception; main grew the sixth field after this was written)
+            _pickled, type_name, message, tb_text = msgpack.unpackb(payload, raw=False)[:4]
+            return f"{type_name}: {message}"[:500], str(tb_text)[-DETAIL_CHARS:]
+        except Exception:  # noqa: BLE001 - a payload we cannot read still has its event
+            return "error (unreadable payload)", ""
+    if status in (Status.TIMEOUT, Status.FORCE_CANCELLED, Status.PROCESSOR_DIED):
+        return payload.decode(errors="replace")[:500], ""
+    return STATUS_NAMES.get(status, f"status {status}"), ""
+
+
+def stats_message(core: Scheduler) -> m.Stats:
+    """The snapshot of ``core``'s state, as it travels (built only on request)."""
+    now = core._now
+    recorder = core.recorder
+    counters: dict[str, int | float | str] = {f"tasks_{state.value}": n for state, n in core.state_counts.items() if n}
+    counters.update(core.counters)
+    counters["tasks"] = len(core.tasks)
+    counters["workers"] = len(core.workers)
+    counters["processors"] = sum(w.capacity for w in core.workers.values())
+    counters["clients"] = len(core.clients)
+    counters["functions"] = len(core.functions)
+    counters["objects"] = len(core.object_holds)
+    counters["monitors"] = len(core._monitors)
+    counters.update(core.no_worker.statistics())
+    counters.update(core.turns.snapshot())
+    from scaler_executor.protocol.messages import TaskFlags
+
+    workers = []
+    for w in core.workers.values():
+        lane = sum(1 for t in w.inflight if (task := core.tasks.get(t)) is not None and task.flags & TaskFlags.ON_LANE)
+        workers.append(
+            m.WorkerStat(
+                w.name, w.host, w.pid, w.capacity, len(w.inflight), lane, len(w.seceded), w.queued, w.running,
+                -1.0 if w.mean_task_seconds is None else w.mean_task_seconds, recorder.peak_memory.get(w.peer, 0),
+                max(0.0, now - w.last_seen), 0.0 if w.inflight else max(0.0, now - w.idle_since), w.draining,
+                w.broken or "",
+            )
+        )
+    clients = [
+        m.ClientStat(c.name, c.host, len(c.tasks), len(c.functions), len(c.objects), max(0.0, now - c.last_seen))
+        for c in core.clients.values()
+    ]
+    events = []
+    for e in recorder.events:
+        cause, detail = e.cause, ""
+        if e.status >= 0:
+            line, detail = _failure_text(e.status, e.payload)
+            cause = f"{cause}: {line}" if cause else line
+        events.append(m.StatEvent(max(0.0, now - e.when), e.kind, e.task_id, e.where, cause, detail))
+    store = core.store_stats() if core.store_stats is not None else {}
+    uptime = 0.0 if recorder.started is None else now - recorder.started
+    return m.Stats(counters, uptime, workers, clients, events, recorder.windows(now), store)
+
+
+# --------------------------------------------------------------------------- what users see
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatistics:
+    name: str
+    host: str
+    pid: int
+    processors: int  # tasks it runs at once
+    tasks: int  # the daemon's tasks at it (queued there or running), announced lane tasks included
+    lane_tasks: int  # of ``tasks``, those its clients sent straight down a lane
+    seceded: int  # of ``tasks``, those waiting on sub-tasks (not counted as load)
+    queued: int  # tasks queued at it, as its last heartbeat said
+    running: int  # tasks running, as its last heartbeat said
+    mean_task_seconds: float | None  # its recent mean task run time; None until one is timed
+    peak_memory: int | None  # bytes of private memory its last task peaked at; None unknown
+    last_heard: float  # seconds since its last message
+    idle_for: float  # seconds since it last held no task (0 while it holds some)
+    draining: bool  # chosen to stop: gets no more tasks
+    broken: str | None  # why it can run no task (its initializer failed), or None
+
+    @property
+    def load(self) -> float:
+        """Tasks it holds (seceded ones excepted) per processor."""
+        return (self.tasks - self.seceded) / self.processors if self.processors else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClientStatistics:
+    name: str
+    host: str
+    tasks: int  # its tasks the daemon holds
+    functions: int  # callables it registered
+    objects: int  # store objects it holds (pins, unread results)
+    last_heard: float
+
+
+@dataclass(frozen=True, slots=True)
+class RecentEvent:
+    """A failure, a lost worker or client, a retry or a refusal, from the daemon's ring."""
+
+    ago: float  # seconds before the snapshot was taken
+    # "failed", "timeout", "cancelled", "processor-died" (the task is retried or fails),
+    # "retries-exhausted", "rejected", "worker-lost", "client-lost", "refused"
+    kind: str
+    task_id: int  # 0 when it concerns no task
+    where: str  # the worker or client it concerns
+    cause: str  # one line
+    detail: str  # the tail of the remote traceback, or ""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskWindow:
+    """Tasks that ended in the last ``seconds`` (whole seconds of the daemon's clock)."""
+
+    seconds: float
+    finished: int
+    failed: int
+    timed: int  # of those, the ones whose run time the worker reported
+    run_seconds: float  # their run time, summed
+    max_seconds: float
+
+    @property
+    def throughput(self) -> float:
+        """Tasks ended per second over the window."""
+        return (self.finished + self.failed) / self.seconds
+
+    @property
+    def mean_seconds(self) -> float | None:
+        return self.run_seconds / self.timed if self.timed else None
+
+
+@dataclass(frozen=True, slots=True)
+class Statistics(Mapping[str, Any]):
+    """A snapshot of the daemon: counters (also this mapping's items), tasks by state,
+    workers, clients, recent windows and events, and the host's object store.
+
+    ``counters`` holds what ``ex.statistics()`` always held: ``tasks``, ``tasks_<state>``
+    (present while non-zero), ``workers``, ``processors``, ``clients``, ``functions``,
+    ``submitted``, ``finished``, ``failed``, ``cancelled``, ``retried``, ``workers_lost``,
+    ``clients_lost``, ``clients_left``, ``refused``, ``dropped_messages``, ``lane``,
+    ``delivered_direct``, the network object counters and, with security on, the
+    ``security_refused_*`` counters.
+    """
+
+    counters: Mapping[str, int | float | str]
+    tasks_by_state: Mapping[str, int]  # every state a recorded task may be in, zeros included
+    uptime: float  # seconds since the daemon's first tick
+    workers: tuple[WorkerStatistics, ...]
+    clients: tuple[ClientStatistics, ...]
+    windows: tuple[TaskWindow, ...]  # shortest first
+    events: tuple[RecentEvent, ...]  # oldest first
+    store: Mapping[str, int]  # the host store's figures (ObjectStoreStats' fields); empty without one
+
+    def __getitem__(self, key: str) -> Any:
+        return self.counters[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.counters)
+
+    def __len__(self) -> int:
+        return len(self.counters)
+
+    @property
+    def failures(self) -> tuple[RecentEvent, ...]:
+        """The recent events that are a task's failure."""
+        return tuple(e for e in self.events if e.kind in ("failed", "timeout", "retries-exhausted", "rejected"))
+
+    @classmethod
+    def from_message(cls, message: m.Stats) -> Statistics:
+        from scaler_executor.scheduler.state import TaskState
+
+        counters = dict(message.snapshot)
+        states = {
+            s.value: int(counters.get(f"tasks_{s.value}", 0)) for s in TaskState if s is not TaskState.DONE
+        }
+        return cls(
+            MappingProxyType(counters),
+            MappingProxyType(states),
+            message.uptime,
+            tuple(
+                WorkerStatistics(
+                    w.name, w.host, w.pid, w.processors, w.tasks, w.lane_tasks, w.seceded, w.queued, w.running,
+                    None if w.mean_task_seconds < 0 else w.mean_task_seconds, w.peak_memory or None, w.last_heard,
+                    w.idle_for, w.draining, w.broken or None,
+                )
+                for w in message.workers
+            ),
+            tuple(ClientStatistics(*c) for c in message.clients),
+            tuple(TaskWindow(*w) for w in message.windows),
+            tuple(RecentEvent(*e) for e in message.events),
+            MappingProxyType(dict(message.store)),
+        )
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Picklable (a snapshot may be sent to a task or a logger process); mapping proxies are not.
+        return _rebuild, (
+            dict(self.counters), dict(self.tasks_by_state), self.uptime, self.workers, self.clients,
+            self.windows, self.events, dict(self.store),
+        )  # fmt: skip
+
+    def __repr__(self) -> str:
+        return (
+            f"Statistics(tasks={self.counters.get('tasks', 0)}, workers={len(self.workers)}, "
+            f"clients={len(self.clients)}, counters={dict(self.counters)})"
+        )
+
+
+def _rebuild(
+    counters: dict[str, Any], states: dict[str, int], uptime: float, *rest: Any
+) -> Statistics:
+    workers, clients, windows, events, store = rest
+    return Statistics(
+        MappingProxyType(counters), MappingProxyType(states), uptime, workers, clients, windows, events,
+        MappingProxyType(store),
+    )  # fmt: skip

@@ -1,0 +1,81 @@
+"""The dashboard page in a real headless Chromium: it loads with the printed URL, its numbers
+change as tasks run, a failure shows its traceback, and without the token it is refused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser import COMMANDS, chromium
+from dashboard_cluster import WAIT, DashboardCluster
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.requires_system(commands=COMMANDS)]
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def fails_loudly(x: int) -> int:
+    raise KeyError(f"dashboard-visible {x}")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[DashboardCluster]:
+    c = DashboardCluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    driver = chromium()
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def text_of(driver: Any, element_id: str) -> str:
+    from selenium.common.exceptions import NoSuchElementException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return str(driver.find_element(By.ID, element_id).text)
+    except NoSuchElementException:
+        return ""
+
+
+def test_the_page_shows_tasks_workers_and_failures_as_they_happen(cluster: DashboardCluster, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, WAIT)
+    browser.get(cluster.url)
+    assert "token=" not in browser.current_url  # kept as a cookie, dropped from the address bar
+    wait.until(lambda d: text_of(d, "count-finished") == "0" and text_of(d, "state-pending") == "0")
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#workers tbody tr")) == 1)
+    with cluster.client() as ex:
+        assert list(ex.map(square, range(25))) == [x * x for x in range(25)]
+        wait.until(lambda d: text_of(d, "count-finished") == "25")
+        assert text_of(browser, "count-submitted") == "25"
+        with pytest.raises(KeyError):
+            ex.submit(fails_loudly, 7).result(timeout=WAIT)
+        wait.until(lambda d: text_of(d, "count-failed") == "1")
+        wait.until(lambda d: "dashboard-visible 7" in text_of(d, "failures"))
+        traceback = browser.find_element(By.CSS_SELECTOR, "#failures pre").text
+        assert "fails_loudly" in traceback and "KeyError" in traceback
+    assert "no data" not in text_of(browser, "status")
+
+
+def test_the_page_is_refused_without_the_token(cluster: DashboardCluster, browser: Any) -> None:
+    browser.get(cluster.base + "/")
+    assert "401" in browser.find_element("tag name", "body").text
+    browser.get(cluster.base + "/?token=not-the-token-at-all")
+    assert "403" in browser.find_element("tag name", "body").text
+    browser.get(cluster.base + "/api/snapshot")
+    assert "401" in browser.find_element("tag name", "body").text

@@ -1,0 +1,175 @@
+"""Prometheus ``/metrics`` of ``scaler-daemon --dashboard``: read by prometheus_client's own
+text parser and checked against the statistics; refused without the token."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+from dashboard_cluster import WAIT, DashboardCluster
+from prometheus_client.parser import text_string_to_metric_families
+from scaler_testing import wait_until
+
+from scaler_executor.monitor import metrics
+from scaler_executor.scheduler.stats import Statistics, WorkerStatistics
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def fails(x: int) -> int:
+    raise ValueError(f"no {x}")
+
+
+def parse(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """family name → {sorted labels: value}, through Prometheus's parser."""
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[DashboardCluster]:
+    c = DashboardCluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def test_metrics_parse_and_match_the_statistics(cluster: DashboardCluster) -> None:
+    with cluster.client() as ex:
+        assert list(ex.map(square, range(20))) == [x * x for x in range(20)]
+        with pytest.raises(ValueError, match="no 3"):
+            ex.submit(fails, 3).result(timeout=WAIT)
+        stats = ex.statistics()
+        scraped: list[str] = []
+
+        def caught_up() -> bool:  # monitors share a snapshot up to 0.5 s old (core.py): poll, bounded
+            status, text = cluster.get("/metrics", token=cluster.token)
+            assert status == 200, text
+            scraped[:] = [text]
+            return "scaler_tasks_completed_total{outcome=\"failed\"} 1" in text
+
+        assert wait_until(caught_up, timeout=WAIT), scraped
+        got = parse(scraped[0])
+        assert got["scaler_tasks_completed_total"][(("outcome", "finished"),)] == stats["finished"] >= 20
+        assert got["scaler_tasks_completed_total"][(("outcome", "failed"),)] == stats["failed"] == 1
+        assert got["scaler_tasks_submitted_total"][()] == stats["submitted"] == 21
+        assert got["scaler_workers"][()] == len(stats.workers) == 1
+        assert got["scaler_clients"][()] == 1  # the dashboard is a monitor, not a client
+        assert got["scaler_processors"][()] == stats["processors"]
+        states = {dict(labels)["state"]: v for labels, v in got["scaler_tasks"].items()}
+        assert states == dict(stats.tasks_by_state)
+        assert got["scaler_object_store_capacity_bytes"][()] == stats.store["capacity"] > 0
+        (worker,) = stats.workers
+        labels = (("host", worker.host), ("worker", worker.name))
+        assert got["scaler_worker_processors"][labels] == worker.processors
+        assert got["scaler_worker_tasks"][labels] == 0
+
+
+def test_metrics_and_page_refuse_requests_without_the_token(cluster: DashboardCluster) -> None:
+    for path in ("/metrics", "/api/snapshot", "/", "/static/dashboard.js"):
+        status, body = cluster.get(path)
+        assert status == 401 and "token is required" in body, (path, status, body)
+        status, _ = cluster.get(path, token="x" * 32)
+        assert status == 403, path
+        status, _ = cluster.get(path, cookie="y" * 32)
+        assert status == 403, path
+    status, body = cluster.get("/api/snapshot", cookie=cluster.token)
+    assert status == 200 and '"workers"' in body
+    status, _ = cluster.get("/?token=" + "z" * 32)
+    assert status == 403
+
+
+def test_metrics_without_token_is_an_explicit_flag_only_for_metrics(tmp_path: Path) -> None:
+    c = DashboardCluster(tmp_path, "--metrics-without-token")
+    try:
+        status, text = c.get("/metrics")
+        assert status == 200 and "# TYPE scaler_workers gauge" in text, text
+        assert c.get("/api/snapshot")[0] == 401
+        assert c.get("/")[0] == 401
+    finally:
+        c.close()
+
+
+def _worker(name: str) -> WorkerStatistics:
+    return WorkerStatistics(name, "host-a", 1, 2, 1, 0, 0, 0, 1, 0.5, 1000, 0.1, 0.0, False, None)
+
+
+def _stats(*workers: WorkerStatistics) -> Statistics:
+    empty: Any = MappingProxyType({})
+    return Statistics(
+        MappingProxyType({"finished": 3, "processors": 2 * len(workers)}), MappingProxyType({"pending": 0}),
+        1.0, workers, (), (), (), empty,
+    )  # fmt: skip
+
+
+def test_a_departed_workers_series_are_dropped_and_labels_escaped() -> None:
+    before = parse(metrics.render(_stats(_worker("w-1"), _worker('odd "name"\\\n'))))
+    assert set(before["scaler_worker_tasks"]) == {
+        (("host", "host-a"), ("worker", "w-1")), (("host", "host-a"), ("worker", 'odd "name"\\\n')),
+    }  # fmt: skip
+    after = parse(metrics.render(_stats(_worker("w-1"))))
+    assert set(after["scaler_worker_tasks"]) == {(("host", "host-a"), ("worker", "w-1"))}
+    assert after["scaler_worker_task_peak_memory_bytes"] == {(("host", "host-a"), ("worker", "w-1")): 1000}
+    # One family per name: none is another's name plus a suffix the parser would fold into it.
+    names = [f.name for f in text_string_to_metric_families(metrics.render(_stats(_worker("w"))))]
+    assert len(names) == len(set(names))
+
+
+def test_a_secured_tcp_daemon_gives_its_dashboard_a_monitor_key(tmp_path: Path) -> None:
+    import re
+    import urllib.request
+
+    from test_security import Cluster
+
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.secure_daemon("--workers", "1", "--dashboard", "127.0.0.1:0")
+        found: list[str] = []
+        assert wait_until(lambda: bool(found.extend(re.findall(r"dashboard at (\S+)", cluster.log())) or found), timeout=WAIT)
+        base, _, token = found[0].partition("/?token=")
+
+        def scraped_worker() -> bool:
+            request = urllib.request.Request(base + "/metrics", headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(request, timeout=WAIT) as reply:
+                return "scaler_workers 1" in reply.read().decode()
+
+        assert wait_until(scraped_worker, timeout=WAIT), cluster.log()
+        assert "refused" not in cluster.log().lower(), cluster.log()
+    finally:
+        cluster.close()
+
+
+def test_the_embedded_cluster_serves_a_dashboard_and_prints_its_url(capfd: pytest.CaptureFixture[str]) -> None:
+    import re
+    import urllib.request
+
+    from scaler_executor import ScalerExecutor
+
+    with pytest.raises(ValueError, match="not HOST:PORT"):
+        ScalerExecutor(dashboard="8787")
+    with pytest.raises(ValueError, match="scaler-daemon --dashboard"):
+        ScalerExecutor(address="ipc:///nowhere", dashboard="127.0.0.1:0")
+    with ScalerExecutor(2, dashboard="127.0.0.1:0") as ex:
+        assert ex.submit(square, 4).result(timeout=WAIT) == 16
+        err: list[str] = []
+        assert wait_until(lambda: bool(err.append(capfd.readouterr().err) or re.search(r"dashboard at \S+", "".join(err))), timeout=WAIT)
+        url = re.findall(r"dashboard at (\S+)", "".join(err))[0]
+        base, _, token = url.partition("/?token=")
+        request = urllib.request.Request(base + "/metrics", headers={"Authorization": f"Bearer {token}"})
+
+        def counted() -> bool:
+            with urllib.request.urlopen(request, timeout=WAIT) as reply:
+                return 'scaler_tasks_completed_total{outcome="finished"} 1' in reply.read().decode()
+
+        assert wait_until(counted, timeout=WAIT)

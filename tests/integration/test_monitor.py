@@ -1,0 +1,106 @@
+"""The read-only monitor connection (scaler_executor.monitor) against a real secured daemon:
+it reads snapshots with a monitor key, a monitor key cannot submit, a client key cannot
+monitor, and a monitor that stops reading is dropped while the cluster keeps working."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from scaler_testing import wait_until
+from test_security import WAIT, Cluster, RawPeer
+
+from scaler_executor import ScalerExecutor
+from scaler_executor.exceptions import DaemonLost
+from scaler_executor.monitor import Monitor, MonitorRefused
+from scaler_executor.protocol import channel
+from scaler_executor.protocol import messages as m
+
+pytestmark = pytest.mark.timeout(180)
+STALL_WAIT = 120.0  # filling a connection's buffers (ZeroMQ's queues and the kernel's) on a loaded machine
+
+
+def fails(x: int) -> int:
+    raise ValueError(f"no {x}")
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def test_a_monitor_sees_workers_tasks_and_failures(cluster: Cluster) -> None:
+    mon = cluster.credential("mon", "monitor")
+    alice = cluster.credential("alice", "client")
+    cluster.secure_daemon("--workers", "1")
+    with Monitor(cluster.address, credentials=mon) as monitor, cluster.client(alice) as ex:
+        assert ex.submit(square, 3).result(timeout=WAIT) == 9
+        with pytest.raises(ValueError, match="no 7"):
+            ex.submit(fails, 7).result(timeout=WAIT)
+        assert wait_until(lambda: monitor.snapshot()["failed"] == 1, timeout=WAIT)
+        stats = monitor.snapshot()
+        assert stats["finished"] >= 1 and stats["monitors"] == 1 and stats["clients"] == 1
+        assert len(stats.workers) == 1 and stats.workers[0].processors >= 1
+        (failure,) = stats.failures
+        assert failure.cause.endswith("ValueError: no 7") and "fails" in failure.detail
+
+
+def test_a_monitor_watches_an_embedded_cluster_over_ipc() -> None:
+    """ipc:// needs no key (the socket is the user's own): the same user can watch ``ex.address``."""
+    with ScalerExecutor(max_workers=1) as ex:
+        assert ex.submit(square, 2).result(timeout=WAIT) == 4
+        with Monitor(ex.address) as monitor:
+            assert wait_until(lambda: monitor.snapshot()["finished"] == 1, timeout=WAIT)
+            stats = monitor.snapshot()
+            assert stats["clients"] == 1 and stats["monitors"] == 1 and len(stats.workers) == 1
+
+
+def test_a_monitor_key_cannot_submit_and_a_client_key_cannot_monitor(cluster: Cluster) -> None:
+    mon = cluster.credential("mon", "monitor")
+    alice = cluster.credential("alice", "client")
+    cluster.secure_daemon("--workers", "1")
+    with pytest.raises(DaemonLost, match="has role monitor"):
+        cluster.client(mon)  # the constructor waits for the daemon's answer
+    with pytest.raises(MonitorRefused, match="role client"):
+        Monitor(cluster.address, credentials=alice, timeout=WAIT)
+    with Monitor(cluster.address, credentials=mon) as monitor:
+        stats = monitor.snapshot()
+        assert stats["submitted"] == 0 and stats["security_refused_role"] >= 1
+
+
+def test_a_monitor_that_stops_reading_is_dropped_and_the_cluster_carries_on(cluster: Cluster) -> None:
+    mon = cluster.credential("mon", "monitor")
+    alice = cluster.credential("alice", "client")
+    cluster.secure_daemon("--workers", "1", "--send-hwm", "4")
+    stalled = RawPeer(cluster.address, mon)
+    try:
+        stalled.hello("monitor")
+        assert stalled.receive(m.Welcome) is not None
+        with cluster.client(alice) as ex:
+            # Ask for snapshots and never read them: the daemon's queue to it fills, and it
+            # is dropped rather than waited for (its backlog would grow without bound).
+            # (The daemon answers a monitor once per turn, so each answer is one snapshot.)
+            deadline = time.monotonic() + STALL_WAIT
+            while "is not reading its snapshots; dropping it" not in cluster.log():
+                assert time.monotonic() < deadline, cluster.log()
+                for _ in range(200):
+                    try:
+                        stalled.send([m.StatsRequest()])
+                    except channel.Again:
+                        break  # our own queue to the daemon is full: let it catch up
+                assert ex.submit(square, 4).result(timeout=WAIT) == 16
+            assert ex.submit(square, 5).result(timeout=WAIT) == 25
+    finally:
+        stalled.close()
+    with Monitor(cluster.address, credentials=mon) as monitor:  # monitors still welcome
+        assert monitor.snapshot()["finished"] >= 2
