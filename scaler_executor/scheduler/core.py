@@ -31,6 +31,7 @@ from scaler_executor.config import ClusterConfig, parse_resources, parse_tags
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS as DEFAULT
 from scaler_executor.protocol.messages import Role, Status, TaskFlags
+from scaler_executor.scheduler.managers import AdmitKeys, ManagerController, WithdrawKeys
 from scaler_executor.scheduler.policies import (
     LeastLoaded,
     ScalingView,
@@ -152,7 +153,7 @@ class SendObjects:
 
 
 Event = Received | Tick | Wake | PeerUnreachable | WorkerExited | LocalWorkers
-Command = Send | StartWorkers | StopWorkers | DeleteObjects | SendObjects
+Command = Send | StartWorkers | StopWorkers | DeleteObjects | SendObjects | AdmitKeys | WithdrawKeys
 
 
 def refusal_for(hello: m.Hello) -> str | None:
@@ -255,6 +256,9 @@ class Scheduler:
             m.ObjectRequest: self._on_object_request,
             m.LaneDone: self._on_lane_done,
             m.LaneStarted: self._on_lane_started,
+            m.ManagerOffer: lambda peer, message: self.managers.on_offer(peer, message),
+            m.WorkerStates: lambda peer, message: self.managers.on_changes(peer, message),
+            m.WorkerKeys: lambda peer, message: self.managers.on_keys(peer, message),
         }
         self._event_handlers: dict[type, Callable[[Any], None]] = {
             Received: self._on_received,
@@ -269,6 +273,7 @@ class Scheduler:
         self.local_host = ""
         self.stopping_pids: set[int] = set()
         self._commands: list[Command] = []
+        self.managers = ManagerController(self)  # worker managers (scheduler/managers.py)
 
     # ------------------------------------------------------------------ entry point
 
@@ -283,7 +288,7 @@ class Scheduler:
 
     def _on_received(self, event: Received) -> None:
         peer = event.peer
-        role_record: Any = self.clients.get(peer) or self.workers.get(peer)
+        role_record: Any = self.clients.get(peer) or self.workers.get(peer) or self.managers.managers.get(peer)
         messages = event.messages
         if messages and type(messages[0]) is m.Hello and (role_record is not None or self._is_monitor(peer)):
             # A known peer joining again on the same connection (a worker that heard nothing
@@ -299,7 +304,7 @@ class Scheduler:
                 return
             self._on_hello(peer, first)
             messages = messages[1:]
-            role_record = self.clients.get(peer) or self.workers.get(peer)
+            role_record = self.clients.get(peer) or self.workers.get(peer) or self.managers.managers.get(peer)
             if role_record is None and not self._is_monitor(peer):
                 return  # refused
         if role_record is not None:
@@ -318,7 +323,7 @@ class Scheduler:
             except Exception:  # a bug must cost one message, never the daemon
                 self.counters["dropped_messages"] += 1
                 log.exception("daemon: failed to handle %s from %r; message dropped", kind.__name__, peer)
-            if peer not in self.clients and peer not in self.workers and not self._is_monitor(peer):
+            if not self.knows(peer):
                 return  # the peer said goodbye
 
     def _on_tick(self, event: Tick) -> None:
@@ -331,6 +336,9 @@ class Scheduler:
             self._lose_client(client, f"no message for {now - client.last_seen:.1f} s")
         for peer in [p for p, seen in self._monitors.items() if now - seen > deadline]:
             del self._monitors[peer]
+        for manager in [r for r in self.managers.managers.values() if now - r.last_seen > deadline]:
+            self.managers.lose(manager.peer, f"no message for {now - manager.last_seen:.1f} s", now)
+        self.managers.tick(now)
         if self.constrained:
             self._expire_unsatisfiable(now)
         self._heartbeats_due = True  # decided in _flush, once every message of this turn is known
@@ -340,6 +348,7 @@ class Scheduler:
             self._lose_worker(worker, "disconnected (unreachable)")
         elif (client := self.clients.get(event.peer)) is not None:
             self._lose_client(client, "disconnected (unreachable)")
+        self.managers.lose(event.peer, "disconnected (unreachable)", event.now)
         self._monitors.pop(event.peer, None)
 
     def _on_local_workers(self, event: LocalWorkers) -> None:
@@ -390,7 +399,7 @@ class Scheduler:
 
     def knows(self, peer: bytes) -> bool:
         """Whether ``peer`` has joined (said a Hello that was welcomed)."""
-        return peer in self.clients or peer in self.workers or peer in self._monitors
+        return peer in self.clients or peer in self.workers or peer in self._monitors or peer in self.managers.managers
 
     def _is_monitor(self, peer: bytes) -> bool:
         return peer in self._monitors
@@ -400,6 +409,8 @@ class Scheduler:
             return Role.CLIENT
         if peer in self.workers:
             return Role.WORKER
+        if peer in self.managers.managers:
+            return Role.MANAGER
         return Role.MONITOR
 
     def _on_hello(self, peer: bytes, hello: m.Hello) -> None:
@@ -427,6 +438,14 @@ class Scheduler:
                 idle_since=self._now,
             )
             log.info("worker %r joined with %d processors (pid %d on %s)", hello.name, hello.capacity, hello.pid, hello.host)
+            self.managers.worker_joined(self.workers[peer])
+        elif hello.role == Role.MANAGER:
+            try:
+                self.managers.join(peer, peer_id, hello.name, self._now)
+            except ValueError as exc:
+                self._refuse(peer, "hello", str(exc))
+                self._send(peer, m.Refused(str(exc)))
+                return
         else:
             self._monitors[peer] = self._now
         self._send(
@@ -443,6 +462,7 @@ class Scheduler:
             self._lose_worker(worker, f"left: {message.reason}", clean=True)
         elif (client := self.clients.get(peer)) is not None:
             self._lose_client(client, ascii(message.reason[:200]), clean=True)
+        self.managers.lose(peer, f"left: {message.reason[:200]!a}", self._now)
         self._monitors.pop(peer, None)
         self.last_sent.pop(peer, None)
         self._out.pop(peer, None)
@@ -475,7 +495,7 @@ class Scheduler:
         if len(self._refusals_logged) >= MAX_REFUSAL_KEYS:
             self._refusals_logged.clear()  # bounded, whoever sends: at worst a line more
         self._refusals_logged[key] = self._now
-        record: Any = self.clients.get(peer) or self.workers.get(peer)
+        record: Any = self.clients.get(peer) or self.workers.get(peer) or self.managers.managers.get(peer)
         who = f"{self._role_of(peer)} {record.name!a}" if record is not None else "a peer that has not joined"
         log.warning("refused %s from %s (peer %s): %s", what, who, peer.hex()[:64], ascii(why[:500]))
 
@@ -628,6 +648,8 @@ class Scheduler:
 
     def _satisfiable(self, key: ConstraintKey) -> bool:
         if self.template is not None and self.template.fits_ever(key):
+            return True
+        if self.managers.can_fit(key):
             return True
         return any(w.fits_ever(key) for w in self.workers.values() if w.broken is None)
 
@@ -859,11 +881,15 @@ class Scheduler:
         for client in self.clients.values():
             self._send(client.peer, message)
 
-    def _lose_worker(self, worker: WorkerRecord, why: str, *, clean: bool = False) -> None:
+    def _lose_worker(self, worker: WorkerRecord, why: str, *, clean: bool = False, infrastructure: bool = False) -> None:
+        """``infrastructure``: its manager says the infrastructure ended it (preemption,
+        walltime, cancellation): its tasks go back without a charge against their retries,
+        except those that may run at most once (``max_retries=0``), which fail naming why."""
         (log.info if clean else log.warning)("worker %r lost: %s; %d tasks affected", worker.name, why, len(worker.inflight))
         if not clean:
             self.counters["workers_lost"] += 1
         del self.workers[worker.peer]
+        self.managers.worker_left(worker)
         self.last_sent.pop(worker.peer, None)
         self._out.pop(worker.peer, None)
         for task_id in list(worker.inflight):
@@ -872,7 +898,7 @@ class Scheduler:
             if task.flags & TaskFlags.ON_LANE:
                 task.transition("result")  # its client sees the lane close, and submits it again here
                 self._forget(task)
-            elif clean:
+            elif clean or (infrastructure and self._retry_free(task)):
                 # It left in an orderly way: the tasks it returns were not run to a crash.
                 if task.state is TaskState.CANCELLING:
                     task.transition("returned")
@@ -886,6 +912,10 @@ class Scheduler:
                     self._queue(task, front=True)
             else:
                 self._attempt_failed(task, f"worker {worker.name}: {why}")
+
+    def _retry_free(self, task: TaskRecord) -> bool:
+        max_retries = task.options.max_retries
+        return (self.config.max_retries if max_retries is None else max_retries) > 0
 
     def _attempt_failed(self, task: TaskRecord, line: str) -> None:
         if task.failures is None:
@@ -1228,6 +1258,8 @@ class Scheduler:
         snapshot["processors"] = sum(w.capacity for w in self.workers.values())
         snapshot["clients"] = len(self.clients)
         snapshot["functions"] = len(self.functions)
+        if self.managers.managers or self.managers.workers:
+            snapshot.update(self.managers.statistics())
         return snapshot
 
     def validate(self) -> None:
@@ -1294,6 +1326,7 @@ class Scheduler:
         for client in self.clients.values():
             for task_id in client.tasks:
                 assert self.tasks[task_id].client == client.peer, f"{client!r} owns stray task {task_id:#x}"
+        self.managers.validate()
 
 
 def _dep_value(dep: TaskRecord) -> m.DepValue:

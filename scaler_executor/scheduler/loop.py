@@ -47,6 +47,7 @@ from scaler_executor.scheduler.core import (
     Wake,
     WorkerExited,
 )
+from scaler_executor.scheduler.managers import AdmitKeys, WithdrawKeys
 
 log = logging.getLogger("scaler_executor.daemon")
 
@@ -265,6 +266,17 @@ class Daemon:
                 case SendObjects(peer, object_ids):
                     found, buffers = self.objects.read(object_ids)
                     self._send(peer, codec.encode([m.ObjectData(list(object_ids), found)], buffers), now)
+                case AdmitKeys(manager, keys):
+                    # A manager's workers' keys (scheduler/managers.py); none on an insecure daemon.
+                    if self.security is not None:
+                        from scaler_executor.security.keys import KeyEntry, now_text
+
+                        for name, public in keys:
+                            self.security.ephemeral[public] = KeyEntry(name, "worker", public, f"ephemeral {now_text()}, manager {manager}")
+                case WithdrawKeys(public_keys):
+                    if self.security is not None:
+                        for public in public_keys:
+                            self.security.ephemeral.pop(public, None)
                 case _:
                     raise TypeError(f"daemon loop cannot execute unknown command {command!r}")
 
