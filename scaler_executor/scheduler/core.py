@@ -440,12 +440,7 @@ class Scheduler:
             log.info("worker %r joined with %d processors (pid %d on %s)", hello.name, hello.capacity, hello.pid, hello.host)
             self.managers.worker_joined(self.workers[peer])
         elif hello.role == Role.MANAGER:
-            try:
-                self.managers.join(peer, peer_id, hello.name, self._now)
-            except ValueError as exc:
-                self._refuse(peer, "hello", str(exc))
-                self._send(peer, m.Refused(str(exc)))
-                return
+            self.managers.join(peer, peer_id, hello.name, self._now)
         else:
             self._monitors[peer] = self._now
         self._send(

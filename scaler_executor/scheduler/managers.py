@@ -104,9 +104,11 @@ class ManagerController:
     # ------------------------------------------------------------------ managers
 
     def join(self, peer: bytes, manager_id: int, name: str, now: float) -> None:
-        if any(r.name == name for r in self.managers.values()):
-            # Two managers with one name would own each other's workers.
-            raise ValueError(f"a manager named {name!r} is connected already; give each manager its own --name")
+        for old in [r for r in self.managers.values() if r.name == name]:
+            # A restarted manager (killed, its silence not noticed yet) takes over its workers;
+            # two live managers with one name would own each other's: the name must be unique.
+            log.warning("manager %r joined again on a new connection: the old one is dropped (give each manager its own --name)", name)
+            self.lose(old.peer, "replaced by a new connection with its name", now)
         self.managers[peer] = ManagerRecord(peer, manager_id, name, now)
         self.orphaned.pop(name, None)
         log.info("manager %r joined", name)

@@ -165,11 +165,16 @@ def test_a_manager_is_welcomed_and_its_messages_are_its_own() -> None:
     assert world.core.statistics()["managers"] == 1
 
 
-def test_two_managers_may_not_share_a_name() -> None:
+def test_a_manager_joining_again_under_its_name_replaces_the_old_connection() -> None:
     world = World()
     world.manager(b"m1", "cpu", offer())
-    out = world.send(b"m2", hello(m.Role.MANAGER, "cpu"))
-    assert "give each manager its own --name" in out.of(b"m2", m.Refused)[0].reason
+    world.send(b"m1", m.WorkerStates([change("cpu-1", "pending")]))
+    world.manager(b"m2", "cpu", offer(adopted=["cpu-1"]))  # restarted before its silence was noticed
+    assert list(world.core.managers.managers) == [b"m2"]
+    assert world.core.managers.workers["cpu-1"].manager == "cpu"
+    out = world.send(b"m1", m.WorkerStates([change("cpu-1", "gone")]))
+    assert out.of(b"m1", m.Refused), "the old connection is no longer a manager"
+    assert "cpu-1" in world.core.managers.workers
 
 
 def test_worker_names_carry_their_managers_prefix() -> None:
