@@ -23,8 +23,8 @@ class CapacityAdapter(Protocol):
 
     Workers are identified by the process id each reports in its ``Hello``, on the
     daemon's host (the core matches ``Hello.pid`` and ``Hello.hostname`` against
-    ``pids()``). An adapter whose workers run on other hosts will need that identity to
-    carry the host as well: the one change the core needs for it.
+    ``pids()``). Capacity on other hosts comes from worker managers instead, whose
+    adapters follow ``manager.adapter.CapacityAdapter`` (docs/managers.rst).
     """
 
     def start(self) -> None:
