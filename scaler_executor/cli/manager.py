@@ -32,8 +32,8 @@ def _parser(adapter: str | None) -> argparse.ArgumentParser:
     )
     parser.add_argument("daemon", metavar="ADDRESS", help="the daemon's address, e.g. tcp://host:8786")
     parser.add_argument("--adapter", required=True, choices=sorted(ADAPTERS), help="where the workers run")
-    parser.add_argument("--max-workers", type=int, required=True, metavar="N", help="the most workers it runs at once")
-    parser.add_argument("--min-workers", type=int, default=0, metavar="N", help="workers kept even when idle (default 0)")
+    parser.add_argument("--max-workers", dest="most", type=int, required=True, metavar="N", help="the most workers it runs at once")
+    parser.add_argument("--min-workers", dest="fewest", type=int, default=0, metavar="N", help="workers kept even when idle (default 0)")
     parser.add_argument(
         "--name",
         help="this manager's name; its workers' names start with it (default: manager-HOST; unique per daemon)",
@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     processors = args.processors if args.processors is not None else config.processors_per_worker
     if processors < 1:
         parser.error(f"--processors {processors}: a worker needs at least 1")
-    if args.max_workers < 1 or not 0 <= args.min_workers <= args.max_workers:
-        parser.error(f"--max-workers {args.max_workers} --min-workers {args.min_workers}: need 0 <= min <= max and max >= 1")
+    if args.most < 1 or not 0 <= args.fewest <= args.most:
+        parser.error(f"--max-workers {args.most} --min-workers {args.fewest}: need 0 <= min <= max and max >= 1")
     try:
         resources = parse_resources(args.resources if args.resources is not None else config.worker_resources, "--resources")
     except ConfigError as exc:
@@ -93,14 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     template = WorkerTemplate(processors, resources, tags)
     module = _adapter_module(parser, args.adapter)
     try:
-        adapter = module.from_args(args, AdapterSetup(name + "-", args.max_workers, template))
+        adapter = module.from_args(args, AdapterSetup(name + "-", args.most, template))
     except AdapterError as exc:
         raise SystemExit(f"scaler-worker-manager: {exc}") from None
     security = connecting_security(config, args.daemon, "manager", "scaler-worker-manager")
 
     from scaler_executor.manager.process import WorkerManager
 
-    manager = WorkerManager(config, args.daemon, adapter, template, name=name, min_workers=args.min_workers, security=security)
+    manager = WorkerManager(config, args.daemon, adapter, template, name=name, min_workers=args.fewest, security=security)
     manager.install_signal_handlers()
     return manager.run()
 
