@@ -277,6 +277,9 @@ class Daemon:
                     if self.security is not None:
                         for public in public_keys:
                             self.security.ephemeral.pop(public, None)
+                        # A worker that already left is forgotten, not "expelled" as if revoked;
+                        # one still connected with the key is expelled at the next refresh.
+                        self.security.forget(self.core.knows)
                 case _:
                     raise TypeError(f"daemon loop cannot execute unknown command {command!r}")
 

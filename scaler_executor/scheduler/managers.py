@@ -144,12 +144,12 @@ class ManagerController:
         cap = 2 * (record.offer.max_workers if record.offer else 0)
         admitted = []
         for key in message.keys:
-            worker = self._claim(record, key.name)
-            if worker is None:
-                continue
             if sum(1 for w in self.workers.values() if w.manager == record.name and w.public_key) >= cap:
                 self._refuse(peer, "worker-keys", f"manager {record.name!r} asked for more than {cap} worker keys")
                 break
+            worker = self._claim(record, key.name)
+            if worker is None:
+                continue
             if worker.public_key and worker.public_key != key.public_key:
                 self.core._commands.append(WithdrawKeys((worker.public_key,)))
             worker.public_key = key.public_key

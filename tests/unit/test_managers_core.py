@@ -344,3 +344,12 @@ def test_a_lost_managers_keys_are_withdrawn_after_a_bounded_time() -> None:
     assert not [c for c in world.tick(ORPHAN_SECONDS - 1).other if isinstance(c, WithdrawKeys)]
     assert world.tick(1.0).other == [WithdrawKeys(("k1",))]
     assert not world.core.managers.workers
+
+
+def test_a_manager_gets_at_most_twice_its_maximum_in_keys() -> None:
+    world = World()
+    world.manager(b"m1", "cpu", offer(max_workers=1))
+    out = world.send(b"m1", m.WorkerKeys([m.WorkerKey(f"cpu-{i}", f"k{i}") for i in range(3)]))
+    assert out.of(b"m1", m.KeysAdmitted) == [m.KeysAdmitted(["cpu-0", "cpu-1"])]
+    assert "more than 2 worker keys" in out.of(b"m1", m.Refused)[0].reason
+    assert set(world.core.managers.workers) == {"cpu-0", "cpu-1"}, "a refused key leaves no record"
