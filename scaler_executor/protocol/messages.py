@@ -51,6 +51,15 @@ Stats                  D→C/M    the snapshot
 TasksWithoutWorker     D→C      tasks of this client have waited ``no_worker_warning``
                                 with no connected worker able to run them (once per
                                 episode: scheduler/no_worker.py); the client warns
+ManagerOffer           M→D      what a worker manager can provide: adapter, most workers,
+                                each worker's processors, resources and tags, start-up time
+WorkerStates           M→D      what became of the manager's workers (requested, pending
+                                with the reason, running, draining, gone with how)
+WorkerKeys             M→D      public keys for workers the manager is about to start: the
+                                daemon admits them while the manager is connected
+KeysAdmitted           D→M      those keys are admitted: the workers may be started
+ScaleWorkers           D→M      the daemon's scaling decision: start this many more workers,
+                                stop these (drained) ones
 =====================  =======  ==========================================================
 
 Messages are ``typing.NamedTuple``s rather than frozen dataclasses: they are just
@@ -83,7 +92,8 @@ class Role:
     CLIENT = "client"
     WORKER = "worker"
     MONITOR = "monitor"  # read-only: may only ask for statistics
-    ALL = frozenset({CLIENT, WORKER, MONITOR})
+    MANAGER = "manager"  # a worker manager: offers capacity, starts and stops workers (docs/managers.rst)
+    ALL = frozenset({CLIENT, WORKER, MONITOR, MANAGER})
 
 
 class Status:
@@ -453,6 +463,57 @@ class TasksWithoutWorker(NamedTuple):
     reason: str  # why, one clause per kind of task: "no worker is connected", "no worker has gpu=1"
 
 
+class ManagerOffer(NamedTuple):
+    """A worker manager's capacity (sent after Welcome, and again when it changes)."""
+
+    kind: str  # the adapter: "local", "slurm", ...
+    max_workers: int
+    min_workers: int  # kept running even when idle
+    processors: int  # per worker
+    resources: dict[str, float]  # each worker's
+    tags: list[str]  # each worker's
+    startup_seconds: float  # estimate: request → worker connected
+    where: str  # human-readable: "host h1", "partition gpu", ...
+    # The workers it runs now (adopted after a restart): the daemon forgets the others it
+    # had recorded for this manager, and withdraws their keys.
+    adopted: list[str]
+
+
+class WorkerChange(NamedTuple):
+    """One change in one managed worker's life (manager/adapter.py: WorkerReport)."""
+
+    name: str
+    state: str  # requested | pending | running | draining | gone
+    job: str
+    host: str
+    reason: str
+    log_tail: str
+    ends_at: float
+    infrastructure: bool  # gone because of the infrastructure, not of what it ran
+
+
+class WorkerStates(NamedTuple):
+    changes: list[WorkerChange]
+
+
+class WorkerKey(NamedTuple):
+    name: str
+    public_key: str  # Z85
+
+
+class WorkerKeys(NamedTuple):
+    keys: list[WorkerKey]
+
+
+class KeysAdmitted(NamedTuple):
+    names: list[str]
+
+
+class ScaleWorkers(NamedTuple):
+    start: int  # this many more workers
+    stop: list[str]  # these workers (drained: they hold no task, or never ran)
+
+
 # Tags on the wire.  Append only: a tag is never reused for another message.
 MESSAGE_TAGS: dict[type, int] = {
     Hello: 1,
@@ -480,6 +541,11 @@ MESSAGE_TAGS: dict[type, int] = {
     LaneDone: 23,
     LaneStarted: 24,
     TasksCancelled: 25,
+    ManagerOffer: 26,
+    WorkerStates: 27,
+    WorkerKeys: 28,
+    KeysAdmitted: 29,
+    ScaleWorkers: 30,
     ObjectChunk: 40,
     ObjectStored: 41,
     TasksWithoutWorker: 42,
@@ -507,4 +573,5 @@ ACCEPTED_FROM: dict[str, frozenset[type]] = {
         {Heartbeat, Goodbye, TaskResults, ClusterBroken, Seceded, ObjectRequest, ObjectChunk, LaneDone, LaneStarted}
     ),
     Role.MONITOR: frozenset({Heartbeat, Goodbye, StatsRequest}),
+    Role.MANAGER: frozenset({Heartbeat, Goodbye, StatsRequest, ManagerOffer, WorkerStates, WorkerKeys}),
 }

@@ -14,7 +14,7 @@ import ``manager/`` (the adapters implement it; they are a layer above).
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -23,8 +23,8 @@ class CapacityAdapter(Protocol):
 
     Workers are identified by the process id each reports in its ``Hello``, on the
     daemon's host (the core matches ``Hello.pid`` and ``Hello.hostname`` against
-    ``pids()``). An adapter whose workers run on other hosts will need that identity to
-    carry the host as well: the one change the core needs for it.
+    ``pids()``). Capacity on other hosts comes from worker managers instead, whose
+    adapters follow ``manager.adapter.CapacityAdapter`` (docs/managers.rst).
     """
 
     def start(self) -> None:
@@ -49,3 +49,78 @@ class CapacityAdapter(Protocol):
 
     def stop(self) -> None:
         """Stop every worker: the daemon is stopping. May wait a grace period, then kill."""
+
+
+# --------------------------------------------------------------------------- several managers
+#
+# Worker managers (``scaler-worker-manager``, docs/managers.rst) offer capacity from outside
+# the daemon. The policy below decides how many workers each should have; the core's manager
+# controller (scheduler/managers.py) turns the difference into ScaleWorkers decisions.
+
+
+class ManagerView(NamedTuple):
+    """What the scaling policy sees of one manager."""
+
+    processors: int  # per worker
+    resources: dict[str, float]  # each worker's
+    tags: frozenset[str]  # each worker's
+    minimum: int
+    maximum: int
+    startup_seconds: float
+    held: int  # tasks its connected workers hold now (queued there or running)
+
+
+class Demand(NamedTuple):
+    """Tasks waiting in the daemon with the same needs (no needs: empty resources and tags)."""
+
+    resources: tuple[tuple[str, float], ...]
+    tags: tuple[str, ...]
+    tasks: int
+
+
+def fits(view: ManagerView, demand: Demand) -> bool:
+    return view.tags.issuperset(demand.tags) and all(view.resources.get(n, 0.0) >= q - 1e-9 for n, q in demand.resources)
+
+
+def tasks_per_worker(view: ManagerView, demand: Demand) -> int:
+    """How many tasks of this kind one of the manager's workers runs at once."""
+    n = view.processors
+    for name, quantity in demand.resources:
+        if quantity > 0:
+            n = min(n, int(view.resources.get(name, 0.0) / quantity + 1e-9))
+    return max(1, n)
+
+
+def _surplus(view: ManagerView, demand: Demand) -> tuple[int, float]:
+    """How much a manager offers beyond what the demand needs: fewer extras first (CPU work
+    does not take the GPU nodes while CPU nodes can have it), then the faster start-up."""
+    extra = len(view.tags - set(demand.tags)) + len(set(view.resources) - {n for n, _ in demand.resources})
+    return extra, view.startup_seconds
+
+
+def desired_per_manager(demand: list[Demand], managers: list[ManagerView]) -> list[int]:
+    """How many workers each manager (same order) should have now, within its [minimum, maximum].
+
+    Each manager keeps enough workers for the tasks its workers hold. Each kind of waiting
+    task goes, most constrained kind first, to the managers whose workers can run it: the one
+    offering least beyond what it needs first (then the faster start-up), filled up to its
+    maximum before the next is asked. Tasks no manager can run ask for nothing. Like
+    ``desired_workers``, scale-up goes to the target in one step and scale-down is decided by
+    idle time, not here.
+    """
+    need = [-(-m.held // max(1, m.processors)) for m in managers]
+    order = sorted(demand, key=lambda d: (-len(d.resources) - len(d.tags), d.resources, d.tags))
+    for kind in order:
+        remaining = kind.tasks
+        eligible = sorted((i for i, m in enumerate(managers) if fits(m, kind)), key=lambda i: (_surplus(managers[i], kind), i))
+        for i in eligible:
+            if remaining <= 0:
+                break
+            per = tasks_per_worker(managers[i], kind)
+            room = managers[i].maximum - need[i]
+            if room <= 0:
+                continue
+            workers = min(room, -(-remaining // per))
+            need[i] += workers
+            remaining -= workers * per
+    return [max(m.minimum, min(m.maximum, n)) for m, n in zip(managers, need, strict=True)]

@@ -33,6 +33,7 @@ from scaler_executor.protocol.messages import DEFAULT_OPTIONS as DEFAULT
 from scaler_executor.protocol.messages import Role, Status, TaskFlags
 from scaler_executor.protocol.rejoin import UNKNOWN_PEER
 from scaler_executor.scheduler.deadlines import DeadlineQueue
+from scaler_executor.scheduler.managers import AdmitKeys, ManagerController, WithdrawKeys
 from scaler_executor.scheduler.no_worker import NoWorkerWatch
 from scaler_executor.scheduler.policies import (
     LeastLoaded,
@@ -177,7 +178,7 @@ class StoreChunk:
 
 
 Event = Received | Tick | Wake | PeerUnreachable | WorkerExited | LocalWorkers
-Command = Send | StartWorkers | StopWorkers | DeleteObjects | SendObjects | StoreChunk
+Command = Send | StartWorkers | StopWorkers | DeleteObjects | SendObjects | StoreChunk | AdmitKeys | WithdrawKeys
 
 
 def refusal_for(hello: m.Hello) -> str | None:
@@ -297,6 +298,9 @@ class Scheduler:
             m.ObjectChunk: self._on_object_chunk,
             m.LaneDone: self._on_lane_done,
             m.LaneStarted: self._on_lane_started,
+            m.ManagerOffer: lambda peer, message: self.managers.on_offer(peer, message),
+            m.WorkerStates: lambda peer, message: self.managers.on_changes(peer, message),
+            m.WorkerKeys: lambda peer, message: self.managers.on_keys(peer, message),
         }
         self._event_handlers: dict[type, Callable[[Any], None]] = {
             Received: self._on_received,
@@ -312,6 +316,7 @@ class Scheduler:
         self.stopping_pids: set[int] = set()
         self._commands: list[Command] = []
         self.turns = TurnHistogram()  # recorded by the loop (scheduler/loop.py), reported here
+        self.managers = ManagerController(self)  # worker managers (scheduler/managers.py)
 
     # ------------------------------------------------------------------ entry point
 
@@ -326,7 +331,7 @@ class Scheduler:
 
     def _on_received(self, event: Received) -> None:
         peer = event.peer
-        role_record: Any = self.clients.get(peer) or self.workers.get(peer)
+        role_record: Any = self.clients.get(peer) or self.workers.get(peer) or self.managers.managers.get(peer)
         messages = event.messages
         if messages and type(messages[0]) is m.Hello and (role_record is not None or self._is_monitor(peer)):
             # A known peer joining again on the same connection (a worker that heard nothing
@@ -342,7 +347,7 @@ class Scheduler:
                 return
             self._on_hello(peer, first)
             messages = messages[1:]
-            role_record = self.clients.get(peer) or self.workers.get(peer)
+            role_record = self.clients.get(peer) or self.workers.get(peer) or self.managers.managers.get(peer)
             if role_record is None and not self._is_monitor(peer):
                 return  # refused
         if role_record is not None:
@@ -361,7 +366,7 @@ class Scheduler:
             except Exception:  # a bug must cost one message, never the daemon
                 self.counters["dropped_messages"] += 1
                 log.exception("daemon: failed to handle %s from %r; message dropped", kind.__name__, peer)
-            if peer not in self.clients and peer not in self.workers and not self._is_monitor(peer):
+            if not self.knows(peer):
                 return  # the peer said goodbye
 
     def _on_tick(self, event: Tick) -> None:
@@ -383,6 +388,9 @@ class Scheduler:
                     self._liveness.add(peer, client.last_seen + client_deadline)
         for peer in [p for p, seen in self._monitors.items() if now - seen > deadline]:
             del self._monitors[peer]
+        for manager in [r for r in self.managers.managers.values() if now - r.last_seen > deadline]:
+            self.managers.lose(manager.peer, f"no message for {now - manager.last_seen:.1f} s", now)
+        self.managers.tick(now)
         if self.constrained:
             self._expire_unsatisfiable(now)
         for peer, notice in self.no_worker.check(now, self.ready, self.constrained, self.workers.values()):
@@ -395,6 +403,7 @@ class Scheduler:
             self._lose_worker(worker, "disconnected (unreachable)")
         elif (client := self.clients.get(event.peer)) is not None:
             self._lose_client(client, "disconnected (unreachable)")
+        self.managers.lose(event.peer, "disconnected (unreachable)", event.now)
         self._monitors.pop(event.peer, None)
 
     def _on_local_workers(self, event: LocalWorkers) -> None:
@@ -445,7 +454,7 @@ class Scheduler:
 
     def knows(self, peer: bytes) -> bool:
         """Whether ``peer`` has joined (said a Hello that was welcomed)."""
-        return peer in self.clients or peer in self.workers or peer in self._monitors
+        return peer in self.clients or peer in self.workers or peer in self._monitors or peer in self.managers.managers
 
     def _is_monitor(self, peer: bytes) -> bool:
         return peer in self._monitors
@@ -459,6 +468,8 @@ class Scheduler:
             return Role.CLIENT
         if peer in self.workers:
             return Role.WORKER
+        if peer in self.managers.managers:
+            return Role.MANAGER
         return Role.MONITOR
 
     def _on_hello(self, peer: bytes, hello: m.Hello) -> None:
@@ -488,6 +499,9 @@ class Scheduler:
                 idle_since=self._now,
             )
             log.info("worker %r joined with %d processors (pid %d on %s)", hello.name, hello.capacity, hello.pid, hello.host)
+            self.managers.worker_joined(self.workers[peer])
+        elif hello.role == Role.MANAGER:
+            self.managers.join(peer, peer_id, hello.name, self._now)
         else:
             self._monitors[peer] = self._now
         if hello.role != Role.MONITOR:
@@ -510,6 +524,7 @@ class Scheduler:
             self._lose_worker(worker, f"left: {message.reason}", clean=True)
         elif (client := self.clients.get(peer)) is not None:
             self._lose_client(client, ascii(message.reason[:200]), clean=True)
+        self.managers.lose(peer, f"left: {message.reason[:200]!a}", self._now)
         self._monitors.pop(peer, None)
         self.last_sent.pop(peer, None)
         self._out.pop(peer, None)
@@ -543,7 +558,7 @@ class Scheduler:
         if len(self._refusals_logged) >= MAX_REFUSAL_KEYS:
             self._refusals_logged.clear()  # bounded, whoever sends: at worst a line more
         self._refusals_logged[key] = self._now
-        record: Any = self.clients.get(peer) or self.workers.get(peer)
+        record: Any = self.clients.get(peer) or self.workers.get(peer) or self.managers.managers.get(peer)
         who = f"{self._role_of(peer)} {record.name!a}" if record is not None else "a peer that has not joined"
         log.warning("refused %s from %s (peer %s): %s", what, who, peer.hex()[:64], ascii(why[:500]))
 
@@ -703,6 +718,8 @@ class Scheduler:
 
     def _satisfiable(self, key: ConstraintKey) -> bool:
         if self.template is not None and self.template.fits_ever(key):
+            return True
+        if self.managers.can_fit(key):
             return True
         return any(w.fits_ever(key) for w in self.workers.values() if w.broken is None)
 
@@ -974,13 +991,17 @@ class Scheduler:
         for client in self.clients.values():
             self._send(client.peer, message)
 
-    def _lose_worker(self, worker: WorkerRecord, why: str, *, clean: bool = False) -> None:
+    def _lose_worker(self, worker: WorkerRecord, why: str, *, clean: bool = False, infrastructure: bool = False) -> None:
+        """``infrastructure``: its manager says the infrastructure ended it (preemption,
+        walltime, cancellation): its tasks go back without a charge against their retries,
+        except those that may run at most once (``max_retries=0``), which fail naming why."""
         (log.info if clean else log.warning)("worker %r lost: %s; %d tasks affected", worker.name, why, len(worker.inflight))
         if not clean:
             self.counters["workers_lost"] += 1
             self.recorder.event(self._now, "worker-lost", f"{why}; {len(worker.inflight)} tasks affected", where=worker.name)
         self.recorder.peak_memory.pop(worker.peer, None)
         del self.workers[worker.peer]
+        self.managers.worker_left(worker)
         self.last_sent.pop(worker.peer, None)
         self._out.pop(worker.peer, None)
         for task_id in list(worker.inflight):
@@ -989,7 +1010,7 @@ class Scheduler:
             if task.flags & TaskFlags.ON_LANE:
                 task.transition("result")  # its client sees the lane close, and submits it again here
                 self._forget(task)
-            elif clean:
+            elif clean or (infrastructure and self._retry_free(task)):
                 # It left in an orderly way: the tasks it returns were not run to a crash.
                 if task.state is TaskState.CANCELLING:
                     task.transition("returned")
@@ -1003,6 +1024,10 @@ class Scheduler:
                     self._queue(task, front=True)
             else:
                 self._attempt_failed(task, f"worker {worker.name}: {why}")
+
+    def _retry_free(self, task: TaskRecord) -> bool:
+        max_retries = task.options.max_retries
+        return (self.config.max_retries if max_retries is None else max_retries) > 0
 
     def _attempt_failed(self, task: TaskRecord, line: str, output: bytes = b"") -> None:
         """``output``: what the attempt captured before its process died (capture_output),
@@ -1433,6 +1458,7 @@ class Scheduler:
         for client in self.clients.values():
             for task_id in client.tasks:
                 assert self.tasks[task_id].client == client.peer, f"{client!r} owns stray task {task_id:#x}"
+        self.managers.validate()
 
 
 def _dep_value(dep: TaskRecord) -> m.DepValue:

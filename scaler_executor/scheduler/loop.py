@@ -49,6 +49,7 @@ from scaler_executor.scheduler.core import (
     Wake,
     WorkerExited,
 )
+from scaler_executor.scheduler.managers import AdmitKeys, WithdrawKeys
 
 log = logging.getLogger("scaler_executor.daemon")
 
@@ -306,6 +307,20 @@ class Daemon:
                     self._send(peer, codec.encode([m.ObjectData(list(object_ids), found)], buffers), now)
                 case StoreChunk():
                     pass  # written above, before any send
+                case AdmitKeys(manager, keys):
+                    # A manager's workers' keys (scheduler/managers.py); none on an insecure daemon.
+                    if self.security is not None:
+                        from scaler_executor.security.keys import KeyEntry, now_text
+
+                        for name, public in keys:
+                            self.security.ephemeral[public] = KeyEntry(name, "worker", public, f"ephemeral {now_text()}, manager {manager}")
+                case WithdrawKeys(public_keys):
+                    if self.security is not None:
+                        for public in public_keys:
+                            self.security.ephemeral.pop(public, None)
+                        # A worker that already left is forgotten, not "expelled" as if revoked;
+                        # one still connected with the key is expelled at the next refresh.
+                        self.security.forget(self.core.knows)
                 case _:
                     raise TypeError(f"daemon loop cannot execute unknown command {command!r}")
 

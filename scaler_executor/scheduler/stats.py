@@ -154,6 +154,8 @@ def stats_message(core: Scheduler) -> m.Stats:
     counters["objects"] = len(core.object_holds)
     counters["monitors"] = len(core._monitors)
     counters.update(core.no_worker.statistics())
+    if core.managers.managers or core.managers.workers:
+        counters.update(core.managers.statistics())
     counters.update(core.turns.snapshot())
     from scaler_executor.protocol.messages import TaskFlags
 

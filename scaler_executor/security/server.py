@@ -44,8 +44,7 @@ HANDSHAKE_SECONDS = 5.0  # a peer that has not finished CURVE by then is disconn
 REFUSAL_LOG_SECONDS = 60.0  # one log line per peer (key and address) and kind of refusal
 RELOAD_SECONDS = 1.0  # how often the allow-list file's signature is checked
 
-# What each key's role may send (the role in its Hello must be the key's). The manager role
-# has no messages of its own yet (the worker-manager issue adds them to ACCEPTED_FROM).
+# What each key's role may send (the role in its Hello must be the key's).
 _BASE = frozenset({m.Heartbeat, m.Goodbye})
 ALLOWED: dict[str, frozenset[type]] = {
     role: m.ACCEPTED_FROM.get(role, _BASE) | {m.Hello} for role in ("client", "worker", "manager", "monitor")

@@ -96,6 +96,11 @@ SAMPLES: dict[type, Any] = {
     m.StatsRequest: m.StatsRequest(),
     m.Stats: m.Stats({"tasks": 3, "mean_seconds": 0.25, "state": "ok"}),
     m.TasksWithoutWorker: m.TasksWithoutWorker(12, 10.5, "10 need gpu=1, which no connected worker has"),
+    m.ManagerOffer: m.ManagerOffer("slurm", 8, 1, 4, {"gpu": 1.0}, ["cuda"], 30.0, "partition gpu", ["m-1"]),
+    m.WorkerStates: m.WorkerStates([m.WorkerChange("m-1", "pending", "4711", "", "Resources", "", 0.0, False)]),
+    m.WorkerKeys: m.WorkerKeys([m.WorkerKey("m-1", "x" * 40)]),
+    m.KeysAdmitted: m.KeysAdmitted(["m-1"]),
+    m.ScaleWorkers: m.ScaleWorkers(2, ["m-0"]),
 }
 
 

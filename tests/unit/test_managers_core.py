@@ -1,0 +1,355 @@
+"""Worker managers in the daemon's pure core (scheduler/managers.py), with a fake clock.
+
+Several managers at once: the scaling decisions (ScaleWorkers) go where the tasks' needs
+can run, capacity on its way (requested, pending) is not asked for twice, scale-down drains
+first, and a manager's worker keys live only while it does (plus a bounded grace).
+Every step runs ``validate()`` and round-trips every message through the codec.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cloudpickle
+import pytest
+
+from scaler_executor._compat import python_version
+from scaler_executor._version import __version__
+from scaler_executor.config import ClusterConfig
+from scaler_executor.protocol import messages as m
+from scaler_executor.protocol.codec import decode, encode
+from scaler_executor.protocol.messages import TASK_ID_BITS, Status, TaskFlags
+from scaler_executor.scheduler.capacity import Demand, ManagerView, desired_per_manager
+from scaler_executor.scheduler.core import PeerUnreachable, Received, Scheduler, Send, Tick
+from scaler_executor.scheduler.managers import ORPHAN_SECONDS, AdmitKeys, WithdrawKeys
+
+IDLE = 5.0
+CONFIG = ClusterConfig(heartbeat_interval=1.0, heartbeat_liveness=3, client_timeout=3.0, max_retries=2, scale_down_idle=IDLE)
+T0 = 1000.0
+GPU = m.TaskOptions({"gpu": 1.0}, [], 0, None, None)
+
+
+def hello(role: str, name: str, **changes: Any) -> m.Hello:
+    return m.Hello(
+        role, m.PROTOCOL_VERSION, python_version(), cloudpickle.__version__, __version__, name, 1, "node-1",
+        0, {}, [],
+    )._replace(**changes)  # fmt: skip
+
+
+def offer(max_workers: int = 4, processors: int = 2, resources: dict[str, float] | None = None, **changes: Any) -> m.ManagerOffer:
+    return m.ManagerOffer("local", max_workers, 0, processors, resources or {}, [], 1.0, "host node-2", [])._replace(**changes)
+
+
+def change(name: str, state: str, **changes: Any) -> m.WorkerChange:
+    return m.WorkerChange(name, state, "", "", "", "", 0.0, False)._replace(**changes)
+
+
+class Step:
+    """One step's output: messages by peer, and the other commands."""
+
+    def __init__(self, commands: list[Any]) -> None:
+        self.by_peer: dict[bytes, list[Any]] = {}
+        self.other: list[Any] = []
+        for command in commands:
+            if type(command) is Send:
+                assert decode(encode(command.messages))[0] == command.messages
+                self.by_peer.setdefault(command.peer, []).extend(command.messages)
+            else:
+                self.other.append(command)
+
+    def of(self, peer: bytes, cls: type) -> list[Any]:
+        return [x for x in self.by_peer.get(peer, []) if type(x) is cls]
+
+    def scale(self, peer: bytes) -> tuple[int, list[str]]:
+        found = self.of(peer, m.ScaleWorkers)
+        return sum(s.start for s in found), [n for s in found for n in s.stop]
+
+
+class World:
+    def __init__(self, config: ClusterConfig = CONFIG) -> None:
+        self.core = Scheduler(config)
+        self.now = T0
+        self.client_id = 0
+        self.n = 0
+
+    def step(self, *events: Any) -> Step:
+        out = Step(self.core.handle(*events))
+        self.core.validate()
+        return out
+
+    def send(self, peer: bytes, *messages: Any) -> Step:
+        return self.step(Received(peer, list(messages), self.now))
+
+    def tick(self, dt: float = 0.0) -> Step:
+        self.now += dt
+        return self.step(Tick(self.now))
+
+    def manager(self, peer: bytes, name: str, the_offer: m.ManagerOffer) -> None:
+        out = self.send(peer, hello(m.Role.MANAGER, name), the_offer)
+        assert out.of(peer, m.Welcome), out.by_peer
+
+    def client(self) -> None:
+        out = self.send(b"c", hello(m.Role.CLIENT, "c"))
+        self.client_id = out.of(b"c", m.Welcome)[0].peer_id
+
+    def submit(self, count: int, options_id: int = 0, options: m.TaskOptions | None = None) -> list[int]:
+        ids = []
+        messages: list[Any] = [m.RegisterOptions(options_id, options)] if options is not None else []
+        specs = []
+        for _ in range(count):
+            self.n += 1
+            task_id = self.client_id << TASK_ID_BITS | self.n
+            ids.append(task_id)
+            specs.append(m.TaskSpec(task_id, 0, options_id, TaskFlags.INLINE_FN, b"x", [], [], 0))
+        self.send(b"c", *messages, m.SubmitTasks(specs))
+        return ids
+
+    def worker(self, name: str, processors: int = 2, resources: dict[str, float] | None = None) -> Step:
+        peer = name.encode()
+        return self.send(peer, hello(m.Role.WORKER, name, capacity=processors, resources=resources or {}))
+
+    def alive(self, *peers: bytes) -> None:
+        self.step(*[Received(p, [m.Heartbeat(0, 0)], self.now) for p in peers])
+
+
+def dispatched(out: Step, peer: bytes) -> list[m.TaskDispatch]:
+    return [t for d in out.of(peer, m.DispatchTasks) for t in d.tasks]
+
+
+# ====================================================================== the pure policy
+
+
+def view(processors: int = 2, resources: dict[str, float] | None = None, maximum: int = 4, held: int = 0, startup: float = 1.0) -> ManagerView:
+    return ManagerView(processors, resources or {}, frozenset(), 0, maximum, startup, held)
+
+
+@pytest.mark.parametrize(
+    "demand, managers, expected",
+    [
+        ([], [view()], [0]),
+        ([Demand((), (), 3)], [view()], [2]),  # 3 tasks, 2 processors a worker
+        ([Demand((), (), 100)], [view()], [4]),  # a burst: straight to the maximum
+        ([Demand((), (), 3)], [view(held=4)], [4]),  # the tasks its workers hold keep them
+        # plain work goes to the plain manager first, overflows to the GPU one
+        ([Demand((), (), 4)], [view(resources={"gpu": 1}), view()], [0, 2]),
+        ([Demand((), (), 20)], [view(resources={"gpu": 1}), view()], [4, 4]),
+        # GPU work only where there are GPUs, one task per GPU
+        ([Demand((("gpu", 1.0),), (), 3)], [view(resources={"gpu": 1}), view()], [3, 0]),
+        ([Demand((("gpu", 2.0),), (), 3)], [view(resources={"gpu": 1}), view()], [0, 0]),  # nobody can: ask nothing
+        # the faster start-up first among equals
+        ([Demand((), (), 2)], [view(startup=60.0), view(startup=1.0)], [0, 1]),
+        # both kinds at once: the constrained kind is placed first
+        ([Demand((), (), 8), Demand((("gpu", 1.0),), (), 2)], [view(resources={"gpu": 1}, maximum=3), view(maximum=2)], [3, 2]),
+    ],
+)
+def test_desired_per_manager(demand: list[Demand], managers: list[ManagerView], expected: list[int]) -> None:
+    assert desired_per_manager(demand, managers) == expected
+
+
+def test_minimum_is_kept_when_idle() -> None:
+    assert desired_per_manager([], [ManagerView(2, {}, frozenset(), 1, 4, 1.0, 0)]) == [1]
+
+
+# ====================================================================== handshake and roles
+
+
+def test_a_manager_is_welcomed_and_its_messages_are_its_own() -> None:
+    world = World()
+    world.manager(b"m1", "cpu", offer())
+    assert world.core.statistics()["managers"] == 1
+    world.client()
+    before = world.core.counters["refused"]
+    world.send(b"c", offer(), m.WorkerKeys([m.WorkerKey("c-1", "k")]))
+    assert world.core.counters["refused"] == before + 2, "a client may send no manager message"
+    assert not world.core.managers.workers
+    assert world.core.statistics()["managers"] == 1
+
+
+def test_a_manager_joining_again_under_its_name_replaces_the_old_connection() -> None:
+    world = World()
+    world.manager(b"m1", "cpu", offer())
+    world.send(b"m1", m.WorkerStates([change("cpu-1", "pending")]))
+    world.manager(b"m2", "cpu", offer(adopted=["cpu-1"]))  # restarted before its silence was noticed
+    assert list(world.core.managers.managers) == [b"m2"]
+    assert world.core.managers.workers["cpu-1"].manager == "cpu"
+    out = world.send(b"m1", m.WorkerStates([change("cpu-1", "gone")]))
+    assert out.of(b"m1", m.Refused), "the old connection is no longer a manager"
+    assert "cpu-1" in world.core.managers.workers
+
+
+def test_worker_names_carry_their_managers_prefix() -> None:
+    world = World()
+    world.manager(b"m1", "cpu", offer())
+    world.manager(b"m2", "gpu", offer())
+    world.send(b"m1", m.WorkerStates([change("cpu-1", "requested")]))
+    out = world.send(b"m2", m.WorkerStates([change("cpu-1", "gone")]), m.WorkerKeys([m.WorkerKey("other-1", "k")]))
+    reasons = [r.reason for r in out.of(b"m2", m.Refused)]
+    assert any("does not start with 'gpu-'" in r for r in reasons)
+    assert world.core.managers.workers["cpu-1"].state == "requested", "another manager cannot end it"
+    assert not [c for c in out.other if isinstance(c, AdmitKeys)]
+
+
+# ====================================================================== scaling up
+
+
+def test_a_burst_asks_once_and_pending_workers_count_as_capacity() -> None:
+    world = World()
+    world.manager(b"m1", "cpu", offer(max_workers=4, processors=2))
+    world.client()
+    world.submit(5)  # 5 tasks, no worker: 3 workers of 2
+    assert world.tick().scale(b"m1") == (3, [])
+    assert world.tick(0.5).scale(b"m1") == (0, []), "asked already: not again before the manager answers"
+    # The manager names them and sends their keys: the loop admits them, the manager hears so.
+    out = world.send(b"m1", m.WorkerKeys([m.WorkerKey(f"cpu-{i}", f"key{i}") for i in range(3)]))
+    assert out.of(b"m1", m.KeysAdmitted) == [m.KeysAdmitted(["cpu-0", "cpu-1", "cpu-2"])]
+    assert out.other == [AdmitKeys("cpu", (("cpu-0", "key0"), ("cpu-1", "key1"), ("cpu-2", "key2")))]
+    world.send(b"m1", m.WorkerStates([change(f"cpu-{i}", "pending", job=f"{100 + i}", reason="Resources") for i in range(3)]))
+    stats = world.core.statistics()
+    assert stats["managed_pending"] == 3 and stats["manager_pending"] == "Resources"
+    assert world.tick(1.0).scale(b"m1") == (0, []), "pending workers are capacity on its way"
+    more = world.submit(4)
+    assert world.tick(1.0).scale(b"m1") == (1, []), "only up to the maximum"
+    # A worker joins under its name: it is the manager's, running, and gets tasks.
+    world.send(b"m1", m.WorkerStates([change("cpu-0", "running", host="node-2")]))
+    out = world.worker("cpu-0")
+    assert len(dispatched(out, b"cpu-0")) == 4  # its window: 2 processors + 2 prefetched
+    assert world.core.managers.workers["cpu-0"].peer == b"cpu-0"
+    assert more
+
+
+def test_tasks_go_to_the_manager_whose_workers_can_run_them() -> None:
+    world = World()
+    world.manager(b"mc", "cpu", offer(max_workers=4, processors=4))
+    world.manager(b"mg", "gpu", offer(max_workers=2, processors=4, resources={"gpu": 1.0}))
+    world.client()
+    world.submit(3, options_id=1, options=GPU)  # would be rejected as unsatisfiable without the gpu manager
+    out = world.tick()
+    assert out.scale(b"mg") == (2, []) and out.scale(b"mc") == (0, [])
+    world.submit(6)
+    out = world.tick(0.5)
+    assert out.scale(b"mc") == (2, []) and out.scale(b"mg") == (0, []), "plain tasks do not take GPU nodes"
+
+
+def test_tasks_no_manager_can_run_are_still_unsatisfiable() -> None:
+    world = World(CONFIG.replace(unsatisfiable_timeout=1.0))
+    world.manager(b"mc", "cpu", offer())
+    world.client()
+    (task,) = world.submit(1, options_id=1, options=GPU)
+    results = []
+    for _ in range(3):
+        world.alive(b"mc", b"c")
+        results += [r for x in world.tick(1.0).of(b"c", m.TaskResults) for r in x.results]
+    assert [(r.task_id, r.status) for r in results] == [(task, Status.REJECTED)]
+
+
+# ====================================================================== scaling down
+
+
+def test_idle_workers_are_drained_then_stopped_and_busy_ones_kept() -> None:
+    world = World()
+    world.manager(b"m1", "cpu", offer(max_workers=2, processors=1))
+    world.client()
+    tasks = world.submit(2)
+    assert world.tick().scale(b"m1") == (2, [])
+    world.send(b"m1", m.WorkerStates([change("cpu-1", "requested"), change("cpu-2", "requested")]))
+    held = {b"cpu-1": dispatched(world.worker("cpu-1", processors=1), b"cpu-1")}
+    held[b"cpu-2"] = dispatched(world.worker("cpu-2", processors=1), b"cpu-2")
+    assert {t.task_id for ts in held.values() for t in ts} == set(tasks)
+    busy = b"cpu-1" if held[b"cpu-1"] else b"cpu-2"  # the window (2 a processor) may give one both
+    idle = ({b"cpu-1", b"cpu-2"} - {busy}).pop()
+    first = held[busy][0]
+    world.send(busy, m.TaskResults([m.TaskResult(first.task_id, 0, Status.OK, b"v", m.NO_FACTS, [])]))
+    for task in held[idle]:
+        world.send(idle, m.TaskResults([m.TaskResult(task.task_id, 0, Status.OK, b"v", m.NO_FACTS, [])]))
+    assert world.core.workers[busy].inflight and not world.core.workers[idle].inflight
+    for _ in range(8):  # long past the idle time; the busy one still runs its task
+        world.now += 1.0
+        world.alive(b"m1", b"cpu-1", b"cpu-2", b"c")
+        out = world.tick()
+        if out.scale(b"m1")[1]:
+            break
+    assert out.scale(b"m1") == (0, [idle.decode()])
+    assert world.core.workers[idle].draining and not world.core.workers[busy].draining
+    # A new task does not land on the draining worker.
+    (late,) = world.submit(1)
+    assert late in world.core.tasks and not world.core.workers[idle].inflight
+    # It ends; the manager says so; the daemon forgets it.
+    world.send(idle, m.Goodbye("stopping"))
+    world.send(b"m1", m.WorkerStates([change(idle.decode(), "gone", reason="exited with code 0")]))
+    assert idle.decode() not in world.core.managers.workers
+    assert world.core.counters["failed"] == 0
+
+
+def test_pending_workers_are_cancelled_first() -> None:
+    world = World()
+    world.manager(b"m1", "cpu", offer(max_workers=3, processors=1))
+    world.client()
+    tasks = world.submit(3)
+    assert world.tick().scale(b"m1") == (3, [])
+    world.send(b"m1", m.WorkerStates([change(f"cpu-{i}", "pending", reason="Priority") for i in range(3)]))
+    world.send(b"c", m.CancelTasks(tasks, False))
+    assert world.tick().scale(b"m1") == (0, []), "a surplus waits scale_down_idle"
+    stopped: list[str] = []
+    for _ in range(int(IDLE) + 1):
+        world.now += 1.0
+        world.alive(b"m1", b"c")
+        stopped += world.tick().scale(b"m1")[1]
+    assert sorted(stopped) == ["cpu-0", "cpu-1", "cpu-2"]
+
+
+# ====================================================================== losses
+
+
+def test_infrastructure_loss_retries_for_free_but_not_at_most_once_tasks() -> None:
+    world = World()
+    world.manager(b"m1", "cpu", offer(max_workers=1, processors=2))
+    world.client()
+    free = world.submit(1)
+    once = world.submit(1, options_id=1, options=m.TaskOptions({}, [], 0, None, 0))
+    world.tick()
+    world.send(b"m1", m.WorkerStates([change("cpu-1", "running", job="4711", host="node-3")]))
+    assert len(dispatched(world.worker("cpu-1"), b"cpu-1")) == 2
+    out = world.send(
+        b"m1", m.WorkerStates([change("cpu-1", "gone", reason="PREEMPTED", log_tail="slurmstepd: cancelled", infrastructure=True)])
+    )
+    results = [r for x in out.of(b"c", m.TaskResults) for r in x.results]
+    assert [(r.task_id, r.status) for r in results] == [(once[0], Status.WORKER_LOST)]
+    assert b"job 4711 on node-3: PREEMPTED" in results[0].payload
+    assert world.core.tasks[free[0]].failures is None, "the preempted task's retry is not charged to it"
+
+
+def test_a_lost_managers_keys_last_a_bounded_time_and_a_restart_adopts() -> None:
+    world = World()
+    world.manager(b"m1", "cpu", offer(max_workers=2))
+    world.send(b"m1", m.WorkerKeys([m.WorkerKey("cpu-1", "k1"), m.WorkerKey("cpu-2", "k2")]))
+    world.send(b"m1", m.WorkerStates([change("cpu-1", "running"), change("cpu-2", "pending")]))
+    world.worker("cpu-1")
+    world.step(PeerUnreachable(b"m1", world.now))
+    assert world.core.statistics()["managers"] == 0
+    # It comes back in time and adopts cpu-1 only: cpu-2's key goes.
+    out = world.send(b"m9", hello(m.Role.MANAGER, "cpu"), offer(max_workers=2, adopted=["cpu-1"]))
+    assert out.other == [WithdrawKeys(("k2",))]
+    assert set(world.core.managers.workers) == {"cpu-1"}
+    # Lost again: its worker that leaves meanwhile is forgotten, and its key withdrawn, at once.
+    world.step(PeerUnreachable(b"m9", world.now))
+    out = world.send(b"cpu-1", m.Goodbye("stopping"))
+    assert out.other == [WithdrawKeys(("k1",))]
+
+
+def test_a_lost_managers_keys_are_withdrawn_after_a_bounded_time() -> None:
+    world = World()
+    world.manager(b"m1", "gpu", offer(max_workers=2))
+    world.send(b"m1", m.WorkerKeys([m.WorkerKey("gpu-1", "k1")]), m.WorkerStates([change("gpu-1", "pending")]))
+    world.step(PeerUnreachable(b"m1", world.now))
+    assert not [c for c in world.tick(ORPHAN_SECONDS - 1).other if isinstance(c, WithdrawKeys)]
+    assert world.tick(1.0).other == [WithdrawKeys(("k1",))]
+    assert not world.core.managers.workers
+
+
+def test_a_manager_gets_at_most_twice_its_maximum_in_keys() -> None:
+    world = World()
+    world.manager(b"m1", "cpu", offer(max_workers=1))
+    out = world.send(b"m1", m.WorkerKeys([m.WorkerKey(f"cpu-{i}", f"k{i}") for i in range(3)]))
+    assert out.of(b"m1", m.KeysAdmitted) == [m.KeysAdmitted(["cpu-0", "cpu-1"])]
+    assert "more than 2 worker keys" in out.of(b"m1", m.Refused)[0].reason
+    assert set(world.core.managers.workers) == {"cpu-0", "cpu-1"}, "a refused key leaves no record"
