@@ -49,6 +49,7 @@ Rules every adapter keeps:
 
 from __future__ import annotations
 
+import argparse
 import enum
 import sys
 from dataclasses import dataclass, field
@@ -152,6 +153,33 @@ class CapacityAdapter(Protocol):
     def shutdown(self) -> None:
         """Stop every worker it started and wait (bounded) until they are gone: the manager
         is stopping. Must leave nothing behind (no job in the queue, no process)."""
+
+
+class AdapterModule(Protocol):
+    """How ``scaler-worker-manager --adapter NAME`` finds an adapter: the module
+    ``scaler_executor.manager.NAME`` (``local``: ``manager/local_adapter.py``, registered in
+    ``ADAPTERS``) has these two functions."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Add this adapter's own options (``--partition``, ...) to the manager's parser;
+        prefix them with the adapter's name where they could clash (``--slurm-account``)."""
+
+    def from_args(self, args: argparse.Namespace, setup: AdapterSetup) -> CapacityAdapter:
+        """Build the adapter from the parsed options; raise ``AdapterError`` naming the bad
+        option and its fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterSetup:
+    """What the manager gives every adapter it builds."""
+
+    prefix: str  # every worker name starts with it (``<manager name>-``); find your own by it
+    max_workers: int
+    template: WorkerTemplate  # the processors, resources and tags of each worker
+
+
+# --adapter NAME -> the module implementing AdapterModule.
+ADAPTERS = {"local": "scaler_executor.manager.local_adapter", "slurm": "scaler_executor.manager.slurm"}
 
 
 class AdapterError(Exception):
