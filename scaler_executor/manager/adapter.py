@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from scaler_executor.security.keys import Credential
 
 
-class WorkerState(str, enum.Enum):
+class WorkerState(enum.StrEnum):
     """Where a worker is in its life. The values travel on the wire (``WorkerStates``)."""
 
     REQUESTED = "requested"  # asked of the infrastructure (sbatch/Popen called), no answer yet
