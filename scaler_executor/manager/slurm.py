@@ -382,7 +382,6 @@ class SlurmAdapter:
             self._work.put(lambda: self._cancel([job.job_id]))
         else:
             self.reports.append(self._report(job))
-        self._last_query = -float("inf")  # look at it on the next poll
 
     def _apply_queue(self, queued: dict[str, tuple[str, str, str, str, str]]) -> None:
         by_id = {
