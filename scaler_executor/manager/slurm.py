@@ -68,7 +68,11 @@ DEFAULT_STARTUP_SECONDS = 10.0  # sbatch -> worker connected on an idle cluster,
 SBATCH_TIMEOUT = 60.0  # a loaded slurmctld answers late; later than this is a failed submission
 QUERY_TIMEOUT = 30.0
 LOG_TAIL_LINES = 20
-SHUTDOWN_WAIT = 30.0  # shutdown waits this long for its cancelled jobs to leave the queue
+SHUTDOWN_WAIT = 30.0
+# With a time limit, Slurm sends the worker SIGTERM this long before it (--signal=B:TERM@N):
+# the worker stops taking tasks and hands back the ones it holds, which run elsewhere.
+DEFAULT_DRAIN_SECONDS = 120
+SIGNAL_RESOLUTION = 60.0  # Slurm may send that signal up to a minute earlier than asked  # shutdown waits this long for its cancelled jobs to leave the queue
 
 # squeue's states that mean a job still waits for its allocation / holds it.
 _WAITING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
@@ -119,6 +123,7 @@ class SlurmOptions:
     gres: str = ""  # --gres: "gpu:1"
     directives: tuple[str, ...] = ()  # more #SBATCH lines, e.g. "--constraint=skylake"
     python_env: str = ""  # a virtualenv or conda prefix to activate in the job ("" : this Python)
+    drain_seconds: int = DEFAULT_DRAIN_SECONDS  # with time_limit: SIGTERM this long before it
     poll_interval: float = DEFAULT_POLL_INTERVAL
     startup_seconds: float = DEFAULT_STARTUP_SECONDS
     # The environment sbatch runs in, which the job inherits (sbatch's default --export=ALL);
@@ -435,6 +440,15 @@ class SlurmAdapter:
         if fault and fault not in ("None", "(null)"):
             how += f" ({fault})"
         infrastructure = state in _INFRASTRUCTURE and not job.cancelled
+        drain = self.options.drain_seconds + SIGNAL_RESOLUTION
+        if (
+            self.options.time_limit
+            and state == "COMPLETED"
+            and job.ends_at
+            and time.time() >= job.ends_at - drain
+        ):
+            how += ", drained ahead of its time limit"
+            infrastructure = True
         if job.cancelled:
             how += " after this manager's scancel"
         tail = ""
@@ -509,6 +523,9 @@ def job_script(setup: AdapterSetup, options: SlurmOptions, launch: WorkerLaunch)
                         ("time", o.time_limit), ("mem", o.memory), ("gres", o.gres)):  # fmt: skip
         if value:
             lines.append(f"#SBATCH --{flag}={value}")
+    if o.time_limit and o.drain_seconds > 0:
+        # "B:": to the batch shell only, which is the worker (exec below), not its processors.
+        lines.append(f"#SBATCH --signal=B:TERM@{o.drain_seconds}")
     lines += [f"#SBATCH {d}" for d in o.directives]
     lines += ["set -e", f'echo "scaler: job $SLURM_JOB_ID, worker {launch.name}, on $(hostname)"']
     if o.python_env:
@@ -658,6 +675,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"how long sbatch to a joined worker takes, told to the daemon (default {DEFAULT_STARTUP_SECONDS:g})",
     )
     group.add_argument(
+        "--slurm-drain-seconds",
+        type=int,
+        default=DEFAULT_DRAIN_SECONDS,
+        metavar="SECONDS",
+        help="with --slurm-time: a worker stops taking tasks and hands back its own this long "
+        f"before its job's time limit (default {DEFAULT_DRAIN_SECONDS}; Slurm may signal up to a minute earlier)",
+    )
+    group.add_argument(
         "--print-job-script",
         action="store_true",
         help="print the job script of one worker and exit",
@@ -676,6 +701,14 @@ def options_from_args(args: argparse.Namespace) -> SlurmOptions:
     if args.slurm_startup_seconds < 0:
         raise AdapterError(
             f"--slurm-startup-seconds {args.slurm_startup_seconds:g} is negative; give seconds >= 0"
+        )
+    if args.slurm_drain_seconds < 0:
+        raise AdapterError(
+            f"--slurm-drain-seconds {args.slurm_drain_seconds} is negative; give seconds >= 0"
+        )
+    if args.slurm_drain_seconds != DEFAULT_DRAIN_SECONDS and not args.slurm_time:
+        raise AdapterError(
+            "--slurm-drain-seconds needs --slurm-time: without a time limit there is nothing to drain before"
         )
     for directive in args.slurm_directive:
         if not directive.startswith("-"):
@@ -697,6 +730,7 @@ def options_from_args(args: argparse.Namespace) -> SlurmOptions:
         gres=args.slurm_gres,
         directives=tuple(args.slurm_directive),
         python_env=args.slurm_python_env,
+        drain_seconds=args.slurm_drain_seconds,
         poll_interval=args.slurm_poll_interval,
         startup_seconds=args.slurm_startup_seconds,
     )

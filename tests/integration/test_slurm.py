@@ -361,3 +361,26 @@ def test_a_worker_that_dies_at_start_is_reported_with_state_exit_code_and_log_ta
     gone = adapters.wait_for(adapter, name, WorkerState.GONE)
     assert "FAILED" in gone.reason and "exit code" in gone.reason and not gone.infrastructure, gone
     assert "no conda to activate" in gone.log_tail and "not-an-env" in gone.log_tail, gone.log_tail
+
+
+def test_a_job_near_its_time_limit_drains_and_loses_no_task(
+    daemon: Daemon, adapters: Adapters, tmp_path: Path
+) -> None:
+    # Slurm's shortest limit is a minute; SIGTERM 50 s before it reaches the worker ~10 s in
+    # (or sooner: Slurm may signal up to a minute early).
+    short = adapters.make("walltime", time_limit="1", drain_seconds=50)
+    steady = adapters.make("steady")
+    name = f"{short.setup.prefix}0"
+    short.request(daemon.launches([name]))
+    running = adapters.wait_for(short, name, WorkerState.RUNNING)
+    assert running.ends_at > time.time()  # the manager learns when the job will end
+    marker = str(tmp_path / "ran")
+    with daemon.client() as ex:
+        future = ex.submit(hold_then_report, marker)
+        steady.request(daemon.launches([f"{steady.setup.prefix}0"]))
+        replacement = adapters.wait_for(steady, f"{steady.setup.prefix}0", WorkerState.RUNNING).job
+        gone = adapters.wait_for(short, name, WorkerState.GONE)
+        Path(marker + ".go").touch()
+        assert future.result(timeout=WAIT) == replacement
+    assert "COMPLETED" in gone.reason and "drained ahead of its time limit" in gone.reason, gone
+    assert gone.infrastructure

@@ -257,6 +257,11 @@ def parsed(*argv: str) -> argparse.Namespace:
             "is not an sbatch option; write it as --option=value",
         ),
         (("--slurm-python-env", "/no/such/env"), "is not a directory"),
+        (("--slurm-drain-seconds", "30"), "--slurm-drain-seconds needs --slurm-time"),
+        (
+            ("--slurm-time", "10", "--slurm-drain-seconds", "-1"),
+            "--slurm-drain-seconds -1 is negative",
+        ),
     ],
 )
 def test_bad_options_are_named_with_their_fix(
@@ -285,3 +290,13 @@ def test_print_job_script_shows_the_script_and_exits(
         and "--name c1-m1-0" in out
         and "--credentials-stdin" in out
     )
+
+
+def test_a_time_limit_signals_the_worker_alone_ahead_of_it(tmp_path: Path) -> None:
+    setup = AdapterSetup("p-", 1, WorkerTemplate(processors=1))
+    limited = slurm.job_script(
+        setup, SlurmOptions(log_dir=str(tmp_path), time_limit="30", drain_seconds=90), launch("p-0")
+    )
+    assert "#SBATCH --signal=B:TERM@90" in limited.splitlines()
+    unlimited = slurm.job_script(setup, SlurmOptions(log_dir=str(tmp_path)), launch("p-0"))
+    assert "--signal" not in unlimited and "--time" not in unlimited
