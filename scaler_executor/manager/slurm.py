@@ -740,7 +740,13 @@ def from_args(args: argparse.Namespace, setup: AdapterSetup) -> CapacityAdapter:
     options = options_from_args(args)
     if args.print_job_script:
         print(
-            print_job_script(setup, options, getattr(args, "address", "") or "tcp://DAEMON:PORT"),
+            # scaler-worker-manager's ADDRESS is args.daemon; --insecure: no key to hand over.
+            print_job_script(
+                setup,
+                options,
+                getattr(args, "daemon", "") or "tcp://DAEMON:PORT",
+                secure=not getattr(args, "insecure", False),
+            ),
             end="",
         )
         raise SystemExit(0)

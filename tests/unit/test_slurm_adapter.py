@@ -300,3 +300,15 @@ def test_a_time_limit_signals_the_worker_alone_ahead_of_it(tmp_path: Path) -> No
     assert "#SBATCH --signal=B:TERM@90" in limited.splitlines()
     unlimited = slurm.job_script(setup, SlurmOptions(log_dir=str(tmp_path)), launch("p-0"))
     assert "--signal" not in unlimited and "--time" not in unlimited
+
+
+def test_print_job_script_names_the_managers_daemon_and_an_insecure_worker(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    setup = AdapterSetup("c1-m1-", 1, WorkerTemplate(processors=1))
+    args = parsed("--print-job-script", "--slurm-log-dir", str(tmp_path))
+    args.daemon, args.insecure = "tcp://head:8786", True  # as scaler-worker-manager parses them
+    with pytest.raises(SystemExit):
+        slurm.from_args(args, setup)
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert "scaler_executor.cli.worker tcp://head:8786" in last and last.endswith("--insecure")
