@@ -1,0 +1,314 @@
+"""The Slurm adapter's own logic, through its runner seam (a scripted Slurm): the job
+script, one throttled squeue for all jobs, pending reasons, final states, the options.
+
+The adapter on a real Slurm is tests/integration/test_slurm.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from scaler_testing import wait_until
+
+from scaler_executor.manager import slurm
+from scaler_executor.manager.adapter import (
+    AdapterError,
+    AdapterSetup,
+    WorkerLaunch,
+    WorkerReport,
+    WorkerState,
+    WorkerTemplate,
+)
+from scaler_executor.manager.slurm import SlurmAdapter, SlurmOptions
+from scaler_executor.security.keys import Credential
+
+SEP = "\x1f"
+
+
+class FakeSlurm:
+    """Answers sbatch/squeue/scontrol/scancel as a one-node Slurm would, and records calls."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: list[list[str]] = []
+        self.scripts: list[str] = []
+        self.queue: dict[str, tuple[str, str, str]] = {}  # id -> name, state, reason
+        self.final: dict[str, str] = {}  # id -> scontrol text
+        self.refuse = ""
+        self.next_id = 100
+
+    def __call__(
+        self, argv: Sequence[str], stdin: str | None, timeout: float, env: dict[str, str] | None
+    ) -> tuple[int, str, str]:
+        with self.lock:
+            self.calls.append(list(argv))
+            if argv[0] == "sbatch":
+                if self.refuse:
+                    return 1, "", self.refuse
+                assert stdin is not None
+                self.scripts.append(stdin)
+                job_id = str(self.next_id)
+                self.next_id += 1
+                name = next(
+                    line.split("=", 1)[1]
+                    for line in stdin.splitlines()
+                    if line.startswith("#SBATCH --job-name=")
+                )
+                self.queue[job_id] = (name, "PENDING", "None")
+                return 0, job_id + "\n", ""
+            if argv[0] == "squeue":
+                lines = [
+                    SEP.join([i, n, s, r, "node1" if s == "RUNNING" else "", "N/A"])
+                    for i, (n, s, r) in self.queue.items()
+                ]
+                return 0, "\n".join(lines) + "\n", ""
+            if argv[0] == "scontrol":
+                return 0, self.final.get(argv[-1], ""), ""
+            if argv[0] == "scancel":
+                for job_id in argv[1:]:
+                    if self.queue.pop(job_id, None) is not None:
+                        self.final[job_id] = (
+                            f"JobId={job_id} JobState=CANCELLED Reason=None ExitCode=0:15"
+                        )
+                return 0, "", ""
+            raise AssertionError(argv)
+
+    def count(self, command: str) -> int:
+        with self.lock:
+            return sum(1 for c in self.calls if c[0] == command)
+
+
+def adapter_with(
+    tmp_path: Path, fake: FakeSlurm, max_workers: int = 8, **options: object
+) -> SlurmAdapter:
+    setup = AdapterSetup(
+        "c1-m1-",
+        max_workers,
+        WorkerTemplate(processors=2, resources={"gpu": 1}, tags=frozenset({"big"})),
+    )
+    return SlurmAdapter(
+        setup,
+        SlurmOptions(log_dir=str(tmp_path), **{"poll_interval": 1000.0, **options}),
+        runner=fake,
+    )  # type: ignore[arg-type]
+
+
+def launch(name: str, secure: bool = False) -> WorkerLaunch:
+    credential = Credential(name, "worker", "PUB", "SEC", "DPUB") if secure else None
+    return WorkerLaunch(name, "tcp://d:1", credential)
+
+
+def poll_until(adapter: SlurmAdapter, predicate: object, seen: list[WorkerReport]) -> None:
+    def done() -> bool:
+        seen.extend(adapter.poll())
+        return bool(predicate(seen))  # type: ignore[operator]
+
+    assert wait_until(done, timeout=10), seen
+
+
+def test_the_job_script_runs_the_worker_in_the_foreground_with_every_option(tmp_path: Path) -> None:
+    options = SlurmOptions(
+        log_dir=str(tmp_path), partition="gpu", account="proj7", qos="high", time_limit="2:00:00",
+        memory="4G", gres="gpu:1", directives=("--constraint=skylake",),
+    )  # fmt: skip
+    setup = AdapterSetup(
+        "c1-m1-", 4, WorkerTemplate(processors=2, resources={"gpu": 1}, tags=frozenset({"big"}))
+    )
+    script = slurm.job_script(setup, options, launch("c1-m1-0", secure=True))
+    lines = script.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    for expected in ("--job-name=c1-m1-0", "--partition=gpu", "--account=proj7", "--qos=high", "--time=2:00:00",
+                     "--mem=4G", "--gres=gpu:1", "--cpus-per-task=2", "--constraint=skylake"):  # fmt: skip
+        assert f"#SBATCH {expected}" in lines, expected
+    key = str(tmp_path / ".c1-m1-0.key")
+    assert lines[-3:-1] == [f"exec < {key}", f"rm -f {key}"]  # the key becomes stdin, the file goes
+    last = lines[-1]
+    assert (
+        last.startswith("exec ") and "scaler_executor.cli.worker tcp://d:1 --name c1-m1-0" in last
+    )
+    assert "--credentials-stdin" in last and "SEC" not in script  # the key is never in the script
+
+
+def test_a_python_env_is_activated_in_the_job(tmp_path: Path) -> None:
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "activate").touch()
+    setup = AdapterSetup("p-", 1, WorkerTemplate(processors=1))
+    script = slurm.job_script(
+        setup, SlurmOptions(log_dir=str(tmp_path), python_env=str(tmp_path / "venv")), launch("p-0")
+    )
+    assert f"source {tmp_path / 'venv'}/bin/activate" in script
+    assert script.splitlines()[-1].startswith("exec python -m scaler_executor.cli.worker")
+
+
+def test_one_squeue_per_interval_serves_every_job(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    adapter = adapter_with(tmp_path, fake)
+    try:
+        adapter.request([launch(f"c1-m1-{i}") for i in range(8)])
+        seen: list[WorkerReport] = []
+        poll_until(adapter, lambda s: sum(r.state is WorkerState.PENDING for r in s) == 8, seen)
+        before = fake.count("squeue")
+        for _ in range(200):  # many polls inside one interval: no further squeue
+            adapter.poll()
+        assert fake.count("squeue") == before
+        assert fake.count("scontrol") == 0 and fake.count("sacct") == 0
+    finally:
+        adapter.shutdown()
+
+
+def test_pending_jobs_count_as_capacity_and_keep_their_reason(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    adapter = adapter_with(tmp_path, fake, max_workers=2, poll_interval=0.01)
+    try:
+        adapter.request([launch("c1-m1-0"), launch("c1-m1-1")])
+        seen: list[WorkerReport] = []
+        poll_until(adapter, lambda s: sum(r.state is WorkerState.PENDING for r in s) == 2, seen)
+        with fake.lock:
+            fake.queue = {i: (n, "PENDING", "Resources") for i, (n, _, _) in fake.queue.items()}
+        poll_until(adapter, lambda s: sum(r.reason == "Resources" for r in s) == 2, seen)
+        with pytest.raises(AdapterError, match="max_workers is 2"):
+            adapter.request([launch("c1-m1-2")])
+        assert fake.count("sbatch") == 2
+    finally:
+        adapter.shutdown()
+
+
+def test_a_job_that_left_the_queue_is_looked_up_once_and_reported_with_its_fate(
+    tmp_path: Path,
+) -> None:
+    fake = FakeSlurm()
+    (tmp_path / "c1-m1-0-100.log").write_text("starting\nTraceback: boom\n")
+    adapter = adapter_with(tmp_path, fake, poll_interval=0.01)
+    try:
+        adapter.request([launch("c1-m1-0")])
+        seen: list[WorkerReport] = []
+        poll_until(adapter, lambda s: any(r.state is WorkerState.PENDING for r in s), seen)
+        with fake.lock:
+            del fake.queue["100"]
+            fake.final["100"] = (
+                f"JobId=100 JobState=FAILED Reason=NonZeroExitCode ExitCode=1:0 StdOut={tmp_path}/c1-m1-0-100.log"
+            )
+        poll_until(adapter, lambda s: any(r.state is WorkerState.GONE for r in s), seen)
+        gone = seen[-1]
+        assert gone.reason == "Slurm job 100 FAILED, exit code 1:0 (NonZeroExitCode)"
+        assert gone.log_tail.endswith("Traceback: boom") and not gone.infrastructure
+        for _ in range(20):
+            adapter.poll()
+        assert fake.count("scontrol") == 1
+    finally:
+        adapter.shutdown()
+
+
+def test_stop_cancels_only_the_named_jobs_and_shutdown_the_rest(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    adapter = adapter_with(tmp_path, fake, poll_interval=0.01)
+    adapter.request([launch("c1-m1-0"), launch("c1-m1-1", secure=True)])
+    seen: list[WorkerReport] = []
+    poll_until(adapter, lambda s: sum(r.state is WorkerState.PENDING for r in s) == 2, seen)
+    adapter.stop(["c1-m1-0", "not-mine"])
+    poll_until(adapter, lambda s: any(r.state is WorkerState.GONE for r in s), seen)
+    assert [c for c in fake.calls if c[0] == "scancel"] == [["scancel", "100"]]
+    gone = [r for r in seen if r.state is WorkerState.GONE]
+    assert gone[0].name == "c1-m1-0" and "scancel" in gone[0].reason and not gone[0].infrastructure
+    assert (tmp_path / ".c1-m1-1.key").exists()
+    adapter.shutdown()
+    assert ["scancel", "101"] in fake.calls and fake.queue == {}
+    assert not (tmp_path / ".c1-m1-1.key").exists()
+
+
+def test_a_refused_sbatch_is_one_clear_line_with_the_fix(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    fake.refuse = "sbatch: error: invalid partition specified: nope\nsbatch: error: Batch job submission failed: Invalid partition name specified\n"
+    adapter = adapter_with(tmp_path, fake, partition="nope")
+    try:
+        adapter.request([launch("c1-m1-0", secure=True)])
+        seen: list[WorkerReport] = []
+        poll_until(adapter, lambda s: any(r.state is WorkerState.GONE for r in s), seen)
+        reason = seen[-1].reason
+        assert reason.startswith(
+            "sbatch refused the job: sbatch: error: invalid partition specified: nope"
+        )
+        assert (
+            reason.endswith("check --slurm-partition (sinfo lists the partitions)")
+            and "\n" not in reason
+        )
+        assert not (tmp_path / ".c1-m1-0.key").exists()
+    finally:
+        adapter.shutdown()
+
+
+def parsed(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    slurm.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--slurm-cpus", "-1"), "--slurm-cpus -1 is negative"),
+        (("--slurm-poll-interval", "0"), "--slurm-poll-interval 0 must be > 0"),
+        (
+            ("--slurm-directive", "constraint=x"),
+            "is not an sbatch option; write it as --option=value",
+        ),
+        (("--slurm-python-env", "/no/such/env"), "is not a directory"),
+        (("--slurm-drain-seconds", "30"), "--slurm-drain-seconds needs --slurm-time"),
+        (
+            ("--slurm-time", "10", "--slurm-drain-seconds", "-1"),
+            "--slurm-drain-seconds -1 is negative",
+        ),
+    ],
+)
+def test_bad_options_are_named_with_their_fix(
+    argv: tuple[str, ...], message: str, tmp_path: Path
+) -> None:
+    setup = AdapterSetup("p-", 1, WorkerTemplate(processors=1))
+    with pytest.raises(AdapterError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        slurm.from_args(parsed(*argv, "--slurm-log-dir", str(tmp_path)), setup)
+
+
+def test_print_job_script_shows_the_script_and_exits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    setup = AdapterSetup("c1-m1-", 1, WorkerTemplate(processors=1))
+    with pytest.raises(SystemExit) as exit_:
+        slurm.from_args(
+            parsed(
+                "--print-job-script", "--slurm-partition", "gpu", "--slurm-log-dir", str(tmp_path)
+            ),
+            setup,
+        )
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert (
+        "#SBATCH --partition=gpu" in out
+        and "--name c1-m1-0" in out
+        and "--credentials-stdin" in out
+    )
+
+
+def test_a_time_limit_signals_the_worker_alone_ahead_of_it(tmp_path: Path) -> None:
+    setup = AdapterSetup("p-", 1, WorkerTemplate(processors=1))
+    limited = slurm.job_script(
+        setup, SlurmOptions(log_dir=str(tmp_path), time_limit="30", drain_seconds=90), launch("p-0")
+    )
+    assert "#SBATCH --signal=B:TERM@90" in limited.splitlines()
+    unlimited = slurm.job_script(setup, SlurmOptions(log_dir=str(tmp_path)), launch("p-0"))
+    assert "--signal" not in unlimited and "--time" not in unlimited
+
+
+def test_print_job_script_names_the_managers_daemon_and_an_insecure_worker(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    setup = AdapterSetup("c1-m1-", 1, WorkerTemplate(processors=1))
+    args = parsed("--print-job-script", "--slurm-log-dir", str(tmp_path))
+    args.daemon, args.insecure = "tcp://head:8786", True  # as scaler-worker-manager parses them
+    with pytest.raises(SystemExit):
+        slurm.from_args(args, setup)
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert "scaler_executor.cli.worker tcp://head:8786" in last and last.endswith("--insecure")
