@@ -111,7 +111,7 @@ def op_noop(count: int, trips: int) -> dict[str, Any]:
 
 
 def op_stats() -> dict[str, Any]:
-    return {"stats": _ex().statistics()}
+    return {"stats": dict(_ex().statistics())}  # the Mapping of counters (JSON has no dataclasses)
 
 
 def op_close() -> dict[str, Any]:

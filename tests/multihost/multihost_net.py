@@ -15,7 +15,7 @@ host's link (``Hosts.cut``) sets its switch port down: the host keeps its addres
 and its TCP connections see silence, as with a pulled cable.
 
 Every process a test starts on a host runs through ``ip netns exec`` and ``unshare --mount
---uts`` (its own host name) with fresh tmpfs mounts on ``/dev/shm`` and ``/tmp``: no host can map another's object
+--uts`` (its own host name) with fresh tmpfs mounts on ``/dev/shm`` and its ``TMPDIR``: no host can map another's object
 store, so object bytes between hosts can only cross the network.
 
 Names carry the run's prefix (``scx-<pid>-<n>``); ``Hosts.close`` kills every process in
@@ -226,11 +226,17 @@ class Hosts:
     # ------------------------------------------------------------------ processes
 
     def spawn(self, role: str, argv: list[str], env: dict[str, str] | None = None, stdin: bool = False) -> Party:
-        """Run ``argv`` on ``role``'s host with a private /dev/shm and /tmp.
+        """Run ``argv`` on ``role``'s host with a private /dev/shm and temp directory.
 
-        stdout and stderr go to a log file (``Party.log``), unless ``stdin`` asks for a
-        line-protocol party (``Driver``): then stdout is a pipe and stderr the log.
+        The temp directory is a fresh tmpfs at a path of its own, named by ``TMPDIR`` (every
+        socket directory and store fallback of the package goes through ``tempfile``), not a
+        tmpfs over ``/tmp``: the checkout and its venv may live under ``/tmp`` (a CI clone),
+        and a party must still see them.  stdout and stderr go to a log file
+        (``Party.log``), unless ``stdin`` asks for a line-protocol party (``Driver``): then
+        stdout is a pipe and stderr the log.
         """
+        private_tmp = os.path.join(self.logdir, f"tmp-{role}-{len(self.parties)}")
+        os.makedirs(private_tmp, exist_ok=True)
         wrapped = [
             "ip", "netns", "exec", self.names[role],
             "unshare", "--mount", "--uts", "--propagation", "private", "--",
@@ -238,7 +244,8 @@ class Hosts:
             (
                 f"hostname {self.run}-{role}"
                 f" && mount -t tmpfs -o size={SHM_SIZE},mode=1777 tmpfs /dev/shm"
-                ' && mount -t tmpfs -o size=64m,mode=1777 tmpfs /tmp && exec "$@"'
+                f" && mount -t tmpfs -o size=64m,mode=1777 tmpfs {private_tmp}"
+                f' && export TMPDIR={private_tmp} && exec "$@"'
             ),
             "sh", *argv,
         ]
@@ -346,8 +353,8 @@ def poll(condition: Callable[[], Any], timeout: float, what: str, interval: floa
 
 # Security: every cluster has keys by default (``Cluster(secure=True)``). ``Security`` makes the
 # cluster's directory with ``scaler-keys init`` and one credential per party with ``scaler-keys
-# issue``, outside the parties' private /tmp (each host mounts its own tmpfs there, so a file in
-# the test process's /tmp is not visible to them): under KEYS_ROOT. ``secure=False`` runs the
+# issue``, outside the parties' private TMPDIR (each host mounts its own tmpfs there, so a file
+# in the test process's temp directory is not visible to them): under KEYS_ROOT. ``secure=False`` runs the
 # same cluster with ``--insecure`` (bench/multihost.py compares the two).
 INSECURE_FLAGS: list[str] = ["--insecure"]
 INSECURE_CLIENT: dict[str, Any] = {"insecure": True}

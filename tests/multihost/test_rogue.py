@@ -7,7 +7,7 @@ code it sends runs nowhere, and the cluster serves on.
 
 The rogue's own processes are ``multihost_rogue.py`` (its modes) or a driven client
 (``multihost_client.py``) on the rogue host. A "marker" file under the cluster's key
-directory (``/var/tmp``, which every host shares, unlike its private /tmp) is what code sent
+directory (``/var/tmp``, which every host shares, unlike its private TMPDIR) is what code sent
 by the rogue would create if it ran anywhere.
 """
 
