@@ -5,6 +5,7 @@ on ``q`` and on Ctrl-C.  The screen is read with ``capture-pane``; every wait is
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,7 @@ class Tmux:
         self.dir = tempfile.mkdtemp(prefix="scaler-top-")  # short: a socket path has ~100 bytes
         self.socket = os.path.join(self.dir, "tmux.sock")
         self.session = "top"
+        self.status = os.path.join(self.dir, "status")
 
     def run(self, *args: str) -> str:
         tmux = shutil.which("tmux")
@@ -44,9 +46,13 @@ class Tmux:
         return done.stdout
 
     def start(self, command: list[str], env: dict[str, str]) -> None:
+        # The program runs under a shell that writes its exit status to a file and then keeps
+        # the pane open, so the last screen can still be read.  tmux's own record of a dead
+        # pane is not used: tmux 3.3a at times leaves a pane's exited process unreaped, its
+        # status blank for good, and with remain-on-exit at times drops the last output.
+        script = f"{shlex.join(command)}; echo $? > {shlex.quote(self.status)}; exec sleep 600"
         env_args = [a for k, v in env.items() if k in ("PYTHONPATH", "PATH", "HOME") for a in ("-e", f"{k}={v}")]
-        self.run("new-session", "-d", "-s", self.session, "-x", "80", "-y", "40", *env_args, *command)
-        self.run("set-option", "-t", self.session, "remain-on-exit", "on")
+        self.run("new-session", "-d", "-s", self.session, "-x", "80", "-y", "40", *env_args, "sh", "-c", script)
 
     def screen(self) -> str:
         return self.run("capture-pane", "-p", "-J", "-t", self.session)  # -J: wrapped lines joined
@@ -55,16 +61,16 @@ class Tmux:
         self.run("send-keys", "-t", self.session, *keys)
 
     def exited(self) -> tuple[bool, str]:
-        """(whether the program ended, its exit status or "signal N").  tmux marks a pane dead
-        when its terminal closes and learns the status when it reaps the process: until
-        then the status is blank, and this reports the program as still running."""
-        fields = self.run(
-            "display-message", "-p", "-t", self.session, "#{pane_dead}:#{pane_dead_status}:#{pane_dead_signal}"
-        ).strip()
-        dead, status, signal = fields.split(":")
-        if dead != "1" or not (status or signal):
+        """(whether the program ended, its exit status as the shell reports it: 128+N for
+        signal N)."""
+        try:
+            with open(self.status) as f:
+                text = f.read()
+        except FileNotFoundError:
             return False, ""
-        return True, status if status else f"signal {signal}"
+        if not text.endswith("\n"):
+            return False, ""  # the shell is still writing it
+        return True, text.strip()
 
     def close(self) -> None:
         tmux = shutil.which("tmux")
