@@ -505,9 +505,36 @@ class _RecordingPoll:
         return self._poll.poll(timeout)
 
 
+def gated_echo(gate: str, n: int, seconds: float) -> int:
+    """``n`` once the file ``gate`` exists, ``seconds`` later."""
+    while not os.path.exists(gate):
+        time.sleep(0.001)
+    time.sleep(seconds)
+    return n
+
+
+def _picked_up(ex: ScalerExecutor, gates: Path, n: int, seconds: float = 0.0, timeout: float = 30) -> Any:
+    """``ex.submit(...).result(timeout)`` of a task that ends only once the caller waits in
+    its pick-up (``inbox.picking``, the seam tests wait for): otherwise a caller slowed by
+    a busy machine finds its result read and settled by the agent thread and never polls,
+    which is right but not what these tests look at."""
+    gate = gates / f"open-{n}"
+    future = ex.submit(gated_echo, str(gate), n, seconds)
+    inbox = ex._agent.inbox
+    opener = threading.Thread(
+        target=lambda: wait_until(lambda: inbox.picking is future, timeout=timeout) and gate.touch(), daemon=True
+    )
+    opener.start()
+    try:
+        return future.result(timeout=timeout)
+    finally:
+        gate.touch()  # whatever happened, the task ends
+        opener.join(timeout)
+
+
 @pytest.mark.timeout(60)
 def test_a_caller_spins_only_while_results_come_within_the_spin_window(
-    fresh_executor: Callable[..., ScalerExecutor], monkeypatch: pytest.MonkeyPatch
+    fresh_executor: Callable[..., ScalerExecutor], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """A picking-up caller polls without sleeping (timeout 0) for PICKUP_SPIN_SECONDS
     while its last wait was that short, and every ending still ends the spin; after a
@@ -530,27 +557,27 @@ def test_a_caller_spins_only_while_results_come_within_the_spin_window(
     assert ex.submit(echo, 0).result(timeout=30) == 0
     assert agent.inbox.spin
     calls.clear()
-    assert ex.submit(echo, 1).result(timeout=30) == 1  # from the reply socket
+    assert _picked_up(ex, tmp_path, 1) == 1  # a quick task: from the reply socket
     assert calls and set(calls) == {0}, calls
     calls.clear()
-    assert ex.submit(slow_echo, 2, 0.1).result(timeout=30) == 2  # through the daemon: the waiter ends the spin
+    assert _picked_up(ex, tmp_path, 2, 0.1) == 2  # through the daemon: the waiter ends the spin
     assert calls and set(calls) == {0}, calls
     calls.clear()
-    slow = ex.submit(slow_echo, 3, 1.0)
+    slow = ex.submit(slow_echo, 3, 2.0)
     with pytest.raises(concurrent.futures.TimeoutError):
-        slow.result(timeout=0.05)  # the deadline ends the spin
+        slow.result(timeout=0.5)  # the deadline ends the spin (long enough to start polling under load)
     assert calls and set(calls) == {0}, calls
     assert slow.result(timeout=30) == 3
     # A window shorter than a 0.2 s task: that wait turns spinning off ...
     monkeypatch.setattr(agent_module, "PICKUP_SPIN_SECONDS", 0.05)
-    assert ex.submit(slow_echo, 4, 0.2).result(timeout=30) == 4
+    assert _picked_up(ex, tmp_path, 4, 0.2) == 4
     assert not agent.inbox.spin
     # ... so the next caller blocks in poll at once; its short wait turns spinning back on.
     monkeypatch.setattr(agent_module, "PICKUP_SPIN_SECONDS", 60.0)
     calls.clear()
-    assert ex.submit(echo, 5).result(timeout=30) == 5
+    assert _picked_up(ex, tmp_path, 5) == 5
     assert calls and 0 not in calls, calls
     assert agent.inbox.spin
     calls.clear()
-    assert ex.submit(echo, 6).result(timeout=30) == 6
+    assert _picked_up(ex, tmp_path, 6) == 6
     assert calls and set(calls) == {0}, calls
