@@ -221,6 +221,11 @@ class Scheduler:
         self.state_counts: dict[TaskState, int] = {}  # tasks per state (TaskRecord.counts)
         self.ready = ReadyQueue()  # tasks any worker can run
         self.constrained: dict[ConstraintKey, ReadyQueue] = {}  # tasks that need resources or tags
+        # When each client last had a task dispatched (a running count): the ready queues
+        # compete for the same workers' slots, and the one whose next client has waited
+        # longest is served first (_dispatch), so rotation holds across queues too.
+        self._served: dict[bytes, int] = {}
+        self._dispatches = 0
         self._warned: set[ConstraintKey] = set()
         self.no_worker = NoWorkerWatch(config.no_worker_warning)  # tasks no worker can run (no_worker.py)
         # The workers this daemon starts itself (local manager) and what they declare.
@@ -841,6 +846,7 @@ class Scheduler:
         if not clean:
             self.recorder.event(self._now, "client-lost", why, where=client.name)
         del self.clients[client.peer]
+        self._served.pop(client.peer, None)
         for task_id in list(client.tasks):
             task = self.tasks.get(task_id)
             if task is not None:
@@ -1069,45 +1075,68 @@ class Scheduler:
         if not self.workers:
             return
         out: dict[bytes, tuple[list[m.FunctionBlob], list[m.TaskDispatch]]] = {}
-        if self.constrained:
-            self._dispatch_constrained(out)
-        if self.ready.live:
-            workers = [w for w in self.workers.values() if w.broken is None and not w.draining]
-            slots = [WorkerSlot(w.capacity, len(w.inflight) - len(w.seceded), w.mean_task_seconds) for w in workers]
-            counts = self.policy.allocate(self.ready.live, slots)  # one per slot, same order
-            for worker, count in zip(workers, counts, strict=False):
-                for _ in range(count):
-                    task = self.ready.pop()
-                    if task is None:
-                        break
-                    self._assign(worker, task, out)
+        if not self.constrained:
+            if self.ready.live:
+                self._dispatch_ready(out)
+        else:
+            # Fairness across queues: the unconstrained queue and the per-constraint ones
+            # share workers, and whichever is served first takes the free slots.  Serving
+            # them in the order in which their next clients were last served keeps the
+            # rotation between clients whole: one client's backlog of tagged tasks cannot
+            # starve another client's plain ones, nor the other way round.  Within a queue
+            # the rotation is ReadyQueue's; priority breaks ties (one client's own order).
+            served = self._served
+            order: list[tuple[int, int, ConstraintKey | None]] = []
+            if self.ready.live:
+                order.append((served.get(self.ready.next_client() or b"", -1), -self.ready.head_priority(), None))
+            for key, queue in list(self.constrained.items()):
+                if not queue.live:
+                    del self.constrained[key]
+                    continue
+                order.append((served.get(queue.next_client() or b"", -1), -queue.head_priority(), key))
+            order.sort(key=lambda entry: entry[:2])
+            for _, _, which in order:
+                if which is None:
+                    self._dispatch_ready(out)
+                else:
+                    self._dispatch_constrained(which, out)
         for peer, (blobs, batch) in out.items():
             self._send(peer, m.DispatchTasks(blobs, batch))
 
-    def _dispatch_constrained(self, out: dict[bytes, tuple[list[m.FunctionBlob], list[m.TaskDispatch]]]) -> None:
-        """Tasks that need resources or tags: each to a worker that has them free now.
+    def _dispatch_ready(self, out: dict[bytes, tuple[list[m.FunctionBlob], list[m.TaskDispatch]]]) -> None:
+        """Tasks any worker can run: the policy's share of each worker's free slots."""
+        workers = [w for w in self.workers.values() if w.broken is None and not w.draining]
+        slots = [WorkerSlot(w.capacity, len(w.inflight) - len(w.seceded), w.mean_task_seconds) for w in workers]
+        counts = self.policy.allocate(self.ready.live, slots)  # one per slot, same order
+        for worker, count in zip(workers, counts, strict=False):
+            for _ in range(count):
+                task = self.ready.pop()
+                if task is None:
+                    return
+                self._assign(worker, task, out)
+
+    def _dispatch_constrained(
+        self, key: ConstraintKey, out: dict[bytes, tuple[list[m.FunctionBlob], list[m.TaskDispatch]]]
+    ) -> None:
+        """Tasks that need resources or tags (one constraint's queue): each to a worker that
+        has them free now.
 
         A task that fits nowhere yet stays in its own queue and delays no other task.
         Quantities are honoured: a worker's resources held by its in-flight tasks are in use.
         """
         max_prefetch = self.config.max_prefetch
-        keys = sorted(self.constrained, key=lambda k: -self.constrained[k].head_priority())
-        for key in keys:
-            queue = self.constrained[key]
-            if not queue.live:
-                del self.constrained[key]
+        queue = self.constrained[key]
+        for worker in self.workers.values():
+            if worker.broken is not None or worker.draining or not worker.fits_ever(key):
                 continue
-            for worker in self.workers.values():
-                if worker.broken is not None or worker.draining or not worker.fits_ever(key):
-                    continue
-                window = prefetch_window(WorkerSlot(worker.capacity, 0, worker.mean_task_seconds), max_prefetch)
-                while queue.live and len(worker.inflight) - len(worker.seceded) < window and worker.fits_now(key):
-                    task = queue.pop()
-                    if task is None:
-                        break
-                    self._assign(worker, task, out)
-                if not queue.live:
+            window = prefetch_window(WorkerSlot(worker.capacity, 0, worker.mean_task_seconds), max_prefetch)
+            while queue.live and len(worker.inflight) - len(worker.seceded) < window and worker.fits_now(key):
+                task = queue.pop()
+                if task is None:
                     break
+                self._assign(worker, task, out)
+            if not queue.live:
+                break
 
     def _assign(
         self,
@@ -1121,6 +1150,8 @@ class Scheduler:
         task.transition("dispatch")
         task.worker = worker.peer
         worker.inflight[task.task_id] = None
+        self._dispatches += 1
+        self._served[task.client] = self._dispatches
         if task.queue_key is not None:
             used = worker.used
             for name, quantity in task.queue_key[0]:

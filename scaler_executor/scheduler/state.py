@@ -349,6 +349,10 @@ class ReadyQueue:
                 return task
         return None
 
+    def next_client(self) -> bytes | None:
+        """The client whose turn it is (its lane may hold only lazily removed entries)."""
+        return self._turn[0] if self._turn else None
+
     def head_priority(self) -> int:
         """The highest priority with a queued entry (an estimate: lazily removed entries count)."""
         return max((lane.head_priority() for lane in self._lanes.values()), default=0)

@@ -7,7 +7,7 @@ core's public ``handle`` with an injected clock, as in test_core.py.
 
 from __future__ import annotations
 
-from test_core import Cluster, result, spec, tid
+from test_core import Cluster, hello, result, spec, tid
 
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import TASK_ID_BITS
@@ -92,3 +92,38 @@ def test_a_client_that_leaves_loses_its_turn() -> None:
     cluster.send(b"c1", m.Goodbye("done"))
     out = cluster.worker(b"w1", capacity=1)
     assert drain(cluster, b"w1", [t.task_id for t in out.dispatched(b"w1")]) == [tid(b, 1), tid(b, 2)]
+
+
+def _flood_and_a_late_client(flood_tags: list[str], late_tags: list[str]) -> tuple[list[int], int, int, int]:
+    """c1 queues 200 tasks (tagged ``flood_tags``), a window of them reaches the one worker
+    (tagged "gpu"), then c2 queues 5 (tagged ``late_tags``): the dispatch order."""
+    cluster = Cluster()
+    a, b = cluster.client(b"c1"), cluster.client(b"c2")
+    cluster.join(b"w1", hello(m.Role.WORKER, name="w1", capacity=1, tags=["gpu"]))
+    flood_options = m.RegisterOptions(7, m.TaskOptions({}, flood_tags, 0, None, None))
+    out = cluster.send(b"c1", flood_options, m.SubmitTasks([spec(tid(a, n), options_id=7) for n in range(1, 201)]))
+    held = [t.task_id for t in out.dispatched(b"w1")]
+    assert held and all(owner(t) == a for t in held)
+    late_options = m.RegisterOptions(8, m.TaskOptions({}, late_tags, 0, None, None))
+    out = cluster.send(b"c2", late_options, m.SubmitTasks([spec(tid(b, n), options_id=8) for n in range(1, 6)]))
+    order = drain(cluster, b"w1", [*held, *[t.task_id for t in out.dispatched(b"w1")]])
+    cluster.scheduler.validate()
+    return order, len(held), a, b
+
+
+def test_a_tagged_backlog_does_not_starve_another_clients_plain_tasks() -> None:
+    """The constraint queues and the plain queue share the worker: whichever was served
+    first took every free slot, so c2's plain tasks waited for c1's 200 tagged ones."""
+    order, held, a, b = _flood_and_a_late_client(["gpu"], [])
+    assert len(order) == 205
+    last_of_second = max(i for i, t in enumerate(order) if owner(t) == b)
+    assert last_of_second < held + 2 * 5 + 1, (last_of_second, held)
+    assert sum(1 for t in order[last_of_second + 1 :] if owner(t) == a) >= 180
+
+
+def test_a_plain_backlog_does_not_starve_another_clients_tagged_tasks() -> None:
+    order, held, a, b = _flood_and_a_late_client([], ["gpu"])
+    assert len(order) == 205
+    last_of_second = max(i for i, t in enumerate(order) if owner(t) == b)
+    assert last_of_second < held + 2 * 5 + 1, (last_of_second, held)
+    assert sum(1 for t in order[last_of_second + 1 :] if owner(t) == a) >= 180
