@@ -12,7 +12,8 @@ failure, read on the thread that waits on it.  Modes:
 
 * ``embedded``: ``ScalerExecutor()``, whose daemon is its own child over ``ipc://``;
 * ``ipc``: a standalone ``scaler-daemon --address ipc://...``, joined with ``address=``;
-* ``tcp``: the same over ``tcp://127.0.0.1``.
+* ``tcp``: the same over ``tcp://127.0.0.1``, secured as by default (``scaler-keys init``,
+  a client credential, ``scaler-daemon --security``).
 
 The client runs with the default configuration (what a user gets), unless
 ``--daemon-loss-timeout`` says otherwise.  The worker the kill orphaned is killed after
@@ -49,9 +50,19 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start_daemon(address: str, sock_path: str | None) -> subprocess.Popen[bytes]:
+def keys(directory: str) -> tuple[str, str]:
+    """A cluster's security directory and a client credential in it (scaler-keys)."""
+    security, credential = os.path.join(directory, "keys"), os.path.join(directory, "client.cred")
+    command = [sys.executable, "-m", "scaler_executor.cli.keys"]
+    subprocess.run([*command, "init", security], check=True, capture_output=True)
+    subprocess.run([*command, "issue", security, "bench", "--role", "client", "--output", credential], check=True, capture_output=True)
+    return security, credential
+
+
+def start_daemon(address: str, sock_path: str | None, security: str | None = None) -> subprocess.Popen[bytes]:
+    extra = ["--security", security] if security is not None else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "scaler_executor.cli.daemon", "--address", address, "--workers", "1"],
+        [sys.executable, "-m", "scaler_executor.cli.daemon", "--address", address, "--workers", "1", *extra],
         env={k: v for k, v in os.environ.items() if not k.startswith("SCALER_")},
     )
     if sock_path is not None:
@@ -69,13 +80,16 @@ def one_run(mode: str, config: ClusterConfig) -> tuple[float, str]:
         if mode == "embedded":
             ex = ScalerExecutor(max_workers=1, config=config)
         else:
+            security: str | None = None
+            credential: str | None = None
             if mode == "ipc":
                 sock_path: str | None = os.path.join(directory, "d.sock")
                 address = f"ipc://{sock_path}"
             else:
                 sock_path, address = None, f"tcp://127.0.0.1:{free_port()}"
-            daemon = start_daemon(address, sock_path)
-            ex = ScalerExecutor(address=address, config=config.replace(connect_timeout=30.0))
+                security, credential = keys(directory)
+            daemon = start_daemon(address, sock_path, security)
+            ex = ScalerExecutor(address=address, credentials=credential, config=config.replace(connect_timeout=30.0))
         future = ex.submit(time.sleep, TASK_SECONDS)
         deadline = time.monotonic() + 60
         while not future.running() and time.monotonic() < deadline:
