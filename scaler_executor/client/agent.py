@@ -247,11 +247,11 @@ class ClientAgent:
             self._park(future, pack, options_id, note, after.args[0])
             return future
         except DependencyFailed as failed:
-            future.set_exception(failed.args[0])
+            settle(future, False, failed.args[0])
             return future
         except Exception as exc:  # noqa: BLE001 - whatever pickling the call raises fails its future, with a note
             exc.add_note(note())
-            future.set_exception(exc)
+            settle(future, False, exc)
             return future
         size = len(pickled.payload)
         try:
