@@ -39,7 +39,8 @@ daemon, limited that phase, and the row says so.
 
 Limits: RLIMIT_NOFILE is raised to its hard limit (ipc: two descriptors per simulated
 peer here, one in the daemon; tcp: ZeroMQ's ``MAX_SOCKETS`` of the shared context is set
-to the number of peers plus 64); both are printed.
+once, before its first socket, to the most peers the size makes plus 64, at least 1,024:
+libzmq ignores a later change); RLIMIT_NOFILE is printed, MAX_SOCKETS is in each tcp row.
 """
 
 from __future__ import annotations
@@ -199,8 +200,11 @@ class Sim:
     """Every simulated peer, in one event loop."""
 
     def __init__(self, address: str, *, hwm: int = 100_000, credentials: dict[str, Any] | None = None,
-                 duration: Callable[[], float] = lambda: 0.0, window: int = 100) -> None:
+                 duration: Callable[[], float] = lambda: 0.0, window: int = 100, max_peers: int = 1024) -> None:
         self.address = address
+        # tcp: libzmq reads MAX_SOCKETS once, when the context makes its first socket, so
+        # it is sized here, for every peer this Sim will ever make, not as peers are added.
+        self.max_sockets = max(1024, max_peers + 64)
         self.hwm = hwm
         self.credentials = credentials or {}
         self.duration = duration
@@ -233,9 +237,9 @@ class Sim:
             import zmq
 
             self.context = zmq.Context(1)
-        import zmq
-
-        self.context.set(zmq.MAX_SOCKETS, max(1024, len(self.peers) + 64 + 1024))
+            self.context.set(zmq.MAX_SOCKETS, self.max_sockets)
+        if len(self.peers) + 1 > self.max_sockets - 64:
+            raise RuntimeError(f"more peers than the {self.max_sockets} sockets this Sim's context was sized for")
         return SharedZmqDealer(self.context, self.address, self.hwm, self.credentials.get(role))
 
     def add(self, role: str, capacity: int = 0) -> Peer:
@@ -538,10 +542,12 @@ def run_size(size: Size, workdir: str, prefix: list[str] | None = None) -> dict[
                 credentials[role] = load_credential(path)
             extra += ["--security", keys]
     daemon = DaemonProcess(address, extra, prefix, os.path.join(workdir, "daemon.log"))
-    sim = Sim(address, credentials=credentials, duration=duration_sampler(size.duration), window=size.window)
+    peers = size.clients + 2 * size.workers + 1  # the pending phase adds the workers again; a monitor
+    sim = Sim(address, credentials=credentials, duration=duration_sampler(size.duration), window=size.window, max_peers=peers)
     row: dict[str, Any] = {
         "transport": size.transport + ("" if size.transport == "ipc" else (" insecure" if size.insecure else " curve")),
         "workers": size.workers, "processors": size.processors, "clients": size.clients,
+        "zmq_max_sockets": sim.max_sockets if size.transport == "tcp" else None,
     }
     try:
         for _ in range(size.clients):
