@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         ClientStatistics,
         RecentEvent,
         Statistics,
+        TaskDurations,
         TaskWindow,
         WorkerStatistics,
     )
@@ -59,7 +60,7 @@ _LAZY = {
     "task_info": "scaler_executor.client.executor",
     "get_executor": "scaler_executor.client.executor",
     **dict.fromkeys(
-        ("Statistics", "WorkerStatistics", "ClientStatistics", "TaskWindow", "RecentEvent"),
+        ("Statistics", "WorkerStatistics", "ClientStatistics", "TaskDurations", "TaskWindow", "RecentEvent"),
         "scaler_executor.scheduler.stats",
     ),
     **dict.fromkeys(
@@ -118,6 +119,7 @@ __all__ = [
     "ScalerExecutor",
     "Statistics",
     "TaskCancelled",
+    "TaskDurations",
     "TaskError",
     "TaskInfo",
     "TaskTimeout",

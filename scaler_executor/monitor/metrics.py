@@ -80,6 +80,14 @@ def render(stats: Statistics) -> str:
             out, "scaler_task_throughput", "gauge",
             f"Tasks ended per second over the last {w.seconds:g} seconds.", [("", float(w.throughput))],
         )  # fmt: skip
+    durations = stats.durations
+    out.append("# HELP scaler_task_duration_seconds Run time of the tasks that ran, as their workers timed it.")
+    out.append("# TYPE scaler_task_duration_seconds histogram")
+    for bound, n in durations.cumulative():
+        le = "+Inf" if bound == float("inf") else repr(bound)
+        out.append(f'scaler_task_duration_seconds_bucket{{le="{le}"}} {n}')
+    out.append(f"scaler_task_duration_seconds_sum {_number(float(durations.total_seconds))}")
+    out.append(f"scaler_task_duration_seconds_count {durations.count}")
     for name, key, text in STORE:
         if key in stats.store:
             _family(out, name, "gauge", text, [("", int(stats.store[key]))])

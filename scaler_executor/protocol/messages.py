@@ -455,6 +455,10 @@ class Stats(NamedTuple):
     events: list[StatEvent] = []  # noqa: RUF012
     windows: list[StatWindow] = []  # noqa: RUF012
     store: dict[str, int] = {}  # noqa: RUF012 - the host store's ObjectStoreStats, {} without one
+    # Timed tasks' run times since the daemon started: a count per bucket of
+    # scheduler/stats.py DURATION_BOUNDS (the last one past the largest bound), and their sum.
+    durations: list[int] = []  # noqa: RUF012
+    duration_sum: float = 0.0
 
 
 class TasksWithoutWorker(NamedTuple):

@@ -931,6 +931,8 @@ class Scheduler:
         # last peak memory.  (Dependents failed with a task count in ``failed``, not here.)
         if ended:
             self.recorder.ended(self._now, ended - failed, failed, len(durations), sum(durations), max(durations, default=0.0))
+            if durations:
+                self.recorder.timed(durations)
         if peak:
             self.recorder.peak_memory[peer] = peak
 

@@ -21,6 +21,7 @@ figures, decoding a failure's traceback) is computed when a snapshot is asked fo
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -36,10 +37,12 @@ if TYPE_CHECKING:
     from scaler_executor.scheduler.core import Scheduler
 
 __all__ = [
+    "DURATION_BOUNDS",
     "ClientStatistics",
     "RecentEvent",
     "Recorder",
     "Statistics",
+    "TaskDurations",
     "TaskWindow",
     "WorkerStatistics",
     "stats_message",
@@ -50,6 +53,9 @@ HORIZON = 60  # one-second buckets of ended tasks kept: the longest window
 WINDOWS = (10.0, 60.0)  # seconds: the windows a snapshot reports
 MAX_KEPT_PAYLOAD = 64 * 1024  # a failure's payload larger than this is not kept for its traceback
 DETAIL_CHARS = 2000  # the tail of a traceback a snapshot carries
+# Upper bounds (seconds, inclusive) of the task run time histogram: from a no-op's
+# milliseconds to an hour, roughly 1-2.5-5 per decade, as Prometheus' defaults run.
+DURATION_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 
 STATUS_NAMES = {
     Status.OK: "ok",
@@ -81,9 +87,13 @@ class _Event(NamedTuple):
 class Recorder:
     """The daemon's only monitoring state: O(1) per event, bounded in size."""
 
-    __slots__ = ("_buckets", "events", "peak_memory", "started")
+    __slots__ = ("_buckets", "duration_counts", "duration_sum", "events", "peak_memory", "started")
 
     def __init__(self) -> None:
+        # Every timed task's run time since the start, by DURATION_BOUNDS bucket (the last
+        # one: longer than the largest bound): a histogram that only grows, as Prometheus wants.
+        self.duration_counts = [0] * (len(DURATION_BOUNDS) + 1)
+        self.duration_sum = 0.0
         # [second, finished, failed, timed, run seconds, max run seconds] per bucket
         self._buckets: list[list[Any]] = [[-1, 0, 0, 0, 0.0, 0.0] for _ in range(HORIZON)]
         self.events: deque[_Event] = deque(maxlen=RECENT_EVENTS)
@@ -102,6 +112,13 @@ class Recorder:
         bucket[4] += seconds
         if longest > bucket[5]:
             bucket[5] = longest
+
+    def timed(self, durations: list[float]) -> None:
+        """Run times of tasks that ended (a bisection each: O(log of the bucket count))."""
+        counts = self.duration_counts
+        for seconds in durations:
+            counts[bisect_left(DURATION_BOUNDS, seconds)] += 1
+        self.duration_sum += sum(durations)
 
     def event(self, now: float, kind: str, cause: str, *, task_id: int = 0, where: str = "", payload: bytes = b"", status: int = -1) -> None:
         if len(payload) > MAX_KEPT_PAYLOAD:
@@ -183,7 +200,10 @@ def stats_message(core: Scheduler) -> m.Stats:
         events.append(m.StatEvent(max(0.0, now - e.when), e.kind, e.task_id, e.where, cause, detail))
     store = core.store_stats() if core.store_stats is not None else {}
     uptime = 0.0 if recorder.started is None else now - recorder.started
-    return m.Stats(counters, uptime, workers, clients, events, recorder.windows(now), store)
+    return m.Stats(
+        counters, uptime, workers, clients, events, recorder.windows(now), store,
+        list(recorder.duration_counts), recorder.duration_sum,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- what users see
@@ -259,6 +279,33 @@ class TaskWindow:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskDurations:
+    """Run times of every timed task since the daemon started, as a histogram."""
+
+    bounds: tuple[float, ...]  # upper bounds in seconds, inclusive (DURATION_BOUNDS)
+    counts: tuple[int, ...]  # tasks per bucket, not cumulative; one more than ``bounds``
+    total_seconds: float  # their run times, summed
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound, tasks that ran at most that long), the last bound ``inf``."""
+        out, running = [], 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += n
+            out.append((bound, running))
+        return out
+
+
+def _durations(counts: list[int], total: float) -> TaskDurations:
+    if len(counts) != len(DURATION_BOUNDS) + 1:  # a daemon of another version: no histogram
+        counts = [0] * (len(DURATION_BOUNDS) + 1)
+    return TaskDurations(DURATION_BOUNDS, tuple(counts), total)
+
+
+@dataclass(frozen=True, slots=True)
 class Statistics(Mapping[str, Any]):
     """A snapshot of the daemon: counters (also this mapping's items), tasks by state,
     workers, clients, recent windows and events, and the host's object store.
@@ -279,6 +326,7 @@ class Statistics(Mapping[str, Any]):
     windows: tuple[TaskWindow, ...]  # shortest first
     events: tuple[RecentEvent, ...]  # oldest first
     store: Mapping[str, int]  # the host store's figures (ObjectStoreStats' fields); empty without one
+    durations: TaskDurations  # run times of every timed task since the start
 
     def __getitem__(self, key: str) -> Any:
         return self.counters[key]
@@ -318,13 +366,14 @@ class Statistics(Mapping[str, Any]):
             tuple(TaskWindow(*w) for w in message.windows),
             tuple(RecentEvent(*e) for e in message.events),
             MappingProxyType(dict(message.store)),
+            _durations(list(message.durations), message.duration_sum),
         )
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # Picklable (a snapshot may be sent to a task or a logger process); mapping proxies are not.
         return _rebuild, (
             dict(self.counters), dict(self.tasks_by_state), self.uptime, self.workers, self.clients,
-            self.windows, self.events, dict(self.store),
+            self.windows, self.events, dict(self.store), self.durations,
         )  # fmt: skip
 
     def __repr__(self) -> str:
@@ -337,8 +386,8 @@ class Statistics(Mapping[str, Any]):
 def _rebuild(
     counters: dict[str, Any], states: dict[str, int], uptime: float, *rest: Any
 ) -> Statistics:
-    workers, clients, windows, events, store = rest
+    workers, clients, windows, events, store, durations = rest
     return Statistics(
         MappingProxyType(counters), MappingProxyType(states), uptime, workers, clients, windows, events,
-        MappingProxyType(store),
+        MappingProxyType(store), durations,
     )  # fmt: skip

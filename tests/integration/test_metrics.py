@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from scaler_testing import wait_until
 
 from scaler_executor.monitor import metrics
-from scaler_executor.scheduler.stats import Statistics, WorkerStatistics
+from scaler_executor.scheduler.stats import DURATION_BOUNDS, Statistics, TaskDurations, WorkerStatistics
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -74,6 +74,14 @@ def test_metrics_parse_and_match_the_statistics(cluster: DashboardCluster) -> No
         labels = (("host", worker.host), ("worker", worker.name))
         assert got["scaler_worker_processors"][labels] == worker.processors
         assert got["scaler_worker_tasks"][labels] == 0
+        # The run time histogram: every timed task in it once, buckets cumulative up to +Inf.
+        histogram = stats.durations
+        assert got["scaler_task_duration_seconds_count"][()] == histogram.count >= 20
+        assert got["scaler_task_duration_seconds_sum"][()] == pytest.approx(histogram.total_seconds)
+        buckets = sorted((float(dict(labels)["le"]), n) for labels, n in got["scaler_task_duration_seconds_bucket"].items())
+        assert [n for _, n in buckets] == sorted(n for _, n in buckets)
+        assert buckets[-1] == (float("inf"), histogram.count)
+        assert buckets[0][0] == histogram.bounds[0]
 
 
 def test_metrics_and_page_refuse_requests_without_the_token(cluster: DashboardCluster) -> None:
@@ -107,9 +115,10 @@ def _worker(name: str) -> WorkerStatistics:
 
 def _stats(*workers: WorkerStatistics) -> Statistics:
     empty: Any = MappingProxyType({})
+    counts = (0,) * (len(DURATION_BOUNDS) + 1)
     return Statistics(
         MappingProxyType({"finished": 3, "processors": 2 * len(workers)}), MappingProxyType({"pending": 0}),
-        1.0, workers, (), (), (), empty,
+        1.0, workers, (), (), (), empty, TaskDurations(DURATION_BOUNDS, counts, 0.0),
     )  # fmt: skip
 
 

@@ -11,7 +11,7 @@ from scaler_executor import Statistics
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status, TaskFlags
 from scaler_executor.scheduler.core import Wake
-from scaler_executor.scheduler.stats import MAX_KEPT_PAYLOAD, RECENT_EVENTS
+from scaler_executor.scheduler.stats import DURATION_BOUNDS, MAX_KEPT_PAYLOAD, RECENT_EVENTS, Recorder
 from scaler_executor.worker.processor import dump_exception
 
 
@@ -193,6 +193,25 @@ def test_a_monitor_receives_the_same_snapshot_over_the_wire(cluster: Cluster) ->
     assert received == cluster.scheduler.statistics()
     assert received.store["in_use"] == 4096 and received["monitors"] == 1
     assert received.failures[0].cause == "builtins.ValueError: boom 42"
+
+
+def test_the_run_time_histogram_buckets_each_timed_task_once_and_keeps_it(cluster: Cluster) -> None:
+    cid, fn = client_with_function(cluster)
+    cluster.worker(b"w1", capacity=8)
+    runs = {2: 0.0005, 3: 0.002, 4: 0.7, 5: 0.9, 6: 5000.0}
+    cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, n), fn) for n in runs]))
+    cluster.send(b"w1", m.TaskResults([_timed(tid(cid, n), seconds) for n, seconds in runs.items()]))
+    durations = cluster.scheduler.statistics().durations
+    assert durations.bounds == DURATION_BOUNDS and len(durations.counts) == len(DURATION_BOUNDS) + 1
+    assert durations.count == 5 and durations.total_seconds == pytest.approx(sum(runs.values()))
+    cumulative = dict(durations.cumulative())
+    assert cumulative[0.001] == 1 and cumulative[0.0025] == 2 and cumulative[0.5] == 2
+    assert cumulative[1.0] == 4 and cumulative[3600.0] == 4 and cumulative[float("inf")] == 5
+    later(cluster, 600.0)  # unlike the windows, the histogram only grows
+    assert cluster.scheduler.statistics().durations == durations
+    recorder = Recorder()  # a bound is inclusive, as Prometheus' le
+    recorder.timed([0.001, 1.0, 3600.0])
+    assert [i for i, n in enumerate(recorder.duration_counts) if n] == [0, 9, len(DURATION_BOUNDS) - 1]
 
 
 def test_a_snapshot_pickles_and_stays_read_only(cluster: Cluster) -> None:
