@@ -298,6 +298,21 @@ class ClusterConfig:
         ge=8 << 20,
         le=2**62,
     )
+    max_backlog_bytes: int = _opt(
+        1 << 30,
+        "bytes the daemon holds, for all peers together, of sends to peers that do not read",
+        "past it the peers with the largest backlogs are dropped as unreachable (a backlog of one "
+        "transmission never is); lower bounds what slow or stalled readers cost the daemon",
+        ge=1 << 20,
+        le=2**62,
+    )
+    max_peers: int = _opt(
+        10_000,
+        "clients, workers, managers and monitors one daemon admits at once",
+        "a Hello beyond it is refused with the reason; bounds the state peers can make the daemon hold",
+        ge=1,
+        le=2**31 - 1,
+    )
     submit_window: int = _opt(
         100_000,
         "tasks a client may have sent and not yet had acknowledged",

@@ -457,6 +457,10 @@ class Scheduler:
 
     # ------------------------------------------------------------------ handshake
 
+    def peer_count(self) -> int:
+        """Peers that joined: clients, workers, managers and monitors."""
+        return len(self.clients) + len(self.workers) + len(self._monitors) + len(self.managers.managers)
+
     def knows(self, peer: bytes) -> bool:
         """Whether ``peer`` has joined (said a Hello that was welcomed)."""
         return peer in self.clients or peer in self.workers or peer in self._monitors or peer in self.managers.managers
@@ -481,6 +485,14 @@ class Scheduler:
         reason = refusal_for(hello)
         if reason is not None:
             self._refuse(peer, "hello", f"{reason} (pid {hello.pid} on {hello.host[:MAX_NAME]!r})")
+            self._send(peer, m.Refused(reason))
+            return
+        if not self.knows(peer) and self.peer_count() >= self.config.max_peers:
+            reason = (
+                f"the daemon already has {self.config.max_peers} peers, its max_peers: raise max_peers "
+                "(scaler-daemon --max-peers) or wait for peers to leave"
+            )
+            self._refuse(peer, "hello", f"{reason} ({hello.role[:32]!r} {hello.name[:MAX_NAME]!r})")
             self._send(peer, m.Refused(reason))
             return
         peer_id = self._next_peer_id

@@ -26,13 +26,13 @@ import os
 import signal
 import socket
 import time
-from collections import deque
 from typing import Any
 
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.scheduler import core
+from scaler_executor.scheduler.backlog import Backlogs
 from scaler_executor.scheduler.capacity import CapacityAdapter
 from scaler_executor.scheduler.core import (
     DeleteObjects,
@@ -116,7 +116,7 @@ class Daemon:
         except BaseException:  # the address is taken, say: the store region must not outlive us
             self.objects.close()
             raise
-        self.backlog: dict[bytes, deque[list[Any]]] = {}
+        self.backlog = Backlogs(MAX_BACKLOG, config.max_backlog_bytes)  # sends to peers that do not read
         self.unreachable: list[PeerUnreachable] = []
         self.bad_input = RateLimitedLog(log)
         # Chunks of puts received this turn, by (peer, object id, offset): the core decides
@@ -325,13 +325,8 @@ class Daemon:
                     raise TypeError(f"daemon loop cannot execute unknown command {command!r}")
 
     def _send(self, peer: bytes, frames: list[Any], now: float) -> None:
-        queue = self.backlog.get(peer)
-        if queue is not None:
-            queue.append(frames)
-            if len(queue) > MAX_BACKLOG:
-                log.warning("daemon: peer %r has not read %d transmissions; dropping it", peer, len(queue))
-                del self.backlog[peer]
-                self.unreachable.append(PeerUnreachable(peer, now))
+        if peer in self.backlog:
+            self._hold(peer, frames, now)
             return
         try:
             self.sock.send([peer, *frames])
@@ -342,25 +337,28 @@ class Daemon:
                 log.info("daemon: monitor %r is not reading its snapshots; dropping it", peer)
                 self.unreachable.append(PeerUnreachable(peer, now))
                 return
-            self.backlog[peer] = deque([frames])
+            self._hold(peer, frames, now)
         except channel.Unreachable:
             self.unreachable.append(PeerUnreachable(peer, now))
 
+    def _hold(self, peer: bytes, frames: list[Any], now: float) -> None:
+        for dropped, why in self.backlog.hold(peer, frames):
+            log.warning("daemon: dropping peer %r: %s", dropped, why)
+            self.unreachable.append(PeerUnreachable(dropped, now))
+
     def _retry_backlog(self, now: float) -> None:
-        for peer in list(self.backlog):
-            queue = self.backlog[peer]
-            while queue:
+        backlog = self.backlog
+        for peer in backlog.peers():
+            while (frames := backlog.front(peer)) is not None:
                 try:
-                    self.sock.send([peer, *queue[0]])
+                    self.sock.send([peer, *frames])
                 except channel.Again:
                     break
                 except channel.Unreachable:
                     self.unreachable.append(PeerUnreachable(peer, now))
-                    queue.clear()
+                    backlog.clear(peer)
                     break
-                queue.popleft()
-            if not queue:
-                del self.backlog[peer]
+                backlog.sent(peer)
 
     # ------------------------------------------------------------------ stop
 

@@ -54,6 +54,8 @@ def test_defaults() -> None:
         "max_tasks_per_child": None,
         "send_hwm": 1000,
         "max_message_size": 256 << 20,
+        "max_backlog_bytes": 1 << 30,
+        "max_peers": 10_000,
         "submit_window": 100_000,
         "max_pending_tasks": 1_000_000,
         "max_pending_bytes": 8 * 2**30,

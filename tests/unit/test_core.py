@@ -256,6 +256,20 @@ def test_refused_worker_without_capacity(cluster: Cluster) -> None:
     assert cluster.stat("workers") == 0
 
 
+def test_a_hello_beyond_max_peers_is_refused_and_a_place_that_frees_is_taken() -> None:
+    cluster = Cluster(CONFIG.replace(max_peers=3))
+    cluster.join(b"c1", hello(m.Role.CLIENT))
+    cluster.join(b"w1", hello(m.Role.WORKER))
+    cluster.join(b"m1", hello(m.Role.MONITOR))
+    reason = cluster.send(b"w2", hello(m.Role.WORKER)).one(b"w2", m.Refused).reason
+    assert "max_peers" in reason and "3" in reason
+    assert cluster.stat("workers") == 1 and not cluster.scheduler.knows(b"w2")
+    cluster.join(b"c1", hello(m.Role.CLIENT))  # a peer that joined may say Hello again
+    cluster.send(b"c1", m.Goodbye("done"))
+    cluster.join(b"w2", hello(m.Role.WORKER))
+    assert cluster.scheduler.peer_count() == 3
+
+
 def test_client_needs_no_capacity(cluster: Cluster) -> None:
     cluster.join(b"c", hello(m.Role.CLIENT, capacity=0))
 
