@@ -82,7 +82,7 @@ class Standalone:
 
     FLAGS = ("--heartbeat-interval", "0.1", "--heartbeat-liveness", "50", "--insecure")
 
-    def __init__(self, transport: str = "ipc") -> None:
+    def __init__(self, transport: str = "ipc", *daemon_args: str) -> None:
         self.dir = tempfile.mkdtemp(prefix="sff-")
         self.sock_path = os.path.join(self.dir, "d.sock")
         if transport == "ipc":
@@ -92,7 +92,9 @@ class Standalone:
                 probe.bind(("127.0.0.1", 0))
                 self.address = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
         self.procs: list[subprocess.Popen[bytes]] = []
-        self.daemon = proc = self._start("scaler_executor.cli.daemon", "--address", self.address, "--no-worker-warning", "1")
+        self.daemon = proc = self._start(
+            "scaler_executor.cli.daemon", "--address", self.address, "--no-worker-warning", "1", *daemon_args
+        )
         if transport == "ipc":
             assert wait_until(lambda: os.path.exists(self.sock_path) or proc.poll() is not None, timeout=30)
         assert proc.poll() is None, f"the daemon exited with {proc.returncode}"
@@ -250,3 +252,14 @@ def test_a_stalled_daemon_that_still_listens_is_not_declared_gone(standalone: St
             standalone.daemon.send_signal(signal.SIGCONT)
         assert future.result(timeout=60) == "done"
         assert ex.submit(pow, 2, 4).result(timeout=60) == 16
+
+
+def test_a_client_past_max_peers_is_refused_in_its_constructor_saying_why() -> None:
+    cluster = Standalone("ipc", "--max-peers", "1")
+    try:
+        with ScalerExecutor(address=cluster.address, config=fast_config()) as first:
+            assert first.statistics()["clients"] == 1
+            with pytest.raises(DaemonLost, match=r"refused this client: the daemon already has 1 peers, its max_peers"):
+                ScalerExecutor(address=cluster.address, config=fast_config())
+    finally:
+        cluster.close()
