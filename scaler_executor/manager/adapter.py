@@ -28,11 +28,15 @@ Rules every adapter keeps:
   never one call per job) or run in the adapter's own thread, whose results ``poll`` hands
   over.
 * **Names are the identity.** The manager chooses every worker's name
-  (``<prefix>-<n>``, the prefix carrying the manager's and the cluster's names) and the
-  worker says it in its ``Hello``; the daemon matches workers to managers by name, never by
-  pid (a job's host and pid are unknown until it runs). An adapter must make the worker
-  run ``worker_command(launch)`` (or an equivalent with the same ``--name``), and must be
-  able to find its own workers again by that prefix (``adopt``).
+  (``<manager name>-<boot>-<n>``, ``worker_name``; ``AdapterSetup.prefix`` is
+  ``<manager name>-``) and the worker says it in its ``Hello``; the daemon matches workers
+  to managers by name, never by pid (a job's host and pid are unknown until it runs). An
+  adapter must make the worker run ``worker_command(launch)`` (or an equivalent with the
+  same ``--name``), and must be able to find its own workers again (``adopt``). The name
+  does not say which cluster a worker serves: an adapter whose infrastructure other
+  clusters' managers share (Slurm) also records ``AdapterSetup.cluster`` where it names
+  its workers, and takes as its own only what carries both, matched whole (Slurm's job
+  names: ``manager/slurm.py``).
 * **Credentials never leave the worker's hands.** ``WorkerLaunch.credential`` (None on an
   insecure daemon) is that worker's own short-lived key. The adapter hands it to that one
   worker on its standard input (``--credentials-stdin``) or in a file readable only by the
@@ -133,8 +137,8 @@ class CapacityAdapter(Protocol):
         """What it can provide. Called once, before anything else."""
 
     def adopt(self) -> list[WorkerReport]:
-        """Workers a previous run of this manager started and left behind, found by name
-        prefix: reported as they are now (PENDING/RUNNING) to be kept, or stopped here and
+        """Workers a previous run of this manager started and left behind, found by their
+        names (and, on shared infrastructure, the cluster id): reported as they are now (PENDING/RUNNING) to be kept, or stopped here and
         reported GONE. Called once after ``info``. Without a way to find them, return []."""
 
     def request(self, launches: list[WorkerLaunch]) -> None:
