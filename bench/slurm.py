@@ -29,7 +29,13 @@ import tempfile
 import time
 
 from scaler_executor import ClusterConfig, ScalerExecutor
-from scaler_executor.manager.adapter import AdapterSetup, WorkerLaunch, WorkerState, WorkerTemplate
+from scaler_executor.manager.adapter import (
+    AdapterSetup,
+    WorkerLaunch,
+    WorkerState,
+    WorkerTemplate,
+    cluster_id,
+)
 from scaler_executor.manager.slurm import SlurmAdapter, SlurmOptions
 from scaler_executor.security.keys import SecurityDir, load_credential
 
@@ -68,7 +74,8 @@ def one_round(poll_interval: float, steady_seconds: float) -> dict[str, object]:
              "--security", keys.path, "--workers", "0", "--log-level", "WARNING"],
             env=env,
         )  # fmt: skip
-        setup = AdapterSetup(prefix, 8, WorkerTemplate(processors=1))
+        daemon_key = load_credential(client_key).daemon_public_key
+        setup = AdapterSetup(prefix, 8, WorkerTemplate(processors=1), cluster_id(address, daemon_key))
         options = SlurmOptions(
             log_dir=os.path.join(tmp, "logs"), poll_interval=poll_interval, environment=env
         )

@@ -75,7 +75,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from scaler_executor.config import parse_resources, parse_tags
     from scaler_executor.exceptions import ConfigError
-    from scaler_executor.manager.adapter import AdapterError, AdapterSetup, WorkerTemplate
+    from scaler_executor.manager.adapter import (
+        AdapterError,
+        AdapterSetup,
+        WorkerTemplate,
+        cluster_id,
+    )
 
     processors = args.processors if args.processors is not None else config.processors_per_worker
     if processors < 1:
@@ -91,12 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     if not name or len(name) > 100 or any(c.isspace() for c in name):
         parser.error(f"--name {name!r}: give a short name without spaces")
     template = WorkerTemplate(processors, resources, tags)
+    # Before the adapter: the cluster's id comes from the daemon's key in the credential (and
+    # --print-job-script shows the job names of the run this command line would start).
+    security = connecting_security(config, args.daemon, "manager", "scaler-worker-manager")
+    cluster = cluster_id(args.daemon, security.credential.daemon_public_key if security is not None else "")
     module = _adapter_module(parser, args.adapter)
     try:
-        adapter = module.from_args(args, AdapterSetup(name + "-", args.most, template))
+        adapter = module.from_args(args, AdapterSetup(name + "-", args.most, template, cluster))
     except AdapterError as exc:
         raise SystemExit(f"scaler-worker-manager: {exc}") from None
-    security = connecting_security(config, args.daemon, "manager", "scaler-worker-manager")
 
     from scaler_executor.manager.runner import WorkerManager
 

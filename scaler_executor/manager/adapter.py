@@ -28,11 +28,15 @@ Rules every adapter keeps:
   never one call per job) or run in the adapter's own thread, whose results ``poll`` hands
   over.
 * **Names are the identity.** The manager chooses every worker's name
-  (``<prefix>-<n>``, the prefix carrying the manager's and the cluster's names) and the
-  worker says it in its ``Hello``; the daemon matches workers to managers by name, never by
-  pid (a job's host and pid are unknown until it runs). An adapter must make the worker
-  run ``worker_command(launch)`` (or an equivalent with the same ``--name``), and must be
-  able to find its own workers again by that prefix (``adopt``).
+  (``<manager name>-<boot>-<n>``, ``worker_name``; ``AdapterSetup.prefix`` is
+  ``<manager name>-``) and the worker says it in its ``Hello``; the daemon matches workers
+  to managers by name, never by pid (a job's host and pid are unknown until it runs). An
+  adapter must make the worker run ``worker_command(launch)`` (or an equivalent with the
+  same ``--name``), and must be able to find its own workers again (``adopt``). The name
+  does not say which cluster a worker serves: an adapter whose infrastructure other
+  clusters' managers share (Slurm) also records ``AdapterSetup.cluster`` where it names
+  its workers, and takes as its own only what carries both, matched whole (Slurm's job
+  names: ``manager/slurm.py``).
 * **Credentials never leave the worker's hands.** ``WorkerLaunch.credential`` (None on an
   insecure daemon) is that worker's own short-lived key. The adapter hands it to that one
   worker on its standard input (``--credentials-stdin``) or in a file readable only by the
@@ -51,6 +55,8 @@ from __future__ import annotations
 
 import argparse
 import enum
+import hashlib
+import secrets
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -131,8 +137,8 @@ class CapacityAdapter(Protocol):
         """What it can provide. Called once, before anything else."""
 
     def adopt(self) -> list[WorkerReport]:
-        """Workers a previous run of this manager started and left behind, found by name
-        prefix: reported as they are now (PENDING/RUNNING) to be kept, or stopped here and
+        """Workers a previous run of this manager started and left behind, found by their
+        names (and, on shared infrastructure, the cluster id): reported as they are now (PENDING/RUNNING) to be kept, or stopped here and
         reported GONE. Called once after ``info``. Without a way to find them, return []."""
 
     def request(self, launches: list[WorkerLaunch]) -> None:
@@ -176,6 +182,40 @@ class AdapterSetup:
     prefix: str  # every worker name starts with it (``<manager name>-``); find your own by it
     max_workers: int
     template: WorkerTemplate  # the processors, resources and tags of each worker
+    # Which cluster (daemon) the workers join: ``cluster_id()`` of the daemon's address and
+    # key. The worker names carry only the manager's name, which another cluster's manager
+    # may share (the default ``manager-HOST`` on one login host); an adapter whose
+    # infrastructure several clusters share (Slurm) tells its own by this too. "": unknown.
+    cluster: str = ""
+
+
+CLUSTER_ID_LENGTH = 8  # hex digits: 32 bits, short in a job name, no collision in practice
+
+
+def cluster_id(address: str, daemon_public_key: str = "") -> str:
+    """A short token naming the cluster a manager serves: a hash of the daemon's address as
+    the manager was given it and, where security is on, of the daemon's public key (from the
+    manager's credential; "" on ipc:// or --insecure).
+
+    It is stable across a manager's restart, which adoption relies on: both inputs come from
+    the manager's command line and credential file, not from this run (no random boot token,
+    no pid, no time), so the same command line gives the same id. It changes when the
+    daemon's address is written differently or its key is made anew; a manager started so
+    no longer recognises the workers of its previous run."""
+    digest = hashlib.sha256(f"scaler-cluster\0{address}\0{daemon_public_key}".encode())
+    return digest.hexdigest()[:CLUSTER_ID_LENGTH]
+
+
+def new_boot() -> str:
+    """A manager run's own token in its workers' names: no name of this run repeats one of a
+    previous run."""
+    return secrets.token_hex(3)
+
+
+def worker_name(prefix: str, boot: str, serial: int) -> str:
+    """The name of a manager's ``serial``-th worker (from 1) in the run ``boot``:
+    ``<manager name>-<boot>-<serial>``."""
+    return f"{prefix}{boot}-{serial}"
 
 
 # --adapter NAME -> the module implementing AdapterModule.

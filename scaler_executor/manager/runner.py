@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import signal
 import socket
 import time
@@ -34,6 +33,8 @@ from scaler_executor.manager.adapter import (
     WorkerReport,
     WorkerState,
     WorkerTemplate,
+    new_boot,
+    worker_name,
 )
 from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
@@ -65,7 +66,7 @@ class WorkerManager:
         self.min_workers = min_workers
         self.security = security
         self.info = adapter.info()
-        self.boot = secrets.token_hex(3)  # names of this run never repeat a previous run's
+        self.boot = new_boot()  # names of this run never repeat a previous run's
         self.serial = 0
         self.states: dict[str, WorkerState] = {}  # the workers this manager runs or asked for
         self.awaiting_keys: dict[str, WorkerLaunch] = {}  # named, keys sent, not admitted yet
@@ -216,7 +217,7 @@ class WorkerManager:
         launches = []
         for _ in range(count):
             self.serial += 1
-            launches.append(WorkerLaunch(f"{self.name}-{self.boot}-{self.serial}", self.address, None))
+            launches.append(WorkerLaunch(worker_name(self.name + "-", self.boot, self.serial), self.address, None))
         log.info("manager %s: starting %d worker(s)", self.name, count)
         if self.security is None:
             for launch in launches:

@@ -3,9 +3,15 @@
 
 Each worker is one ``sbatch`` of a job script whose foreground process is the worker
 (``exec python -m scaler_executor.cli.worker ...``), so ``scancel`` and the walltime reach
-the worker itself. The job's name is the worker's name (``<prefix><n>``, the prefix carrying
-the manager's and the cluster's names), which is how a restarted manager finds its jobs
-again and how two clusters on one Slurm keep off each other's jobs.
+the worker itself. The job's name is ``<cluster>.<manager>.<suffix>`` (``job_name``): the
+cluster's id (``AdapterSetup.cluster``, a hash of the daemon's address and key), the
+manager's name, and what follows the manager's name in the worker's name
+(``<boot>-<n>``); e.g. worker ``pool-3f9a1c-7`` of manager ``pool`` is job
+``1b2c3d4e.pool.3f9a1c-7``. A job is this adapter's only if its whole name has that form
+with this cluster's id and this manager's name (``owner_of``, anchored at both ends, never a
+prefix test): that is how a restarted manager finds its jobs again, and why manager
+``pool`` never takes the jobs of manager ``pool-gpu``, nor those of another cluster's
+``pool`` on the same Slurm.
 
 What the lessons of submitit and dask-jobqueue taught, kept here:
 
@@ -39,6 +45,7 @@ import getpass
 import logging
 import os
 import queue
+import re
 import shlex
 import subprocess
 import sys
@@ -58,7 +65,9 @@ from scaler_executor.manager.adapter import (
     WorkerReport,
     WorkerState,
     WorkerTemplate,
+    new_boot,
     worker_command,
+    worker_name,
 )
 
 log = logging.getLogger("scaler_executor.manager")
@@ -81,6 +90,14 @@ _HOLDING = {"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE
 _INFRASTRUCTURE = {"CANCELLED", "PREEMPTED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
 _SEP = "\x1f"  # squeue field separator: cannot occur in a job name we chose
 _SQUEUE_FORMAT = _SEP.join(["%i", "%j", "%T", "%r", "%N", "%e"])
+# Job names: "<cluster>.<manager>.<suffix>". The cluster id has no ".", nor has the suffix, so
+# a job name splits one way only (the manager's own name may hold "."): the id before the
+# first ".", the suffix after the last. Slurm takes names up to 1024 characters; accounting
+# keeps 255 and the log file's name (%x-%j.log) must stay under the file system's 255, so
+# the adapter refuses names longer than this.
+JOB_NAME_MAX = 200
+_CLUSTER_ID = re.compile(r"[0-9A-Za-z]+")
+_SUFFIX = r"[0-9A-Za-z_-]+"  # "<boot>-<n>" (adapter.worker_name), no "."
 
 # (argv, stdin, timeout, environment) -> (returncode, stdout, stderr): how Slurm's commands run.
 Runner = Callable[
@@ -163,7 +180,16 @@ class SlurmAdapter:
         self, setup: AdapterSetup, options: SlurmOptions, runner: Runner = run_command
     ) -> None:
         _check_prefix(setup.prefix)
+        _check_cluster(setup)
         self.setup = setup
+        manager = re.escape(_manager(setup))
+        # This adapter's jobs, and (to say so in the log) jobs of this manager's name that
+        # belong to another cluster; both anchored at both ends.
+        self._mine = re.compile(rf"{re.escape(setup.cluster)}\.{manager}\.(?P<suffix>{_SUFFIX})")
+        self._namesake = re.compile(rf"[0-9A-Za-z]+\.{manager}\.{_SUFFIX}")
+        # Jobs this manager's name had before job names carried the cluster (named as the
+        # worker, "<manager>-<boot>-<n>"): never adopted, only named in the log.
+        self._old_format = re.compile(rf"{re.escape(setup.prefix)}[0-9a-f]{{6}}-[0-9]+")
         self.options = options
         self.runner = runner
         self.user = getpass.getuser()
@@ -193,23 +219,54 @@ class SlurmAdapter:
             "slurm", self.setup.max_workers, self.options.startup_seconds, f"Slurm, {where}"
         )
 
+    def owner_of(self, job_name: str) -> str | None:
+        """The worker whose job ``job_name`` is, if the job is this adapter's: its whole name
+        is this cluster's id, this manager's name and a worker's suffix (``job_name``);
+        None for any other job, however its name begins."""
+        match = self._mine.fullmatch(job_name)
+        return self.setup.prefix + match["suffix"] if match else None
+
+    def job_name(self, worker: str) -> str:
+        """The Slurm job name of ``worker`` (one of this adapter's names)."""
+        return job_name(self.setup, worker)
+
     def adopt(self) -> list[WorkerReport]:
-        """Jobs of this prefix still queued or running (a previous run of this manager):
-        kept, and reported as they are."""
+        """This adapter's jobs (``owner_of``) still queued or running, left by a previous
+        run of this manager: kept, and reported as they are."""
         rc, out, err = self._run(
             ["squeue", "-h", "-u", self.user, "-o", _SQUEUE_FORMAT], None, QUERY_TIMEOUT
         )
         if rc != 0:
             raise AdapterError(f"squeue failed: {_one_line(err)}; is slurmctld reachable (sinfo)?")
         found = []
-        for job_id, (name, state, reason, node, end) in _parse_queue(out).items():
-            if not name.startswith(self.setup.prefix) or name in self.jobs:
+        namesakes, old_format = [], []
+        for job_id, (job_name_, state, reason, node, end) in _parse_queue(out).items():
+            name = self.owner_of(job_name_)
+            if name is None:
+                if self._namesake.fullmatch(job_name_):
+                    namesakes.append(job_id)
+                elif self._old_format.fullmatch(job_name_):
+                    old_format.append(job_id)
+                continue
+            if name in self.jobs:
                 continue
             job = _Job(name, job_id)
             self._apply_queued(job, state, reason, node, end)
             self.jobs[name] = job
             found.append(self._report(job))
             log.info("slurm: adopted job %s (%s), %s", job_id, name, job.state.value)
+        if namesakes:
+            log.info(
+                "slurm: left alone job(s) %s: named for a manager %r of another cluster (or of "
+                "this one reached by another address or key); this one's id is %s",
+                ",".join(namesakes), _manager(self.setup), self.setup.cluster,
+            )  # fmt: skip
+        if old_format:
+            log.warning(
+                "slurm: job(s) %s are named like this manager's workers by an older version "
+                "(no cluster id in the name): not adopted; scancel them if they are this manager's",
+                ",".join(old_format),
+            )
         return found
 
     def request(self, launches: list[WorkerLaunch]) -> None:
@@ -224,7 +281,7 @@ class SlurmAdapter:
                 raise AdapterError(
                     f"worker name {launch.name!r} is already in use by job {self.jobs[launch.name].job_id}"
                 )
-            _check_prefix(launch.name)
+            job_name(self.setup, launch.name)  # checks that the job can be found again
             job = _Job(launch.name)
             script = self.job_script(launch)
             if launch.credential is not None:
@@ -455,7 +512,7 @@ class SlurmAdapter:
         if not job.cancelled:
             tail = _tail(
                 fields.get("StdOut")
-                or os.path.join(self.options.log_dir, f"{job.name}-{job_id}.log")
+                or os.path.join(self.options.log_dir, f"{self.job_name(job.name)}-{job_id}.log")
             )
         self._remove_key(job)
         self._set(job, WorkerState.GONE, how, log_tail=tail, infrastructure=infrastructure)
@@ -512,7 +569,7 @@ def job_script(setup: AdapterSetup, options: SlurmOptions, launch: WorkerLaunch)
     template = setup.template
     python = "python" if o.python_env else sys.executable
     command = worker_command(launch, template, python=python)
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={launch.name}"]
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name(setup, launch.name)}"]
     lines.append(f"#SBATCH --output={os.path.join(os.path.abspath(o.log_dir), '%x-%j.log')}")
     lines += [
         "#SBATCH --nodes=1",
@@ -549,6 +606,40 @@ def job_script(setup: AdapterSetup, options: SlurmOptions, launch: WorkerLaunch)
 def key_path(options: SlurmOptions, name: str) -> str:
     """Where a worker's key waits for its job to start (mode 0600, removed as the job starts)."""
     return os.path.join(os.path.abspath(options.log_dir), f".{name}.key")
+
+
+def job_name(setup: AdapterSetup, worker: str) -> str:
+    """The Slurm job name of ``worker``: ``<cluster>.<manager>.<suffix>``, where the worker's
+    name is ``setup.prefix`` (``<manager>-``) followed by ``suffix``. AdapterError for a
+    worker name the adapter could not find again by it."""
+    _check_cluster(setup)
+    suffix = worker[len(setup.prefix) :]
+    if not worker.startswith(setup.prefix) or not re.fullmatch(_SUFFIX, suffix):
+        raise AdapterError(
+            f"worker name {worker!r} is not {setup.prefix!r} followed by letters, digits, "
+            "'-' and '_': its Slurm job could not be told from other managers' jobs"
+        )
+    name = f"{setup.cluster}.{_manager(setup)}.{suffix}"
+    _check_prefix(name)
+    if len(name) > JOB_NAME_MAX:
+        raise AdapterError(
+            f"Slurm job name {name!r} is {len(name)} characters, more than {JOB_NAME_MAX}; "
+            "give the manager a shorter --name"
+        )
+    return name
+
+
+def _manager(setup: AdapterSetup) -> str:
+    """The manager's name: its workers' prefix without the "-" that ends it."""
+    return setup.prefix.removesuffix("-")
+
+
+def _check_cluster(setup: AdapterSetup) -> None:
+    if not _CLUSTER_ID.fullmatch(setup.cluster):
+        raise AdapterError(
+            f"cluster id {setup.cluster!r} is not letters and digits (adapter.cluster_id()): "
+            "without it the Slurm adapter cannot tell its jobs from another cluster's"
+        )
 
 
 def _check_prefix(name: str) -> None:
@@ -756,13 +847,13 @@ def from_args(args: argparse.Namespace, setup: AdapterSetup) -> CapacityAdapter:
 def print_job_script(
     setup: AdapterSetup, options: SlurmOptions, address: str, secure: bool = True
 ) -> str:
-    """The job script of the first worker ``setup`` would start, without submitting it."""
+    """The job script of the first worker a run of the manager would start, without
+    submitting it; its ``<boot>`` is made anew here, as each run makes its own."""
     from scaler_executor.security.keys import Credential
 
-    credential = (
-        Credential(f"{setup.prefix}0", "worker", "PUBLIC", "SECRET", "DAEMON") if secure else None
-    )
-    return job_script(setup, options, WorkerLaunch(f"{setup.prefix}0", address, credential))
+    name = worker_name(setup.prefix, new_boot(), 1)
+    credential = Credential(name, "worker", "PUBLIC", "SECRET", "DAEMON") if secure else None
+    return job_script(setup, options, WorkerLaunch(name, address, credential))
 
 
 __all__ = [
@@ -771,6 +862,7 @@ __all__ = [
     "WorkerTemplate",
     "add_arguments",
     "from_args",
+    "job_name",
     "job_script",
     "print_job_script",
     "run_command",

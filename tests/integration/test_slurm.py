@@ -31,6 +31,7 @@ from scaler_executor.manager.adapter import (
     WorkerReport,
     WorkerState,
     WorkerTemplate,
+    cluster_id,
 )
 from scaler_executor.manager.slurm import SlurmAdapter, SlurmOptions
 from scaler_executor.security.keys import SecurityDir, load_credential
@@ -42,6 +43,10 @@ FLAGS = ("--heartbeat-interval", "0.1", "--heartbeat-liveness", "50", "--log-lev
 CLIENT = ClusterConfig(heartbeat_interval=0.1, heartbeat_liveness=50, daemon_loss_timeout=30.0)
 WAIT = 60.0  # bound on one wait on a loaded machine (jobs start ~1 s apart on an idle one)
 POLL = 0.3  # the adapter's squeue interval in these tests
+# The cluster id in the job names (scaler-worker-manager derives it from the daemon's address
+# and key); another cluster sharing this Slurm has another.
+CLUSTER = cluster_id(f"test-slurm-{os.getpid()}")
+OTHER_CLUSTER = cluster_id(f"test-slurm-{os.getpid()}-other")
 
 
 @pytest.fixture(scope="session")
@@ -170,8 +175,12 @@ class Adapters:
         self.made: list[SlurmAdapter] = []
         self.seen: dict[int, list[WorkerReport]] = {}
 
-    def make(self, prefix: str, max_workers: int = 4, **options: object) -> SlurmAdapter:
-        setup = AdapterSetup(f"{prefix}-{os.getpid()}-", max_workers, WorkerTemplate(processors=1))
+    def make(
+        self, prefix: str, max_workers: int = 4, cluster: str = CLUSTER, **options: object
+    ) -> SlurmAdapter:
+        setup = AdapterSetup(
+            f"{prefix}-{os.getpid()}-", max_workers, WorkerTemplate(processors=1), cluster
+        )
         adapter = SlurmAdapter(
             setup,
             SlurmOptions(
@@ -223,12 +232,16 @@ def adapters(slurm: int, tmp_path: Path) -> Iterator[Adapters]:
         made.shutdown()
 
 
-def queued(prefix: str) -> dict[str, str]:
-    """job id -> state of this user's jobs whose name starts with ``prefix``, from squeue."""
+def queued(adapter: SlurmAdapter) -> dict[str, str]:
+    """job id -> state of the jobs squeue lists that are ``adapter``'s by their name."""
     out = subprocess.run(
         ["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True, check=True
     ).stdout
-    return {i: s for i, n, s in (line.split() for line in out.splitlines()) if n.startswith(prefix)}
+    return {
+        i: s
+        for i, n, s in (line.split() for line in out.splitlines())
+        if adapter.owner_of(n) is not None
+    }
 
 
 # =========================================================================== cases
@@ -256,9 +269,9 @@ def test_sbatch_workers_join_a_secure_daemon_and_run_tasks(
     adapter.stop([names[0]])
     gone = adapters.wait_for(adapter, names[0], WorkerState.GONE)
     assert "scancel" in gone.reason and not gone.infrastructure
-    assert gone.job not in queued(adapter.setup.prefix)
+    assert gone.job not in queued(adapter)
     adapter.shutdown()
-    assert queued(adapter.setup.prefix) == {}
+    assert queued(adapter) == {}
 
 
 def test_a_job_scancelled_mid_task_has_its_task_retried_elsewhere(
@@ -310,7 +323,7 @@ def test_more_demand_than_the_node_pends_with_its_reason_and_is_not_over_submitt
     assert reasons <= {"Resources", "Priority"}, reasons
     with pytest.raises(AdapterError, match="max_workers is 3"):
         adapter.request(daemon.launches([f"{adapter.setup.prefix}3"]))
-    assert len(queued(adapter.setup.prefix)) == 3
+    assert len(queued(adapter)) == 3
 
 
 def test_a_bad_partition_is_a_clear_refusal(daemon: Daemon, adapters: Adapters) -> None:
@@ -328,12 +341,21 @@ def test_a_restarted_manager_adopts_its_jobs_and_no_one_elses(
     daemon: Daemon, adapters: Adapters
 ) -> None:
     first = adapters.make("adopt")
-    other = adapters.make("other-cluster")
+    # Another cluster's manager of the same name on this Slurm (its worker's own suffix
+    # differs only because both join this one daemon here), and a manager whose name
+    # starts with this one's prefix (adopt-PID-gpu-PID-...): neither's job is adopted or
+    # cancelled.
+    other = adapters.make("adopt", cluster=OTHER_CLUSTER)
+    longer = adapters.make(f"adopt-{os.getpid()}-gpu")
+    assert longer.setup.prefix.startswith(first.setup.prefix)
     names = [f"{first.setup.prefix}{i}" for i in range(2)]
     first.request(daemon.launches(names))
-    other.request(daemon.launches([f"{other.setup.prefix}0"]))
+    other.request(daemon.launches([f"{other.setup.prefix}9"]))
+    longer.request(daemon.launches([f"{longer.setup.prefix}0"]))
     jobs = {adapters.wait_for(first, n, WorkerState.RUNNING).job for n in names}
-    adapters.wait_for(other, f"{other.setup.prefix}0", WorkerState.RUNNING)
+    # Queued is enough to be listed by squeue (pending first, then maybe running, as room allows).
+    adapters.wait_for(other, f"{other.setup.prefix}9", WorkerState.PENDING)
+    adapters.wait_for(longer, f"{longer.setup.prefix}0", WorkerState.PENDING)
     adapters.made.remove(first)  # the manager died: nothing of it runs shutdown
 
     again = adapters.make("adopt")
@@ -345,10 +367,9 @@ def test_a_restarted_manager_adopts_its_jobs_and_no_one_elses(
             f.result(timeout=WAIT)[0] for f in [ex.submit(job_of_worker, i) for i in range(4)]
         ] == [0, 1, 4, 9]
     again.shutdown()
-    assert queued(again.setup.prefix) == {}
-    assert (
-        len(queued(other.setup.prefix)) == 1
-    )  # another cluster's job on the same Slurm: untouched
+    assert queued(again) == {}
+    # another cluster's job, and another manager's, on the same Slurm: untouched
+    assert len(queued(other)) == 1 and len(queued(longer)) == 1
 
 
 def test_a_worker_that_dies_at_start_is_reported_with_state_exit_code_and_log_tail(

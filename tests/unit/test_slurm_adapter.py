@@ -7,6 +7,7 @@ The adapter on a real Slurm is tests/integration/test_slurm.py.
 from __future__ import annotations
 
 import argparse
+import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,11 +23,13 @@ from scaler_executor.manager.adapter import (
     WorkerReport,
     WorkerState,
     WorkerTemplate,
+    cluster_id,
 )
 from scaler_executor.manager.slurm import SlurmAdapter, SlurmOptions
 from scaler_executor.security.keys import Credential
 
 SEP = "\x1f"
+CLUSTER = cluster_id("tcp://d:1", "DPUB")
 
 
 class FakeSlurm:
@@ -61,9 +64,11 @@ class FakeSlurm:
                 self.queue[job_id] = (name, "PENDING", "None")
                 return 0, job_id + "\n", ""
             if argv[0] == "squeue":
+                only = set(argv[argv.index("-j") + 1].split(",")) if "-j" in argv else None
                 lines = [
                     SEP.join([i, n, s, r, "node1" if s == "RUNNING" else "", "N/A"])
                     for i, (n, s, r) in self.queue.items()
+                    if only is None or i in only
                 ]
                 return 0, "\n".join(lines) + "\n", ""
             if argv[0] == "scontrol":
@@ -89,6 +94,7 @@ def adapter_with(
         "c1-m1-",
         max_workers,
         WorkerTemplate(processors=2, resources={"gpu": 1}, tags=frozenset({"big"})),
+        CLUSTER,
     )
     return SlurmAdapter(
         setup,
@@ -116,12 +122,15 @@ def test_the_job_script_runs_the_worker_in_the_foreground_with_every_option(tmp_
         memory="4G", gres="gpu:1", directives=("--constraint=skylake",),
     )  # fmt: skip
     setup = AdapterSetup(
-        "c1-m1-", 4, WorkerTemplate(processors=2, resources={"gpu": 1}, tags=frozenset({"big"}))
+        "c1-m1-",
+        4,
+        WorkerTemplate(processors=2, resources={"gpu": 1}, tags=frozenset({"big"})),
+        CLUSTER,
     )
     script = slurm.job_script(setup, options, launch("c1-m1-0", secure=True))
     lines = script.splitlines()
     assert lines[0] == "#!/bin/bash"
-    for expected in ("--job-name=c1-m1-0", "--partition=gpu", "--account=proj7", "--qos=high", "--time=2:00:00",
+    for expected in (f"--job-name={CLUSTER}.c1-m1.0", "--partition=gpu", "--account=proj7", "--qos=high", "--time=2:00:00",
                      "--mem=4G", "--gres=gpu:1", "--cpus-per-task=2", "--constraint=skylake"):  # fmt: skip
         assert f"#SBATCH {expected}" in lines, expected
     key = str(tmp_path / ".c1-m1-0.key")
@@ -136,7 +145,7 @@ def test_the_job_script_runs_the_worker_in_the_foreground_with_every_option(tmp_
 def test_a_python_env_is_activated_in_the_job(tmp_path: Path) -> None:
     (tmp_path / "venv" / "bin").mkdir(parents=True)
     (tmp_path / "venv" / "bin" / "activate").touch()
-    setup = AdapterSetup("p-", 1, WorkerTemplate(processors=1))
+    setup = AdapterSetup("p-", 1, WorkerTemplate(processors=1), CLUSTER)
     script = slurm.job_script(
         setup, SlurmOptions(log_dir=str(tmp_path), python_env=str(tmp_path / "venv")), launch("p-0")
     )
@@ -267,7 +276,7 @@ def parsed(*argv: str) -> argparse.Namespace:
 def test_bad_options_are_named_with_their_fix(
     argv: tuple[str, ...], message: str, tmp_path: Path
 ) -> None:
-    setup = AdapterSetup("p-", 1, WorkerTemplate(processors=1))
+    setup = AdapterSetup("p-", 1, WorkerTemplate(processors=1), CLUSTER)
     with pytest.raises(AdapterError, match=message.replace("(", r"\(").replace(")", r"\)")):
         slurm.from_args(parsed(*argv, "--slurm-log-dir", str(tmp_path)), setup)
 
@@ -275,7 +284,7 @@ def test_bad_options_are_named_with_their_fix(
 def test_print_job_script_shows_the_script_and_exits(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    setup = AdapterSetup("c1-m1-", 1, WorkerTemplate(processors=1))
+    setup = AdapterSetup("c1-m1-", 1, WorkerTemplate(processors=1), CLUSTER)
     with pytest.raises(SystemExit) as exit_:
         slurm.from_args(
             parsed(
@@ -285,15 +294,16 @@ def test_print_job_script_shows_the_script_and_exits(
         )
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    assert (
-        "#SBATCH --partition=gpu" in out
-        and "--name c1-m1-0" in out
-        and "--credentials-stdin" in out
-    )
+    assert "#SBATCH --partition=gpu" in out and "--credentials-stdin" in out
+    # The first worker of a run, named as the manager names it: <name>-<boot>-1, and its job
+    # <cluster>.<name>.<boot>-1 (the boot is each run's own).
+    worker = re.search(r" --name (c1-m1-([0-9a-f]{6})-1) ", out)
+    assert worker is not None, out
+    assert f"#SBATCH --job-name={CLUSTER}.c1-m1.{worker[2]}-1\n" in out
 
 
 def test_a_time_limit_signals_the_worker_alone_ahead_of_it(tmp_path: Path) -> None:
-    setup = AdapterSetup("p-", 1, WorkerTemplate(processors=1))
+    setup = AdapterSetup("p-", 1, WorkerTemplate(processors=1), CLUSTER)
     limited = slurm.job_script(
         setup, SlurmOptions(log_dir=str(tmp_path), time_limit="30", drain_seconds=90), launch("p-0")
     )
@@ -305,10 +315,124 @@ def test_a_time_limit_signals_the_worker_alone_ahead_of_it(tmp_path: Path) -> No
 def test_print_job_script_names_the_managers_daemon_and_an_insecure_worker(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    setup = AdapterSetup("c1-m1-", 1, WorkerTemplate(processors=1))
+    setup = AdapterSetup("c1-m1-", 1, WorkerTemplate(processors=1), CLUSTER)
     args = parsed("--print-job-script", "--slurm-log-dir", str(tmp_path))
     args.daemon, args.insecure = "tcp://head:8786", True  # as scaler-worker-manager parses them
     with pytest.raises(SystemExit):
         slurm.from_args(args, setup)
     last = capsys.readouterr().out.splitlines()[-1]
     assert "scaler_executor.cli.worker tcp://head:8786" in last and last.endswith("--insecure")
+
+
+# ---------------------------------------------------------------- which jobs are this adapter's
+
+
+def manager(
+    tmp_path: Path, fake: FakeSlurm, name: str, cluster: str = CLUSTER, max_workers: int = 8
+) -> SlurmAdapter:
+    """The Slurm adapter of a manager called ``name`` (``--name``) of the cluster ``cluster``."""
+    setup = AdapterSetup(f"{name}-", max_workers, WorkerTemplate(processors=1), cluster)
+    return SlurmAdapter(setup, SlurmOptions(log_dir=str(tmp_path), poll_interval=1000.0), runner=fake)
+
+
+def submitted(adapter: SlurmAdapter, fake: FakeSlurm, names: list[str]) -> dict[str, str]:
+    """Submit ``names`` through ``adapter``; worker name -> job id once sbatch answered."""
+    adapter.request([launch(n) for n in names])
+    seen: list[WorkerReport] = []
+    poll_until(adapter, lambda s: {r.name for r in s if r.state is WorkerState.PENDING} == set(names), seen)
+    return {r.name: r.job for r in seen if r.state is WorkerState.PENDING}
+
+
+def cancelled(fake: FakeSlurm) -> set[str]:
+    with fake.lock:
+        return {job for call in fake.calls if call[0] == "scancel" for job in call[1:]}
+
+
+def test_job_names_carry_the_cluster_and_the_manager_delimited(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    pool = manager(tmp_path, fake, "pool")
+    try:
+        assert pool.job_name("pool-3f9a1c-7") == f"{CLUSTER}.pool.3f9a1c-7"
+        assert pool.owner_of(f"{CLUSTER}.pool.3f9a1c-7") == "pool-3f9a1c-7"
+        other = cluster_id("tcp://elsewhere:8786", "DPUB")
+        assert len(CLUSTER) == 8 and other != CLUSTER
+        for foreign in (
+            "pool-3f9a1c-7",  # the old format, a bare prefix
+            f"{CLUSTER}.pool-gpu.3f9a1c-7",  # manager pool-gpu
+            f"{CLUSTER}.pool.gpu.3f9a1c-7",  # manager pool.gpu
+            f"{CLUSTER}.pool.3f9a1c-7.x",  # more after the suffix
+            f"x{CLUSTER}.pool.3f9a1c-7",  # more before the cluster
+            f"{other}.pool.3f9a1c-7",  # another cluster's manager pool
+            f"{CLUSTER}.pool.",  # no suffix
+        ):
+            assert pool.owner_of(foreign) is None, foreign
+        with pytest.raises(AdapterError, match="is not 'pool-' followed by"):
+            pool.request([launch("pool-gpu.1")])
+        with pytest.raises(AdapterError, match="more than 200"):
+            manager(tmp_path, fake, "p" * 200).request([launch("p" * 200 + "-1")])
+        with pytest.raises(AdapterError, match="cluster id"):
+            manager(tmp_path, fake, "pool", cluster="")
+    finally:
+        pool.shutdown()
+
+
+def test_a_manager_never_adopts_nor_cancels_the_jobs_of_a_longer_named_manager(
+    tmp_path: Path,
+) -> None:
+    fake = FakeSlurm()
+    gpu = manager(tmp_path, fake, "pool-gpu")
+    theirs = submitted(gpu, fake, ["pool-gpu-a1b2c3-1", "pool-gpu-a1b2c3-2"])
+    pool = manager(tmp_path, fake, "pool")
+    ours = submitted(pool, fake, ["pool-d4e5f6-1"])
+
+    restarted = manager(tmp_path, fake, "pool")  # pool's manager restarted: adopts its own only
+    adopted = restarted.adopt()
+    assert {r.name: r.job for r in adopted} == ours
+    restarted.shutdown()
+    assert cancelled(fake) == set(ours.values())
+    with fake.lock:
+        assert set(theirs.values()) <= set(fake.queue)  # pool-gpu's jobs still queued
+    pool.shutdown()
+    assert cancelled(fake) == set(ours.values())
+    gpu.shutdown()
+
+
+def test_a_manager_never_adopts_nor_cancels_another_clusters_jobs_of_its_own_name(
+    tmp_path: Path,
+) -> None:
+    fake = FakeSlurm()
+    elsewhere = cluster_id("tcp://other-head:8786", "OTHER-DAEMON-KEY")
+    # Two clusters whose managers keep the default name, on one login host and one Slurm.
+    other = manager(tmp_path, fake, "manager-login1", elsewhere)
+    theirs = submitted(other, fake, ["manager-login1-a1b2c3-1"])
+    ours = submitted(manager(tmp_path, fake, "manager-login1"), fake, ["manager-login1-d4e5f6-1"])
+
+    restarted = manager(tmp_path, fake, "manager-login1")
+    adopted = restarted.adopt()
+    assert {r.name: r.job for r in adopted} == ours
+    restarted.shutdown()
+    assert cancelled(fake) == set(ours.values())
+    with fake.lock:
+        assert set(theirs.values()) <= set(fake.queue)
+    other.shutdown()
+
+
+def test_a_restarted_manager_adopts_its_own_jobs_with_their_states(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    first = manager(tmp_path, fake, "pool")
+    ours = submitted(first, fake, ["pool-d4e5f6-1", "pool-d4e5f6-2"])
+    with fake.lock:
+        job = ours["pool-d4e5f6-1"]
+        fake.queue[job] = (fake.queue[job][0], "RUNNING", "None")
+    # The first run died (no shutdown); the next one, same name and same daemon, finds them.
+    # cluster_id is a function of the daemon's address and key only, so it is the same.
+    again = manager(tmp_path, fake, "pool", cluster_id("tcp://d:1", "DPUB"))
+    adopted = {r.name: r for r in again.adopt()}
+    assert {n: r.job for n, r in adopted.items()} == ours
+    assert adopted["pool-d4e5f6-1"].state is WorkerState.RUNNING
+    assert adopted["pool-d4e5f6-1"].host == "node1"
+    assert adopted["pool-d4e5f6-2"].state is WorkerState.PENDING
+    again.shutdown()
+    assert cancelled(fake) == set(ours.values())
+    with fake.lock:
+        assert fake.queue == {}
