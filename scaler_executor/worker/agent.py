@@ -1121,6 +1121,11 @@ class WorkerAgent:
         counts it as interrupted (at-most-once tasks fail rather than run again)."""
         batch = self.outbox
         self.outbox = []
+        if self.results and self.lanes.tasks:
+            self.results, _free = self.lanes.route(self.results)  # lane tasks' go to their clients
+        report = self.lanes.report()
+        if report is not None:
+            batch.append(report)
         if self.results:
             results = self._offload(self.results) if self.fetch_objects and self.daemon_store else self.results
             self.results = []
