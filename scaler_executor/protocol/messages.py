@@ -11,7 +11,8 @@ Hello                  *→D      handshake: role, versions, capacity; the only 
 Welcome                D→*      handshake accepted: the peer's id and the liveness settings
 Refused                D→*      handshake or message refused, with the reason
 Heartbeat              *↔*      fills silence; any message counts as a heartbeat
-Goodbye                *↔*      orderly disconnect (the receiver forgets the sender)
+Goodbye                *↔*      orderly disconnect (the receiver forgets the sender); a
+                                worker's lists the tasks it hands back never started
 RegisterFunction       C→D→W    a pickled callable shared by many tasks (sent once per map
                                 or cached function, then referred to by ``fn_id``; also C→W
                                 on a lane, before its first task there)
@@ -266,8 +267,17 @@ class Heartbeat(NamedTuple):
     running: int
 
 
+class TaskAttempt(NamedTuple):
+    task_id: int
+    attempt: int
+
+
 class Goodbye(NamedTuple):
     reason: str
+    # A worker's only: the tasks (and attempts) it hands back that never started, i.e. never
+    # went to one of its processors.  The daemon runs them again at no charge; any other task
+    # the worker held may have started, and counts as interrupted (max_retries=0: it fails).
+    unstarted: list[TaskAttempt] = []  # noqa: RUF012 - a NamedTuple default, never mutated
 
 
 class RegisterFunction(NamedTuple):

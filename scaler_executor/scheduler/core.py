@@ -538,7 +538,7 @@ class Scheduler:
 
     def _on_goodbye(self, peer: bytes, message: m.Goodbye) -> None:
         if (worker := self.workers.get(peer)) is not None:
-            self._lose_worker(worker, f"left: {message.reason}", clean=True)
+            self._lose_worker(worker, f"left: {message.reason[:200]}", clean=True, unstarted=message.unstarted)
         elif (client := self.clients.get(peer)) is not None:
             self._lose_client(client, ascii(message.reason[:200]), clean=True)
         self.managers.lose(peer, f"left: {message.reason[:200]!a}", self._now)
@@ -1011,14 +1011,33 @@ class Scheduler:
         for client in self.clients.values():
             self._send(client.peer, message)
 
-    def _lose_worker(self, worker: WorkerRecord, why: str, *, clean: bool = False, infrastructure: bool = False) -> None:
-        """``infrastructure``: its manager says the infrastructure ended it (preemption,
-        walltime, cancellation): its tasks go back without a charge against their retries,
-        except those that may run at most once (``max_retries=0``), which fail naming why."""
+    def _lose_worker(
+        self,
+        worker: WorkerRecord,
+        why: str,
+        *,
+        clean: bool = False,
+        infrastructure: bool = False,
+        unstarted: list[m.TaskAttempt] | None = None,
+    ) -> None:
+        """The worker is gone; each task it held goes on by what the daemon knows of it.
+
+        * ``unstarted``: the tasks (and attempts) its Goodbye hands back as never given to a
+          processor. They are queued again at no charge: they never ran.
+        * Any other task may have started. It counts as interrupted when the worker left in
+          an orderly way (``clean``: its Goodbye) or its manager says the infrastructure
+          ended it (``infrastructure``: preemption, walltime, cancellation): queued again
+          without a charge against its retries, except a task that may run at most once
+          (``max_retries=0``), which fails naming the worker (and its job, where known).
+        * Otherwise (a crash, missed heartbeats, unreachable) its attempt failed.
+        """
         (log.info if clean else log.warning)("worker %r lost: %s; %d tasks affected", worker.name, why, len(worker.inflight))
         if not clean:
             self.counters["workers_lost"] += 1
             self.recorder.event(self._now, "worker-lost", f"{why}; {len(worker.inflight)} tasks affected", where=worker.name)
+        job = self.managers.job_of(worker) if clean else ""  # a manager's "gone" names it in ``why``
+        who = f"worker {worker.name}" + (f" ({job})" if job else "")
+        returned = {(u.task_id, u.attempt) for u in unstarted} if unstarted else set()
         self.recorder.peak_memory.pop(worker.peer, None)
         del self.workers[worker.peer]
         self.managers.worker_left(worker)
@@ -1030,28 +1049,47 @@ class Scheduler:
             if task.flags & TaskFlags.ON_LANE:
                 task.transition("result")  # its client sees the lane close, and submits it again here
                 self._forget(task)
-            elif clean or (infrastructure and self._retry_free(task)):
-                # It left in an orderly way: the tasks it returns were not run to a crash.
-                if task.state is TaskState.CANCELLING:
-                    task.transition("returned")
-                    self._forget(task)
-                else:
-                    # A new attempt number, so that a late answer from the old hand-out
-                    # (the worker may still finish or cancel it) cannot settle the new one;
-                    # no failure is recorded, so it does not count against max_retries.
-                    task.attempt += 1
-                    task.transition("returned")
-                    self._queue(task, front=True)
+            elif (task_id, task.attempt) in returned:
+                self._requeue_free(task, "returned")
+            elif (clean or infrastructure) and self._retry_free(task):
+                self._requeue_free(task, "interrupted")
+            elif clean or infrastructure:
+                self._attempt_failed(
+                    task,
+                    f"{who}: {why}",
+                    at_most_once=(
+                        f"task {task.task_id:#x} failed: it may have started on worker {worker.name}, which "
+                        f"{'left' if clean else 'the infrastructure ended'} while it held it, and max_retries=0 "
+                        "lets a task run at most once, so it was not run again"
+                    ),
+                )
             else:
-                self._attempt_failed(task, f"worker {worker.name}: {why}")
+                self._attempt_failed(task, f"{who}: {why}")
+
+    def _requeue_free(self, task: TaskRecord, event: str) -> None:
+        """Back to the front of its queue without a charge against its retries (``returned``:
+        it never started; ``interrupted``: its worker's orderly leave or the infrastructure
+        cut it short).  A task being cancelled ends here instead."""
+        if task.state is TaskState.CANCELLING:
+            task.transition(event)
+            self._forget(task)
+            return
+        # A new attempt number, so that a late answer from the old hand-out (the worker may
+        # still finish or cancel it) cannot settle the new one; no failure is recorded, so it
+        # does not count against max_retries.
+        task.attempt += 1
+        task.transition(event)
+        self._queue(task, front=True)
 
     def _retry_free(self, task: TaskRecord) -> bool:
         max_retries = task.options.max_retries
         return (self.config.max_retries if max_retries is None else max_retries) > 0
 
-    def _attempt_failed(self, task: TaskRecord, line: str, output: bytes = b"") -> None:
+    def _attempt_failed(self, task: TaskRecord, line: str, output: bytes = b"", at_most_once: str = "") -> None:
         """``output``: what the attempt captured before its process died (capture_output),
-        given to the client with the failure when it was the last attempt allowed."""
+        given to the client with the failure when it was the last attempt allowed.
+        ``at_most_once``: the failure's text instead of the usual one (a crash on every
+        attempt) when this ends a task that may have started and may not run again."""
         if task.failures is None:
             task.failures = []
         task.failures.append(f"attempt {len(task.failures) + 1}: {line}")
@@ -1066,7 +1104,7 @@ class Scheduler:
             task.transition("retries-exhausted")
             self._forget(task)
             self.counters["failed"] += 1
-            text = (
+            text = at_most_once or (
                 f"task {task.task_id:#x} failed: the process running it died on all "
                 f"{len(task.failures)} attempt(s) allowed (max_retries={max_retries})"
             )

@@ -231,6 +231,14 @@ class ManagerController:
         if not any(r.name == managed.manager for r in self.managers.values()):
             self._forget(managed, "it left while its manager was away")
 
+    def job_of(self, worker: WorkerRecord) -> str:
+        """``manager m1: job 4711 on node-3`` for a connected managed worker whose manager
+        reported its job, else ``""``: what names the job when the worker leaves first."""
+        managed = self.workers.get(worker.name)
+        if managed is None or managed.peer != worker.peer or not managed.job:
+            return ""
+        return f"manager {managed.manager}: job {managed.job} on {managed.host or '?'}"
+
     def can_fit(self, key: ConstraintKey) -> bool:
         """Could some manager's workers run tasks with these needs?"""
         demand = Demand(key[0], key[1], 1)

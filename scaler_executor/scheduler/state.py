@@ -75,12 +75,16 @@ TRANSITIONS: dict[tuple[TaskState, str], TaskState] = {
     (S.FINISHED, "released"): S.DONE,
     (S.DISPATCHED, "attempt-failed"): S.RETRYING,
     (S.DISPATCHED, "retries-exhausted"): S.DONE,
-    (S.DISPATCHED, "returned"): S.PENDING,  # worker left cleanly before running it
+    (S.DISPATCHED, "returned"): S.PENDING,  # its worker left and handed it back unstarted
+    # Its worker left (Goodbye) or the infrastructure ended it while it may have been running:
+    # queued again without a charge against its retries (never for max_retries=0: it fails).
+    (S.DISPATCHED, "interrupted"): S.PENDING,
     (S.DISPATCHED, "cancel"): S.CANCELLING,
     (S.CANCELLING, "result"): S.DONE,
     (S.CANCELLING, "attempt-failed"): S.DONE,
     (S.CANCELLING, "retries-exhausted"): S.DONE,
     (S.CANCELLING, "returned"): S.DONE,
+    (S.CANCELLING, "interrupted"): S.DONE,
     (S.CANCELLING, "cancel"): S.CANCELLING,
 }
 

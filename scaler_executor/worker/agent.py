@@ -1114,10 +1114,37 @@ class WorkerAgent:
             self.capture_dir = tempfile.mkdtemp(prefix="scaler-capture-")
         return self.capture_dir
 
+    def _goodbye(self) -> list[object]:
+        """What this worker says last: results not sent yet, then its Goodbye listing the
+        tasks it hands back that never started (never given to a processor; the loop has
+        ended, so none will be).  Anything else it holds may have started: the daemon
+        counts it as interrupted (at-most-once tasks fail rather than run again)."""
+        batch = self.outbox
+        self.outbox = []
+        if self.results and self.lanes.tasks:
+            self.results, _free = self.lanes.route(self.results)  # lane tasks' go to their clients
+        report = self.lanes.report()
+        if report is not None:
+            batch.append(report)
+        if self.results:
+            results = self._offload(self.results) if self.fetch_objects and self.daemon_store else self.results
+            self.results = []
+            if self._send_raw():  # a result's chunks go before it
+                batch.append(m.TaskResults(results))
+        given = {(task_id, p.attempts.get(task_id)) for p in self.processors.values() for task_id in p.outstanding}
+        lane_tasks = self.lanes.tasks  # not the daemon's to run again: their clients resubmit them
+        unstarted = [
+            m.TaskAttempt(task_id, task.attempt)
+            for task_id, task in self.held.items()
+            if (task_id, task.attempt) not in given and task_id not in lane_tasks
+        ]
+        batch.append(m.Goodbye("worker stopping", unstarted))
+        return batch
+
     def _shutdown(self) -> None:
         try:
             if self.welcomed:
-                self._send_now([m.Goodbye("worker stopping")])
+                self._send_now(self._goodbye())
         except channel.SendError:
             pass
         self.lanes.close()

@@ -561,6 +561,46 @@ def test_a_task_retried_after_its_worker_was_declared_lost_completes(
     assert info is not None and info.attempts >= 2, info
 
 
+def run_logged(runs: str, release: str) -> int:
+    """Append this run's pid to ``runs`` as it starts; run until the file ``release`` exists."""
+    with open(runs, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    while not os.path.exists(release):
+        time.sleep(0.01)
+    return os.getpid()
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_stopped_by_sigterm_runs_no_at_most_once_task_twice(external: External, workdir: str) -> None:
+    """SIGTERM (scancel, preemption, a walltime's drain) makes a worker say Goodbye. The
+    max_retries=0 task it was running fails naming the worker and is never run again; the
+    ordinary task it was running runs again elsewhere; an at-most-once task that had not
+    started there (or was still at the daemon) runs once, elsewhere."""
+    external.daemon()
+    leaver = external.worker("--processors", "2", "--name", "leaver")
+    runs = {name: os.path.join(workdir, name) for name in ("once", "ordinary", "queued")}
+    release = os.path.join(workdir, "release")
+    with external.client() as ex:
+        once = ex.options(max_retries=0).submit(run_logged, runs["once"], release)
+        ordinary = ex.submit(run_logged, runs["ordinary"], release)
+        assert wait_until(lambda: os.path.exists(runs["once"]) and os.path.exists(runs["ordinary"]), timeout=60)
+        # Both processors are busy: this one waits in the worker's queue (dispatched, RUNNING
+        # to its future), never reaching a processor: the worker's Goodbye hands it back.
+        queued = ex.options(max_retries=0).submit(run_logged, runs["queued"], release)
+        assert wait_until(queued.running, timeout=30)
+        leaver.send_signal(signal.SIGTERM)
+        assert leaver.wait(30) == 0
+        Path(release).write_text("")
+        external.worker("--processors", "2", "--name", "stayer")
+        exc = error_of(once, timeout=60)
+        assert type(exc) is WorkerLost, repr(exc)
+        assert "may have started on worker leaver" in str(exc) and "max_retries=0" in str(exc), str(exc)
+        assert exc.attempts == ("attempt 1: worker leaver: left: worker stopping",), exc.attempts
+        assert ordinary.result(60) and queued.result(60)
+    counts = {name: len(Path(path).read_text().split()) for name, path in runs.items()}
+    assert counts == {"once": 1, "ordinary": 2, "queued": 1}, counts
+
+
 @pytest.mark.timeout(120)
 def test_memory_limit_kill_names_limit_and_size_and_the_worker_survives(
     fresh_executor: Callable[..., ScalerExecutor],

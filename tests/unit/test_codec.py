@@ -59,7 +59,7 @@ SAMPLES: dict[type, Any] = {
     m.Welcome: m.Welcome(17, 0.5, 6, "scaler-1-store"),
     m.Refused: m.Refused("version mismatch: Python 3.12 (daemon: 3.11) — ünïcode"),
     m.Heartbeat: m.Heartbeat(12, 3),
-    m.Goodbye: m.Goodbye("client shutting down"),
+    m.Goodbye: m.Goodbye("worker stopping", [m.TaskAttempt(2**40 + 7, 2)]),
     m.RegisterFunction: m.RegisterFunction(99, b"\x80\x05fn"),
     m.ReleaseFunctions: m.ReleaseFunctions([1, 2, 2**63 - 1]),
     m.RegisterOptions: m.RegisterOptions(2, OPTIONS),
@@ -343,13 +343,15 @@ BAD_FIELDS = [
     ("int-for-bytes", m.RegisterFunction, _with(m.RegisterFunction, payload=5)),
     # str where bytes expected (msgpack str and bin are distinct types)
     ("str-for-bytes", m.RegisterFunction, _with(m.RegisterFunction, payload="abc")),
-    ("bytes-for-str", m.Goodbye, [b"reason"]),
+    ("bytes-for-str", m.Goodbye, [b"reason", []]),
     # str where int expected
     ("str-for-int", m.SubmitAck, ["3"]),
     ("float-for-int", m.SubmitAck, [3.0]),
     ("str-for-int-in-hello", m.Hello, _with(m.Hello, pid="4242")),
     # None where a value is required
-    ("none-for-str", m.Goodbye, [None]),
+    ("none-for-str", m.Goodbye, [None, []]),
+    ("goodbye-unstarted-not-records", m.Goodbye, ["bye", [7]]),
+    ("goodbye-attempt-str", m.Goodbye, ["bye", [[7, "1"]]]),
     ("none-for-int", m.SubmitAck, [None]),
     ("none-for-bytes", m.RegisterFunction, _with(m.RegisterFunction, payload=None)),
     ("none-for-list", m.TasksRunning, [None]),
@@ -404,7 +406,7 @@ def test_wrong_field_types(cls: type, fields: list[Any]) -> None:
 
 def test_error_names_the_field() -> None:
     with pytest.raises(DecodeError, match="Goodbye.reason"):
-        decode(raw(m.Goodbye, [5]))
+        decode(raw(m.Goodbye, [5, []]))
     with pytest.raises(DecodeError, match="TaskSpec.payload"):
         decode(raw(m.SubmitTasks, [[_spec_fields(payload="args")]]))
 

@@ -996,6 +996,56 @@ def test_worker_goodbye_returns_tasks_without_an_attempt(cluster: Cluster) -> No
     assert cluster.scheduler.tasks[ids[0]].failures is None
 
 
+def test_worker_goodbye_requeues_for_free_only_what_it_vouches_never_started(cluster: Cluster) -> None:
+    """At most once (max_retries=0) holds through an orderly leave (SIGTERM, scancel): the
+    worker's Goodbye lists the tasks it hands back never given to a processor, and only those
+    run again, at another worker, for free. Any other task may have started: an at-most-once
+    one fails naming the worker; an ordinary one goes back without a charge (no crash)."""
+    cid = cluster.client()
+    cluster.worker(b"w1", capacity=4)
+    started, unstarted, ordinary, stale = (tid(cid, n) for n in (1, 2, 3, 4))
+    out = cluster.send(
+        b"c1",
+        m.RegisterOptions(1, m.TaskOptions({}, [], 0, None, 0)),
+        m.SubmitTasks([spec(started, options_id=1), spec(unstarted, options_id=1), spec(ordinary), spec(stale, options_id=1)]),
+    )
+    assert sorted(d.task_id for d in out.dispatched(b"w1")) == [started, unstarted, ordinary, stale]
+    # ``stale`` is vouched for under another attempt than the one it holds, and the last
+    # is no task of the worker's: neither says anything of what the worker holds.
+    listed = [m.TaskAttempt(unstarted, 0), m.TaskAttempt(stale, 1), m.TaskAttempt(tid(cid, 99), 0)]
+    out = cluster.send(b"w1", m.Goodbye("worker stopping", listed))
+    lost = {r.task_id: r for r in out.results(b"c1")}
+    assert set(lost) == {started, stale}
+    for r in lost.values():
+        assert r.status == Status.WORKER_LOST
+        text, lines = msgpack.unpackb(r.payload)
+        assert "may have started on worker w1" in text and "max_retries=0" in text, text
+        assert lines == ["attempt 1: worker w1: left: worker stopping"]
+    tasks = cluster.scheduler.tasks
+    assert set(tasks) == {unstarted, ordinary}
+    assert tasks[unstarted].failures is None and tasks[ordinary].failures is None
+    assert cluster.stat("workers_lost") == 0 and cluster.stat("retried") == 0
+    out = cluster.worker(b"w2", capacity=2)
+    assert sorted((d.task_id, d.attempt) for d in out.dispatched(b"w2")) == [(unstarted, 1), (ordinary, 1)]
+
+
+def test_a_worker_joining_again_interrupts_what_it_held(cluster: Cluster) -> None:
+    """A worker's repeated Hello means it forgot (and killed) what it held: nothing it held
+    is vouched for, so an at-most-once task fails, an ordinary one goes back for free."""
+    cid = cluster.client()
+    cluster.worker(b"w1", capacity=2)
+    once, ordinary = tid(cid, 1), tid(cid, 2)
+    cluster.send(
+        b"c1", m.RegisterOptions(1, m.TaskOptions({}, [], 0, None, 0)), m.SubmitTasks([spec(once, options_id=1), spec(ordinary)])
+    )
+    out = cluster.send(b"w1", hello(m.Role.WORKER, name="w1", capacity=2))
+    (lost,) = out.results(b"c1")
+    assert lost.task_id == once and lost.status == Status.WORKER_LOST
+    assert msgpack.unpackb(lost.payload)[1] == ["attempt 1: worker w1: left: joined again"]
+    assert [(d.task_id, d.attempt) for d in out.dispatched(b"w1")] == [(ordinary, 1)]
+    assert cluster.scheduler.tasks[ordinary].failures is None
+
+
 def test_lost_worker_with_a_cancelling_task(cluster: Cluster) -> None:
     cid = cluster.client()
     cluster.worker(b"w1")
@@ -1421,7 +1471,9 @@ class World:
         del self.workers[worker.peer]
         self.gone.add(worker.peer)
         if how == "goodbye":
-            self.step(Received(worker.peer, [m.Goodbye("scaling down")], self.cluster.now))
+            # Some of what it holds, handed back as never started (the others may have).
+            unstarted = [m.TaskAttempt(t, a) for t, a in worker.held.items() if self.rng.random() < 0.5]
+            self.step(Received(worker.peer, [m.Goodbye("scaling down", unstarted)], self.cluster.now))
         elif how == "exited":
             self.step(WorkerExited(worker.pid, "node-1", "exit code -9", self.cluster.now))
         else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import cloudpickle
+import msgpack
 import pytest
 
 from scaler_executor._compat import python_version
@@ -316,6 +317,69 @@ def test_infrastructure_loss_retries_for_free_but_not_at_most_once_tasks() -> No
     assert [(r.task_id, r.status) for r in results] == [(once[0], Status.WORKER_LOST)]
     assert b"job 4711 on node-3: PREEMPTED" in results[0].payload
     assert world.core.tasks[free[0]].failures is None, "the preempted task's retry is not charged to it"
+
+
+ONCE = m.TaskOptions({}, [], 0, None, 0)  # max_retries=0: at most once
+
+
+def _three_tasks_at_a_slurm_job(world: World) -> tuple[int, int, int]:
+    """An ordinary task and two at-most-once ones, all held by worker cpu-1 (job 4711)."""
+    world.manager(b"m1", "cpu", offer(max_workers=1, processors=3))
+    world.client()
+    (ordinary,) = world.submit(1)
+    started, unstarted = world.submit(2, options_id=1, options=ONCE)
+    world.tick()
+    world.send(b"m1", m.WorkerStates([change("cpu-1", "running", job="4711", host="node-3")]))
+    held = dispatched(world.worker("cpu-1", processors=3), b"cpu-1")
+    assert sorted((t.task_id, t.attempt) for t in held) == [(ordinary, 0), (started, 0), (unstarted, 0)]
+    return ordinary, started, unstarted
+
+
+def _results(out: Step) -> dict[int, m.TaskResult]:
+    return {r.task_id: r for x in out.of(b"c", m.TaskResults) for r in x.results}
+
+
+def test_a_job_ended_by_slurm_whose_worker_says_goodbye_first_runs_at_most_once_tasks_once() -> None:
+    """scancel, preemption or the walltime's drain signal: the worker gets SIGTERM and says
+    Goodbye, listing what it hands back never started, seconds before the manager's poll
+    reports the job gone.  The at-most-once task that may have started fails naming the
+    worker and its job; the unstarted one and the ordinary one go back for free."""
+    world = World()
+    ordinary, started, unstarted = _three_tasks_at_a_slurm_job(world)
+    out = world.send(b"cpu-1", m.Goodbye("worker stopping", [m.TaskAttempt(unstarted, 0)]))
+    results = _results(out)
+    assert list(results) == [started] and results[started].status == Status.WORKER_LOST
+    text, lines = msgpack.unpackb(results[started].payload)
+    assert "may have started on worker cpu-1" in text and "max_retries=0" in text, text
+    assert lines == ["attempt 1: worker cpu-1 (manager cpu: job 4711 on node-3): left: worker stopping"]
+    tasks = world.core.tasks
+    assert set(tasks) == {ordinary, unstarted}
+    assert tasks[ordinary].failures is None and tasks[unstarted].failures is None
+    # The manager's report comes later: the worker is gone already, nothing more happens.
+    out = world.send(b"m1", m.WorkerStates([change("cpu-1", "gone", reason="Slurm job 4711 CANCELLED", infrastructure=True)]))
+    assert not _results(out) and set(world.core.tasks) == {ordinary, unstarted}
+    again = dispatched(world.worker("cpu-2", processors=3), b"cpu-2")
+    assert sorted((t.task_id, t.attempt) for t in again) == [(ordinary, 1), (unstarted, 1)]
+
+
+def test_a_job_reported_gone_before_its_worker_says_goodbye_runs_at_most_once_tasks_once() -> None:
+    """The other order: the manager reports the job ended by the infrastructure while its
+    worker is still connected.  The daemon cannot know which at-most-once task started, so
+    both fail naming the job and its fate; the ordinary task goes back for free, and the
+    worker's late Goodbye (from a peer the daemon has forgotten) changes nothing."""
+    world = World()
+    ordinary, started, unstarted = _three_tasks_at_a_slurm_job(world)
+    out = world.send(b"m1", m.WorkerStates([change("cpu-1", "gone", reason="Slurm job 4711 CANCELLED", infrastructure=True)]))
+    results = _results(out)
+    assert sorted(results) == sorted([started, unstarted])
+    for result in results.values():
+        assert result.status == Status.WORKER_LOST
+        text, lines = msgpack.unpackb(result.payload)
+        assert "may have started on worker cpu-1" in text and "max_retries=0" in text, text
+        assert lines == ["attempt 1: worker cpu-1: manager cpu: job 4711 on node-3: Slurm job 4711 CANCELLED"]
+    assert set(world.core.tasks) == {ordinary} and world.core.tasks[ordinary].failures is None
+    out = world.send(b"cpu-1", m.Goodbye("worker stopping", [m.TaskAttempt(unstarted, 0)]))
+    assert not _results(out) and set(world.core.tasks) == {ordinary}
 
 
 def test_a_lost_managers_keys_last_a_bounded_time_and_a_restart_adopts() -> None:
