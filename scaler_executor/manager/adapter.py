@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import enum
 import hashlib
+import re
 import secrets
 import sys
 from dataclasses import dataclass, field
@@ -216,6 +217,16 @@ def worker_name(prefix: str, boot: str, serial: int) -> str:
     """The name of a manager's ``serial``-th worker (from 1) in the run ``boot``:
     ``<manager name>-<boot>-<serial>``."""
     return f"{prefix}{boot}-{serial}"
+
+
+_WORKER_SUFFIX = re.compile(r"[0-9a-f]{6}-[1-9][0-9]*")  # new_boot()'s 6 hex digits, a serial
+
+
+def is_worker_of(prefix: str, name: str) -> bool:
+    """Whether ``name`` is one of ``worker_name(prefix, ...)``: ``prefix`` and then exactly a
+    run's token and a serial.  Never a bare prefix match: manager ``pool``'s workers are
+    ``pool-3f9a1c-1``, and ``pool-gpu-3f9a1c-1`` belongs to manager ``pool-gpu``."""
+    return name.startswith(prefix) and _WORKER_SUFFIX.fullmatch(name[len(prefix) :]) is not None
 
 
 # --adapter NAME -> the module implementing AdapterModule.

@@ -26,6 +26,7 @@ from scaler_executor.manager.adapter import (
     WorkerLaunch,
     WorkerReport,
     WorkerState,
+    is_worker_of,
     worker_command,
 )
 
@@ -59,7 +60,7 @@ class LocalAdapter:
                 if "scaler_executor.cli.worker" not in cmdline or "--name" not in cmdline:
                     continue
                 name = cmdline[cmdline.index("--name") + 1]
-                if not name.startswith(self.setup.prefix) or process.info["uids"].real != _uid():
+                if not is_worker_of(self.setup.prefix, name) or process.info["uids"].real != _uid():
                     continue
                 process.terminate()
                 found.append(WorkerReport(name, WorkerState.GONE, str(process.pid), self.host, "left behind by a previous run of its manager; stopped"))

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from scaler_testing import wait_until
 
 from scaler_executor.cli.manager import main
-from scaler_executor.manager.adapter import ADAPTERS, AdapterSetup, CapacityAdapter, WorkerTemplate
+from scaler_executor.manager.adapter import (
+    ADAPTERS,
+    AdapterSetup,
+    CapacityAdapter,
+    WorkerTemplate,
+    is_worker_of,
+    new_boot,
+    worker_name,
+)
 from scaler_executor.manager.local_adapter import LocalAdapter
 
 
@@ -40,3 +49,45 @@ def test_the_local_adapter_follows_the_contract() -> None:
     assert adapter.poll() == [] and adapter.adopt() == []
     adapter.shutdown()
     assert set(ADAPTERS) >= {"local", "slurm"}
+
+
+def test_is_worker_of_matches_whole_names_only() -> None:
+    boot = new_boot()
+    assert is_worker_of("pool-", worker_name("pool-", boot, 7))
+    assert not is_worker_of("pool-", worker_name("pool-gpu-", boot, 7))
+    assert not is_worker_of("pool-", "pool-" + boot)
+    assert not is_worker_of("pool-", worker_name("pool-", boot, 7) + "x")
+
+
+def test_a_restarted_local_manager_stops_only_its_own_leftover_workers() -> None:
+    """Workers a previous run left (found by their command line) are stopped only when their
+    whole name is this manager's: ``pool``'s restart must not stop ``pool-gpu``'s worker."""
+    import subprocess
+    import sys
+
+    def fake_worker(name: str) -> subprocess.Popen[bytes]:  # a command line like a worker's
+        return subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(120)", "scaler_executor.cli.worker", "--name", name]
+        )
+
+    boot = new_boot()
+    ours, neighbour = fake_worker(worker_name("pool-", boot, 1)), fake_worker(worker_name("pool-gpu-", boot, 1))
+    try:
+        import psutil
+
+        def started(p: subprocess.Popen[bytes]) -> bool:
+            try:
+                return "--name" in psutil.Process(p.pid).cmdline()
+            except psutil.Error:
+                return False
+
+        assert wait_until(lambda: started(ours) and started(neighbour), timeout=30)
+        adapter = LocalAdapter(AdapterSetup("pool-", 2, WorkerTemplate(1)))
+        reports = adapter.adopt()
+        assert [r.name for r in reports] == [worker_name("pool-", boot, 1)]
+        assert ours.wait(30) is not None
+        assert neighbour.poll() is None, "the neighbour manager's worker was stopped"
+    finally:
+        for p in (ours, neighbour):
+            p.kill()
+            p.wait()
