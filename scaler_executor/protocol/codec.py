@@ -308,9 +308,11 @@ def decode(frames: Sequence[Any], limits: Limits | None = None) -> tuple[list[Me
         if limits is None:
             raw = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=True)
         else:
-            count = _batch_length(body)
-            if count > limits.messages:
-                raise DecodeError(f"a batch of {count} messages (at most {limits.messages} are accepted)")
+            # (The common case, a bytes body of fewer than 16 messages, reads one byte.)
+            if type(body) is not bytes or not body or body[0] >= 0xDC or limits.messages < 16:
+                count = _batch_length(body)
+                if count > limits.messages:
+                    raise DecodeError(f"a batch of {count} messages (at most {limits.messages} are accepted)")
             raw = msgpack.unpackb(
                 body,
                 raw=False,
