@@ -610,17 +610,19 @@ class ClientAgent:
         )
 
     def _drain_outbox(self) -> None:
-        if self.daemon.pending is not None or not self.core.outbox:
-            return
-        with self.lock:
-            batch, flushed = self.core.drain()
-        for message in batch:
-            if type(message) is m.ReleaseFunctions:
-                self.lane.release(message.fn_ids[0] & TASK_MASK)
-        if batch:
-            self.daemon.send(batch)
-        for event in flushed:
-            event.set()  # written, or held in order behind a full queue (DaemonRoute.pending)
+        while self.daemon.pending is None and self.core.outbox:
+            with self.lock:
+                batch, flushed = self.core.drain()
+                more = self.core.more_to_drain  # a full transmission: the rest in the next one
+            for message in batch:
+                if type(message) is m.ReleaseFunctions:
+                    self.lane.release(message.fn_ids[0] & TASK_MASK)
+            if batch:
+                self.daemon.send(batch)
+            for event in flushed:
+                event.set()  # written, or held in order behind a full queue (DaemonRoute.pending)
+            if not more:
+                return
 
     def _receive(self) -> None:
         handlers = self._handlers

@@ -31,11 +31,15 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from scaler_executor.client.pending import PendingLimit
+from scaler_executor.protocol import codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import TaskFlags, TaskOptions
 
 TASK_MASK = (1 << m.TASK_ID_BITS) - 1
 MAX_TASKS_PER_TRANSMISSION = 2000  # bounds the daemon's work per message, hence its turn time
+# Messages in one transmission at most (the daemon refuses a batch of more than
+# codec.MAX_BATCH_MESSAGES): room is kept for the two CancelTasks the drain appends last.
+MAX_MESSAGES_PER_TRANSMISSION = codec.SEND_BATCH_MESSAGES - 3
 
 # Where a task is, as far as the client knows.
 UNSENT = "unsent"  # its item is in the outbox: the daemon has not heard of it
@@ -124,6 +128,7 @@ class ClientCore:
     def __init__(self, window: int) -> None:
         self.records: dict[int, TaskRecord] = {}
         self.outbox: deque[Any] = deque()  # TaskItem, or (kind, data)
+        self.more_to_drain = False  # the last drain stopped at MAX_MESSAGES_PER_TRANSMISSION
         self.window = window  # most tasks sent and not yet acknowledged
         self.unacked = 0
         self.base = 0  # the client's id, shifted: the high bits of every id on the wire
@@ -260,15 +265,20 @@ class ClientCore:
 
     def drain(self) -> tuple[list[Any], list[Any]]:
         """(Under the lock) the messages the outbox holds for the daemon, in order, and the
-        FLUSHED markers among them.  Tasks beyond the submit window stay; a task taken
-        back by a cancel is skipped."""
+        FLUSHED markers among them.  Tasks beyond the submit window stay, and so do the
+        items beyond MAX_MESSAGES_PER_TRANSMISSION messages (``more_to_drain`` then says
+        so); a task taken back by a cancel is skipped."""
         outbox, base, records = self.outbox, self.base, self.records
         batch: list[Any] = []
         specs: list[m.TaskSpec] = []
         cancels: list[int] = []
         forced: list[int] = []
         flushed: list[Any] = []
+        self.more_to_drain = False
         while outbox:
+            if len(batch) >= MAX_MESSAGES_PER_TRANSMISSION:
+                self.more_to_drain = True
+                break
             item = outbox[0]
             if type(item) is TaskItem:
                 record = records.get(item.n)

@@ -52,6 +52,8 @@ class Monitor:
 
     ``credentials``: a credential file issued with ``--role monitor`` (tcp:// with security
     on); ``insecure=True`` for a daemon run with ``--insecure``.  ipc:// needs neither.
+    Without them, ``SCALER_CREDENTIALS``, ``SCALER_INSECURE`` and the config file apply, as
+    for ``ScalerExecutor`` (``ClusterConfig.load``).
     Raises ``ConfigError`` for a bad address or credential, ``MonitorRefused`` when the
     daemon refuses the handshake, ``TimeoutError`` when it does not answer in ``timeout``.
     """
@@ -72,7 +74,14 @@ class Monitor:
         self.address = address
         self.name = name
         if security is None:  # ``security``: a key held in memory (scaler-daemon --dashboard's child)
-            security = for_connecting(ClusterConfig(credentials=credentials, insecure=insecure), address, m.Role.MONITOR)
+            # As ScalerExecutor and scaler-worker do: SCALER_CREDENTIALS, SCALER_INSECURE and
+            # the config file ($SCALER_CONFIG), with the arguments winning.
+            config = ClusterConfig.load()
+            if credentials is not None:
+                config = config.replace(credentials=credentials)
+            if insecure:
+                config = config.replace(insecure=True)
+            security = for_connecting(config, address, m.Role.MONITOR)
         self._sock: Any = channel.connect(address, hwm=16, linger=0, security=security)
         self._poller = channel.Poller()
         self._poller.register(self._sock.pollable)

@@ -18,10 +18,17 @@ unauthenticated peer can be read safely; pickled user payloads are opaque
 Every decoded message is validated against the field types declared in
 :mod:`.messages` (arity and types, recursively); anything else raises
 :class:`DecodeError`, which the caller logs and drops.
+
+A receiver that does not trust its peers (the daemon) passes :class:`Limits`: caps on what
+one transmission may decode to, checked before anything is built (the batch's length
+from its header, the rest by msgpack's C unpacker as it goes), so a batch of millions
+of small messages is refused at the cost of reading a few bytes.  Senders split their
+batches at :data:`SEND_BATCH_MESSAGES`, well under the cap.
 """
 
 from __future__ import annotations
 
+import reprlib
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -46,6 +53,41 @@ class DecodeError(ProtocolError):
 
 class VersionMismatch(DecodeError):
     """The peer speaks another protocol (or another version of this one)."""
+
+
+class Limits(typing.NamedTuple):
+    """Caps on what one transmission may decode to (``decode(frames, limits)``)."""
+
+    messages: int  # messages in the batch (the body's top-level array)
+    array: int  # elements of any other array (a SubmitTasks' tasks, a task's deps, ...)
+    map: int  # entries of any map (resources, options)
+    string: int  # bytes of any string
+    binary: int  # bytes of any bin (payloads, pickled callables)
+
+
+# Messages a sender puts in one transmission at most (client/state.py, worker/agent.py):
+# more wait for the next one.  A tenth of the receiver's cap below.
+SEND_BATCH_MESSAGES = 10_000
+# The daemon's caps (scheduler/loop.py: daemon_limits, which raises ``array`` to the
+# config's max_pending_tasks and ``string``/``binary`` to its max_message_size).
+MAX_BATCH_MESSAGES = 100_000  # 100k heartbeats decode to ~30 MB; 2 M had grown the daemon by 500 MB
+MAX_ARRAY_LEN = 1 << 20  # a graph of 10^6 nodes, a cancel of 10^6 tasks, 10^6 results
+MAX_MAP_LEN = 1 << 16  # resources and options hold a handful of keys
+# msgpack (C) nests at most 1024 containers deep; deeper raises StackError (a DecodeError
+# here): the deepest message (DispatchTasks) nests 7 levels.
+MAX_NESTING = 1024
+
+# Short descriptions of untrusted values in error text: a plain repr of a 1000-level list
+# raises RecursionError, and of a million-element one costs its whole length before the
+# message truncates it.
+_brief_repr = reprlib.Repr()
+_brief_repr.maxlevel = 3
+_brief_repr.maxlist = _brief_repr.maxdict = _brief_repr.maxtuple = 4
+_brief_repr.maxstring = _brief_repr.maxother = 40
+
+
+def _brief(value: Any) -> str:
+    return _brief_repr.repr(value)
 
 
 # --------------------------------------------------------------------------- validation
@@ -135,12 +177,12 @@ def _record(cls: type) -> _Validator:
     hints = typing.get_type_hints(cls)
     fields: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
     arity = len(fields)
-    env: dict[str, Any] = {"DecodeError": DecodeError, "_fail": _fail, "_new": tuple.__new__, "cls": cls}
+    env: dict[str, Any] = {"DecodeError": DecodeError, "_fail": _fail, "_new": tuple.__new__, "cls": cls, "_brief": _brief}
     names = [f"a{i}" for i in range(arity)]
     lines = [
         "def check(value):",
         f"    if type(value) is not list or len(value) != {arity}:",
-        f"        raise DecodeError('{cls.__name__}: expected {arity} fields, got %.80r' % (value,))",
+        f"        raise DecodeError('{cls.__name__}: expected {arity} fields, got %s' % _brief(value))",
     ]
     if arity:
         lines.append(f"    {', '.join(names)}{',' if arity == 1 else ''} = value")
@@ -230,22 +272,62 @@ def check_version(frame: bytes) -> None:
     if frame != VERSION_FRAME:
         if bytes(frame[:4]) == _VERSION_PREFIX:
             raise VersionMismatch(
-                f"peer speaks protocol {bytes(frame)!r}, this side speaks {VERSION_FRAME!r}: "
+                f"peer speaks protocol {bytes(frame[:16])!r}, this side speaks {VERSION_FRAME!r}: "
                 "install the same scaler-executor version on every host"
             )
         raise VersionMismatch(f"not a scaler-executor transmission (first frame {bytes(frame[:16])!r})")
 
 
-def decode(frames: Sequence[Any]) -> tuple[list[Message], list[Any]]:
+def _batch_length(body: Any) -> int:
+    """The number of messages the body's header announces (0 if it is not an array)."""
+    head = memoryview(body)[:5]
+    if not head:
+        return 0
+    first = head[0]
+    if 0x90 <= first <= 0x9F:  # fixarray
+        return first & 0x0F
+    if first == 0xDC:  # array 16
+        return int.from_bytes(head[1:3], "big")
+    if first == 0xDD:  # array 32
+        return int.from_bytes(head[1:5], "big")
+    return 0
+
+
+def decode(frames: Sequence[Any], limits: Limits | None = None) -> tuple[list[Message], list[Any]]:
     """Messages and out-of-band buffers from frames; raises DecodeError on anything invalid.
 
-    Frames may be ``bytes`` or ``zmq.Frame`` (anything with the buffer protocol).
+    Frames may be ``bytes`` or ``zmq.Frame`` (anything with the buffer protocol).  With
+    ``limits``, a transmission over any of them is refused (DecodeError) before more than
+    its header is decoded, or while msgpack decodes it, never after.
     """
     if len(frames) < 2:
         raise DecodeError(f"expected at least 2 frames, got {len(frames)}")
-    check_version(bytes(frames[0]))
+    check_version(bytes(memoryview(frames[0])[:16]) if len(frames[0]) > 16 else bytes(frames[0]))
+    body = frames[1]
     try:
-        raw = msgpack.unpackb(frames[1], raw=False, use_list=True, strict_map_key=True)
+        if limits is None:
+            raw = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=True)
+        else:
+            # (The common case, a bytes body of fewer than 16 messages, reads one byte.)
+            if type(body) is not bytes or not body or body[0] >= 0xDC or limits.messages < 16:
+                count = _batch_length(body)
+                if count > limits.messages:
+                    raise DecodeError(f"a batch of {count} messages (at most {limits.messages} are accepted)")
+            raw = msgpack.unpackb(
+                body,
+                raw=False,
+                use_list=True,
+                strict_map_key=True,
+                max_array_len=limits.array,
+                max_map_len=limits.map,
+                max_str_len=limits.string,
+                max_bin_len=limits.binary,
+                max_ext_len=0,  # no extension types on this wire
+            )
+    except DecodeError:
+        raise
+    except msgpack.StackError:
+        raise DecodeError(f"body nests deeper than {MAX_NESTING} levels") from None
     except Exception as exc:  # noqa: BLE001 - msgpack raises many types for garbage; all are DecodeError
         raise DecodeError(f"body is not msgpack: {exc}") from None
     if type(raw) is not list:
@@ -254,19 +336,24 @@ def decode(frames: Sequence[Any]) -> tuple[list[Message], list[Any]]:
     decoders = _DECODERS
     for item in raw:
         if type(item) is not list or len(item) != 2:
-            raise DecodeError(f"message is not [tag, fields]: {item!r:.80}")
+            raise DecodeError(f"message is not [tag, fields]: {_brief(item)}")
         entry = decoders.get(item[0]) if type(item[0]) is int else None
         if entry is None:
             entry = _decoder(item[0])
             if entry is None:
-                raise DecodeError(f"unknown message tag {item[0]!r:.20}")
+                raise DecodeError(f"unknown message tag {_brief(item[0])}")
         out.append(entry[1](item[1]))
     return out, list(frames[2:])
 
 
 __all__ = [
+    "MAX_ARRAY_LEN",
+    "MAX_BATCH_MESSAGES",
+    "MAX_MAP_LEN",
+    "SEND_BATCH_MESSAGES",
     "VERSION_FRAME",
     "DecodeError",
+    "Limits",
     "VersionMismatch",
     "_m",
     "check_version",

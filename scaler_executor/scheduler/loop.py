@@ -3,7 +3,8 @@
 ::
 
     poll(daemon channel, signal pipe, lifeline)  ── timeout: next tick, or 5 ms while a backlog waits
-      → recv every transmission ready (up to RECV_BURST), decode; bad ones: log (rate-limited), drop
+      → recv every transmission ready (up to RECV_BURST), decode within daemon_limits (codec.Limits);
+        bad ones: count (dropped_messages), log (rate-limited), drop
         (tcp:// with --security: ZAP requests answered on this poller; each transmission's key
         (User-Id) checked before it is decoded, each message against the key's role; the
         allow-list re-read when its file changes: security/server.py)
@@ -63,6 +64,22 @@ BACKLOG_RETRY_MS = 5
 MAX_HANDSHAKE_BYTES = 64 * 1024
 
 
+def daemon_limits(config: ClusterConfig, address: str) -> codec.Limits:
+    """What one transmission from a peer may decode to (codec.Limits): over a cap, it is
+    dropped like any malformed one.  Arrays may hold as many items as a client may have
+    pending tasks (a graph, a cancel of all of them); strings and payloads are bounded by
+    the frame, max_message_size on tcp:// (they cost their bytes, no more), and on ipc://
+    (local peers, no frame cap) only by msgpack's format."""
+    frame = config.max_message_size if address.startswith("tcp://") else 2**32 - 1
+    return codec.Limits(
+        messages=codec.MAX_BATCH_MESSAGES,
+        array=max(codec.MAX_ARRAY_LEN, config.max_pending_tasks),
+        map=codec.MAX_MAP_LEN,
+        string=min(frame, 2**32 - 1),
+        binary=min(frame, 2**32 - 1),
+    )
+
+
 class RateLimitedLog:
     """At most one line per ``key`` every ``interval`` seconds, counting what it held back."""
 
@@ -119,6 +136,7 @@ class Daemon:
         self.backlog = Backlogs(MAX_BACKLOG, config.max_backlog_bytes)  # sends to peers that do not read
         self.unreachable: list[PeerUnreachable] = []
         self.bad_input = RateLimitedLog(log)
+        self.limits = daemon_limits(config, address)
         # Chunks of puts received this turn, by (peer, object id, offset): the core decides
         # whether to store each (StoreChunk); what it did not take is dropped after the turn.
         self.chunks: dict[tuple[bytes, bytes, int], Any] = {}
@@ -251,7 +269,7 @@ class Daemon:
                 )
                 continue
             try:
-                messages, buffers = codec.decode(frames[1:])
+                messages, buffers = codec.decode(frames[1:], self.limits)
                 if security is not None:
                     messages = security.within_role(peer, allowed, messages, frame)
             except codec.VersionMismatch as exc:

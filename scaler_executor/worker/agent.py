@@ -337,13 +337,18 @@ class WorkerAgent:
         self._send_now([hello])
 
     def _send_now(self, batch: list[object]) -> None:
-        try:
-            self.sock.send(codec.encode(batch))
-        except channel.Again:
-            # The daemon is not keeping up (or not there): keep the batch for the next turn.
-            self.outbox[:0] = batch
-            return
-        self.last_send = time.monotonic()
+        # At most SEND_BATCH_MESSAGES a transmission (the daemon refuses a batch over
+        # codec.MAX_BATCH_MESSAGES): an outbox that grew while the daemon did not read can
+        # hold more.
+        step = codec.SEND_BATCH_MESSAGES
+        for start in range(0, len(batch), step):
+            try:
+                self.sock.send(codec.encode(batch[start : start + step] if len(batch) > step else batch))
+            except channel.Again:
+                # The daemon is not keeping up (or not there): keep the rest for the next turn.
+                self.outbox[:0] = batch[start:]
+                return
+            self.last_send = time.monotonic()
 
     def _on_daemon(self) -> None:
         sock, handlers = self.sock, self._daemon_handlers

@@ -55,6 +55,27 @@ def test_a_monitor_sees_workers_tasks_and_failures(cluster: Cluster) -> None:
         assert failure.cause.endswith("ValueError: no 7") and "fails" in failure.detail
 
 
+def test_a_monitor_reads_its_credential_from_the_environment_and_the_argument_wins(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Like ScalerExecutor and scaler-worker (ClusterConfig.load), so scaler-top and
+    # scaler-dashboard too, whose error text tells the user to set SCALER_CREDENTIALS.
+    mon = cluster.credential("mon", "monitor")
+    alice = cluster.credential("alice", "client")
+    cluster.secure_daemon()
+    monkeypatch.setenv("SCALER_CREDENTIALS", mon)
+    with Monitor(cluster.address, timeout=WAIT) as monitor:
+        assert monitor.snapshot()["monitors"] == 1
+    # The argument wins over the environment: a client key is refused as a monitor.
+    with pytest.raises(MonitorRefused, match="role client"):
+        Monitor(cluster.address, credentials=alice, timeout=WAIT)
+    monkeypatch.delenv("SCALER_CREDENTIALS")
+    monkeypatch.setenv("SCALER_CONFIG", str(cluster.tmp / "scaler.toml"))
+    (cluster.tmp / "scaler.toml").write_text(f"credentials = {mon!r}\n")
+    with Monitor(cluster.address, timeout=WAIT) as monitor:
+        assert monitor.snapshot()["monitors"] == 1
+
+
 def test_a_monitor_watches_an_embedded_cluster_over_ipc() -> None:
     """ipc:// needs no key (the socket is the user's own): the same user can watch ``ex.address``."""
     with ScalerExecutor(max_workers=1) as ex:

@@ -241,6 +241,47 @@ def test_a_monitor_key_reads_statistics_and_nothing_else(cluster: Cluster) -> No
     assert wait_until(lambda: "refused RegisterFunction from monitor key 'mon'" in cluster.log())
 
 
+def _peak_rss(pid: int) -> int:
+    """The process's resident high-water mark (VmHWM): a peak no sampling can miss."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_an_authenticated_clients_oversized_batch_is_dropped_without_growing_the_daemon(cluster: Cluster) -> None:
+    noisy = cluster.credential("noisy", "client")
+    alice = cluster.credential("alice", "client")
+    daemon = cluster.secure_daemon("--workers", "1")
+    peer = RawPeer(cluster.address, noisy)
+    try:
+        peer.hello("client")
+        assert peer.receive(m.Welcome) is not None
+        before = _peak_rss(daemon.pid)
+        n = 2_000_000  # 10 MB of heartbeats, written directly: ~550 MB once decoded
+        peer.sock.send([codec.VERSION_FRAME, b"\xdd" + n.to_bytes(4, "big") + b"\x92\x04\x92\x00\x00" * n])
+        peer.send([m.StatsRequest()])  # answered after the batch: one connection keeps order
+        stats = peer.receive(m.Stats)
+        assert stats is not None, cluster.log()
+        assert stats.snapshot["dropped_messages"] >= 1
+        grown = _peak_rss(daemon.pid) - before
+        # The frame itself (and its decrypted copy) may be held: 10 MB each.
+        assert grown < 100 << 20, f"the daemon's peak grew by {grown >> 20} MB"
+        # A message nested just short of msgpack's stack limit: the error text's repr of it
+        # raised RecursionError, out of the daemon's loop, which ended.
+        peer.sock.send([codec.VERSION_FRAME, b"\x91\x91" + b"\x91" * 1000 + b"\x00"])
+        peer.send([m.StatsRequest()])
+        stats = peer.receive(m.Stats)
+        assert stats is not None, cluster.log()
+        assert stats.snapshot["dropped_messages"] >= 2
+    finally:
+        peer.close()
+    assert wait_until(lambda: "a batch of 2000000 messages" in cluster.log())
+    with cluster.client(alice) as ex:
+        assert ex.submit(square, 3).result(timeout=WAIT) == 9  # the cluster serves on
+    assert daemon.poll() is None
+
+
 # =========================================================================== clear failures
 
 

@@ -16,6 +16,7 @@ from scaler_executor.client.state import (
     CANCEL,
     FLUSHED,
     LANE,
+    MAX_MESSAGES_PER_TRANSMISSION,
     MAX_TASKS_PER_TRANSMISSION,
     PARKED,
     PIN_OBJECTS,
@@ -28,6 +29,7 @@ from scaler_executor.client.state import (
     TaskItem,
     TaskRecord,
 )
+from scaler_executor.protocol import codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import TaskFlags
 
@@ -98,6 +100,23 @@ def test_one_transmission_carries_at_most_so_many_tasks() -> None:
     assert len(c.sent_ids(c.drain())) == MAX_TASKS_PER_TRANSMISSION
     assert len(c.sent_ids(c.drain())) == 5
     c.check()
+
+
+def test_one_transmission_carries_at_most_so_many_messages() -> None:
+    # The daemon refuses a batch of more than codec.MAX_BATCH_MESSAGES; an outbox of many
+    # small items (each release of objects is a message) goes in several transmissions.
+    c = Client()
+    n = MAX_MESSAGES_PER_TRANSMISSION + 10
+    for i in range(n):
+        c.core.outbox.append((PIN_OBJECTS, [b"%d" % i]))
+    record = c.submit()
+    first = c.drain()
+    assert len(first) == MAX_MESSAGES_PER_TRANSMISSION and c.core.more_to_drain
+    second = c.drain()
+    assert not c.core.more_to_drain
+    assert [x.object_ids[0] for x in first + second if type(x) is m.PinObjects] == [b"%d" % i for i in range(n)]
+    assert c.sent_ids(second) == [record.n]
+    assert codec.MAX_BATCH_MESSAGES > MAX_MESSAGES_PER_TRANSMISSION + 3
 
 
 def test_cancel_takes_back_an_unsent_task_and_the_drain_skips_it() -> None:

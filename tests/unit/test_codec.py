@@ -15,11 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scaler_executor.config import ClusterConfig
 from scaler_executor.exceptions import ProtocolError
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.codec import (
+    MAX_BATCH_MESSAGES,
+    SEND_BATCH_MESSAGES,
     VERSION_FRAME,
     DecodeError,
+    Limits,
     VersionMismatch,
     check_version,
     decode,
@@ -27,6 +31,7 @@ from scaler_executor.protocol.codec import (
     encode_one,
 )
 from scaler_executor.protocol.messages import MESSAGE_TAGS
+from scaler_executor.scheduler.loop import daemon_limits
 
 FACTS = m.TaskFacts("worker-1", 1700000000.25, 1700000001.5, 123_456_789)
 SPEC = m.TaskSpec(
@@ -493,6 +498,10 @@ tags = st.sampled_from(sorted(MESSAGE_TAGS.values())) | st.integers(min_value=-2
 def _decodes_or_refuses(frames: list[Any]) -> None:
     """The codec's contract: valid messages, or DecodeError — nothing else."""
     try:
+        decode(frames, TINY)  # the caps too refuse only with DecodeError
+    except DecodeError:
+        pass
+    try:
         messages, _buffers = decode(frames)
     except DecodeError:
         return
@@ -545,3 +554,102 @@ def test_fuzz_mutated_valid_messages(cls: type, data: st.DataObject) -> None:
     # validators of nested records rather than failing at the outer shape.
     fields = _mutate(data, as_wire(SAMPLES[cls]))
     _decodes_or_refuses(raw(cls, fields))
+
+
+# ---------------------------------------------------------------------- caps (codec.Limits)
+
+DAEMON = daemon_limits(ClusterConfig(), "tcp://127.0.0.1:1")
+TINY = Limits(messages=3, array=5, map=2, string=8, binary=8)
+
+
+def heartbeats(n: int) -> list[bytes]:
+    """A batch of ``n`` heartbeats, written directly (as a peer would, without building it)."""
+    header = bytes([0x90 | n]) if n < 16 else (b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdd" + n.to_bytes(4, "big"))
+    return [VERSION_FRAME, header + b"\x92\x04\x92\x00\x00" * n]
+
+
+@pytest.mark.parametrize("n", [3, 15, 16, 65535, 65536])
+def test_the_batch_header_is_read_for_every_array_form(n: int) -> None:
+    limits = TINY._replace(messages=n, array=1 << 20)
+    assert len(decode(heartbeats(n), limits)[0]) == n
+    with pytest.raises(DecodeError, match=f"a batch of {n} messages"):
+        decode(heartbeats(n), limits._replace(messages=n - 1))
+
+
+def test_a_flood_of_small_messages_is_refused_from_its_header() -> None:
+    # The audit's batch (2 M heartbeats in 10 MB) grew the daemon by ~500 MB as it decoded.
+    frames = heartbeats(2_000_000)
+    with pytest.raises(DecodeError, match=r"a batch of 2000000 messages \(at most 100000"):
+        decode(frames, DAEMON)
+    # Refused before decoding: even an undecodable rest of the body does not matter.
+    with pytest.raises(DecodeError, match="a batch of 2000000"):
+        decode([VERSION_FRAME, frames[1][:5] + b"\xc1"], DAEMON)
+    assert len(decode(heartbeats(MAX_BATCH_MESSAGES), DAEMON)[0]) == MAX_BATCH_MESSAGES
+
+
+@pytest.mark.parametrize(
+    ("frames", "reason"),
+    [
+        (raw(m.ReleaseFunctions, [[1, 2, 3, 4, 5, 6]]), "max_array_len"),
+        (raw(m.CancelTasks, [list(range(6)), False]), "max_array_len"),
+        (raw(m.RegisterOptions, [1, [{"a": 1.0, "b": 1.0, "c": 1.0}, [], 0, None, None]]), "max_map_len"),
+        (raw(m.Goodbye, ["x" * 9]), "max_str_len"),
+        (raw(m.RegisterFunction, [1, b"x" * 9]), "max_bin_len"),
+        ([VERSION_FRAME, msgpack.packb([[4, [msgpack.ExtType(1, b"x"), 0]]])], "max_ext_len"),
+    ],
+)
+def test_each_cap_refuses_what_exceeds_it(frames: list[bytes], reason: str) -> None:
+    with pytest.raises(DecodeError, match=reason):
+        decode(frames, TINY)
+    if reason != "max_ext_len":  # (no message has an extension type: refused uncapped too)
+        decode(frames)  # uncapped: a valid message
+
+
+@pytest.mark.parametrize("depth", [900, 1000, 1023, 1024, 1025, 100_000])
+@pytest.mark.parametrize("limits", [None, DAEMON])
+def test_deep_nesting_is_a_decode_error(depth: int, limits: Limits | None) -> None:
+    # msgpack nests at most 1024 levels (StackError beyond); a little less used to reach
+    # the error text's repr, which raised RecursionError: out of the daemon's except.
+    for frames in (
+        [VERSION_FRAME, b"\x91" * depth + b"\x00"],  # the batch itself
+        [VERSION_FRAME, b"\x91\x91" + b"\x91" * depth + b"\x00"],  # a message
+        [VERSION_FRAME, b"\x91\x92\x04" + b"\x91" * depth + b"\x00"],  # a message's fields
+        [VERSION_FRAME, b"\x91\x92" + b"\x91" * depth + b"\x00" + b"\x90"],  # its tag
+    ):
+        with pytest.raises(DecodeError):
+            decode(frames, limits)
+
+
+def test_error_text_of_a_huge_value_stays_short() -> None:
+    # A peer's values appear in the error (which is logged): abbreviated, not repr'd whole.
+    for frames in (
+        body(list(range(1_000_000))),
+        raw(m.Heartbeat, list(range(1_000_000))),
+        body([[[[[[[[1] * 1000] * 10]]]]], 1]),
+        [b"SCX/9" + b"x" * 10_000_000, msgpack.packb([])],
+    ):
+        with pytest.raises(DecodeError) as info:
+            decode(frames, DAEMON)
+        assert len(str(info.value)) < 300, str(info.value)[:300]
+
+
+def test_the_daemons_caps_pass_the_largest_legitimate_messages() -> None:
+    # A graph of 10^5 nodes is one SubmitTasks (client/state.py _graph), whose last node
+    # depends on every other; a cancel of every pending task is one CancelTasks; the ids
+    # are full-width (client id in the high bits).
+    base = 5 << m.TASK_ID_BITS
+    nodes = [m.TaskSpec(base | i, base | 1, 0, 0, b"\x80\x05args", [base | (i - 1)] if i else [], [], 0) for i in range(100_000)]
+    nodes.append(m.TaskSpec(base | 100_000, base | 1, 0, 0, b"", [n.task_id for n in nodes], [], 0))
+    cancel = m.CancelTasks([base | i for i in range(1_000_000)], False)
+    big = m.RegisterFunction(base | 2, b"\x00" * (64 << 20))  # a large pickled callable
+    assert decode(encode([m.SubmitTasks(nodes), cancel, big]), DAEMON)[0] == [m.SubmitTasks(nodes), cancel, big]
+    # The senders split at SEND_BATCH_MESSAGES, well under the cap.
+    assert DAEMON.messages >= SEND_BATCH_MESSAGES * 10
+
+
+def test_the_daemons_array_cap_follows_max_pending_tasks() -> None:
+    limits = daemon_limits(ClusterConfig(max_pending_tasks=5_000_000), "tcp://127.0.0.1:1")
+    assert limits.array == 5_000_000
+    assert daemon_limits(ClusterConfig(max_message_size=64 << 20), "tcp://h:1").binary == 64 << 20
+    # ipc:// has no frame cap (ZMQ_MAXMSGSIZE is tcp only): payloads only msgpack's own.
+    assert daemon_limits(ClusterConfig(), "ipc:///tmp/x").binary == 2**32 - 1
