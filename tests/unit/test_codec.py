@@ -593,7 +593,7 @@ def test_a_flood_of_small_messages_is_refused_from_its_header() -> None:
         (raw(m.ReleaseFunctions, [[1, 2, 3, 4, 5, 6]]), "max_array_len"),
         (raw(m.CancelTasks, [list(range(6)), False]), "max_array_len"),
         (raw(m.RegisterOptions, [1, [{"a": 1.0, "b": 1.0, "c": 1.0}, [], 0, None, None]]), "max_map_len"),
-        (raw(m.Goodbye, ["x" * 9]), "max_str_len"),
+        (raw(m.Goodbye, ["x" * 9, []]), "max_str_len"),
         (raw(m.RegisterFunction, [1, b"x" * 9]), "max_bin_len"),
         ([VERSION_FRAME, msgpack.packb([[4, [msgpack.ExtType(1, b"x"), 0]]])], "max_ext_len"),
     ],
