@@ -280,6 +280,13 @@ class Daemon:
                 self.core.counters["dropped_messages"] += 1
                 self.bad_input.warning("decode", "daemon: dropped a bad transmission from %r: %s", peer, exc)
                 continue
+            except Exception as exc:  # noqa: BLE001 - a bug reading one peer's input must not stop the daemon for all
+                self.core.counters["dropped_messages"] += 1
+                self.bad_input.warning(
+                    "decode-bug", "daemon: dropped a transmission from %r that failed to decode (%s: %s)",
+                    peer, type(exc).__name__, str(exc)[:200],
+                )  # fmt: skip
+                continue
             if buffers:  # a put's chunks (ObjectChunk): held for the core's StoreChunk, this turn
                 chunks = [c for c in messages if type(c) is m.ObjectChunk]
                 for chunk, buffer in zip(chunks, buffers, strict=False):
