@@ -77,11 +77,11 @@ DEFAULT_STARTUP_SECONDS = 10.0  # sbatch -> worker connected on an idle cluster,
 SBATCH_TIMEOUT = 60.0  # a loaded slurmctld answers late; later than this is a failed submission
 QUERY_TIMEOUT = 30.0
 LOG_TAIL_LINES = 20
-SHUTDOWN_WAIT = 30.0
+SHUTDOWN_WAIT = 30.0  # shutdown waits this long for its cancelled jobs to leave the queue
 # With a time limit, Slurm sends the worker SIGTERM this long before it (--signal=B:TERM@N):
 # the worker stops taking tasks and hands back the ones it holds, which run elsewhere.
 DEFAULT_DRAIN_SECONDS = 120
-SIGNAL_RESOLUTION = 60.0  # Slurm may send that signal up to a minute earlier than asked  # shutdown waits this long for its cancelled jobs to leave the queue
+SIGNAL_RESOLUTION = 60.0  # Slurm may send that signal up to a minute earlier than asked
 
 # squeue's states that mean a job still waits for its allocation / holds it.
 _WAITING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
@@ -473,10 +473,29 @@ class SlurmAdapter:
             job.state = WorkerState.PENDING
             job.reason = "" if reason in ("None", "(null)") else reason
         elif state in _HOLDING:
-            job.state = WorkerState.RUNNING
-            job.reason = ""
+            job.ends_at = _parse_time(end)
+            left = self._time_left(job)
+            if left is not None:
+                # Reported draining now, while it still runs: the daemon counts it out and
+                # asks for its replacement, which comes up as this one drains.
+                job.state = WorkerState.DRAINING
+                if not job.reason:
+                    job.reason = f"its time limit ends in {left:.0f} s: a replacement is asked for ahead of it"
+            else:
+                job.state = WorkerState.RUNNING
+                job.reason = ""
         job.host = node if node not in ("", "(null)") else job.host
         job.ends_at = _parse_time(end)
+
+    def _time_left(self, job: _Job) -> float | None:
+        """Seconds to a running job's time limit once it is time to ask for its replacement
+        (the drain, Slurm's signal resolution and a replacement's start-up from the end),
+        else None."""
+        if not self.options.time_limit or not job.ends_at:
+            return None
+        left = job.ends_at - time.time()
+        lead = self.options.drain_seconds + SIGNAL_RESOLUTION + self.options.startup_seconds
+        return max(0.0, left) if left <= lead else None
 
     def _apply_final(self, job_id: str, text: str) -> None:
         job = next((j for j in self.jobs.values() if j.job_id == job_id), None)

@@ -417,3 +417,22 @@ def test_a_manager_gets_at_most_twice_its_maximum_in_keys() -> None:
     assert out.of(b"m1", m.KeysAdmitted) == [m.KeysAdmitted(["cpu-0", "cpu-1"])]
     assert "more than 2 worker keys" in out.of(b"m1", m.Refused)[0].reason
     assert set(world.core.managers.workers) == {"cpu-0", "cpu-1"}, "a refused key leaves no record"
+
+
+def test_a_running_worker_reported_draining_gets_its_replacement_asked_for_while_it_still_serves() -> None:
+    """A Slurm job near its time limit is reported draining while its worker still runs: the
+    policy counts it out at once and asks for a replacement, and the worker keeps its tasks
+    (it stops when Slurm's signal comes, handing back what it never started)."""
+    world = World()
+    world.manager(b"m1", "cpu", offer(max_workers=2, processors=2))
+    world.client()
+    world.submit(2)
+    assert world.tick().scale(b"m1") == (1, [])
+    world.send(b"m1", m.WorkerStates([change("cpu-1", "running", job="4711", host="node-3")]))
+    held = dispatched(world.worker("cpu-1"), b"cpu-1")
+    assert len(held) == 2
+    assert world.tick(1.0).scale(b"m1") == (0, []), "one worker is what the tasks it holds need"
+    out = world.send(b"m1", m.WorkerStates([change("cpu-1", "draining", job="4711", reason="its time limit ends in 150 s")]))
+    assert world.tick(1.0).scale(b"m1") == (1, []), "the draining worker is counted out: its replacement is asked for"
+    assert world.core.workers[b"cpu-1"].inflight, "it keeps what it holds"
+    assert not out.of(b"cpu-1", m.CancelTasks)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,6 +44,7 @@ class FakeSlurm:
         self.final: dict[str, str] = {}  # id -> scontrol text
         self.refuse = ""
         self.next_id = 100
+        self.ends: dict[str, str] = {}  # id -> squeue's %e (end time), "N/A" if absent
 
     def __call__(
         self, argv: Sequence[str], stdin: str | None, timeout: float, env: dict[str, str] | None
@@ -66,7 +68,7 @@ class FakeSlurm:
             if argv[0] == "squeue":
                 only = set(argv[argv.index("-j") + 1].split(",")) if "-j" in argv else None
                 lines = [
-                    SEP.join([i, n, s, r, "node1" if s == "RUNNING" else "", "N/A"])
+                    SEP.join([i, n, s, r, "node1" if s == "RUNNING" else "", self.ends.get(i, "N/A")])
                     for i, (n, s, r) in self.queue.items()
                     if only is None or i in only
                 ]
@@ -436,3 +438,34 @@ def test_a_restarted_manager_adopts_its_own_jobs_with_their_states(tmp_path: Pat
     assert cancelled(fake) == set(ours.values())
     with fake.lock:
         assert fake.queue == {}
+
+
+def test_a_running_job_near_its_time_limit_is_reported_draining_so_its_replacement_comes_first(
+    tmp_path: Path,
+) -> None:
+    """Once a job's end is within drain + Slurm's signal resolution + a replacement's start-up,
+    it is reported draining while it still runs: the daemon counts it out and asks for its
+    replacement ahead of the end.  A job far from its end stays running."""
+    fake = FakeSlurm()
+    adapter = adapter_with(tmp_path, fake, poll_interval=0.01, time_limit="30", drain_seconds=60, startup_seconds=20)
+    lead = 60 + 60 + 20
+    try:
+        adapter.request([launch("c1-m1-0"), launch("c1-m1-1")])
+        seen: list[WorkerReport] = []
+        poll_until(adapter, lambda s: sum(r.state is WorkerState.PENDING for r in s) == 2, seen)
+        def at(seconds: float) -> str:
+            return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + seconds))
+
+        with fake.lock:
+            (near, far) = sorted(fake.queue)
+            fake.queue = {i: (n, "RUNNING", "None") for i, (n, _, _) in fake.queue.items()}
+            fake.ends = {near: at(lead - 30), far: at(lead + 600)}
+        poll_until(adapter, lambda s: any(r.state is WorkerState.DRAINING for r in s), seen)
+        draining = [r for r in seen if r.state is WorkerState.DRAINING]
+        assert [r.job for r in draining] == [near]
+        assert "time limit ends in" in draining[0].reason and "replacement" in draining[0].reason
+        assert draining[0].ends_at > time.time()
+        latest = {r.job: r.state for r in seen}
+        assert latest[far] is WorkerState.RUNNING
+    finally:
+        adapter.shutdown()
