@@ -36,6 +36,12 @@ broken flags; never held across I/O or user code) → ``ReplyInbox.pickup_lock``
 ``LaneRoute.lock`` → ``ReplyInbox.fd_lock`` (routes.py) → ``_wake_lock`` (the wake-up
 descriptor, reentrant: the only one a finalizer takes).  Each is made with its rank
 (``LOCK_RANK_*``, ``scaler_executor/_locks.py``), and the tests check the order.
+The other locks of the client are leaves, taken after any of these and holding no other
+lock while held (they guard a few fields and only notify): ``PendingLimit._cond``
+(pending.py, taken under ``lock`` when the agent forgets its tasks), ``CancelWait.lock``
+(completion.py), ``Completer.cond``, ``RemoteStore.lock`` (remote_store.py: no send under
+it) and ``Forwarder.lock`` (forward.py).  They stay plain ``threading`` locks: a
+``Condition`` needs its lock's own ownership test, which the ranked lock does not offer.
 """
 
 from __future__ import annotations
