@@ -53,6 +53,8 @@ ex.shutdown()
 t4 = time.perf_counter()
 mark("shutdown_returned")
 print(f"RESULT {t1 - t0} {t2 - t1} {t3 - t1} {t4 - t3}")
+import scaler_executor
+print("FROM", os.path.dirname(scaler_executor.__file__))
 """
 
 SYSCALLS = "execve,clone,clone3,fork,vfork,bind,connect,sendmsg,ftruncate,fallocate,unlink,access,faccessat,faccessat2,exit_group"
@@ -60,8 +62,16 @@ LINE = re.compile(r"^(\d+)\s+(\d+\.\d+)\s+(.*)$")
 PROCESS_CLONE = re.compile(r"^(clone|clone3|fork|vfork)\(")
 
 
+# -P: not the working directory first in sys.path. Run from a checkout, a child would
+# import (and give its daemon, through PYTHONPATH) the checkout's scaler_executor instead
+# of the one installed in that interpreter's venv, and every --python would time the same
+# code; PYTHONPATH=. still puts the checkout first where that is what is wanted.
+FROM: dict[str, str] = {}  # interpreter -> the scaler_executor it imported
+
+
 def untraced(python: str, workers: int) -> dict[str, float]:
-    out = subprocess.run([python, "-c", CHILD, str(workers)], capture_output=True, text=True, check=True)
+    out = subprocess.run([python, "-P", "-c", CHILD, str(workers)], capture_output=True, text=True, check=True)
+    FROM[python] = next(x for x in out.stdout.splitlines() if x.startswith("FROM "))[5:]
     line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
     imp, construct, first, shutdown = (float(v) for v in line.split()[1:])
     return {"import": imp, "construct": construct, "first result": first, "shutdown": shutdown}
@@ -72,7 +82,7 @@ def traced(python: str, workers: int, strace: str) -> dict[str, float]:
         log = os.path.join(tmp, "trace")
         subprocess.run(
             [strace, "-f", "-ttt", "--seccomp-bpf", "-q", "-e", f"trace={SYSCALLS}", "-e", "signal=none",
-             "-o", log, python, "-c", CHILD, str(workers)],
+             "-o", log, python, "-P", "-c", CHILD, str(workers)],
             check=True, capture_output=True,
         )
         with open(log) as f:
@@ -206,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             if strace:
                 steps[py].append(traced(py, args.workers, strace))
     for py in pythons:
-        print(f"== {py}")
+        print(f"== {py} (scaler_executor from {FROM.get(py, '?')})")
         print(f"untraced, {args.runs} fresh interpreters, {args.workers} processors: median (min-max), ms")
         for k, med, lo, hi in summarize(plain[py]):
             print(f"  {k:34} {med * 1e3:7.1f}  ({lo * 1e3:.1f}-{hi * 1e3:.1f})")

@@ -2,7 +2,8 @@
  * objstore.c -- objects: the index, reference records and the lifecycle
  * create -> write -> seal -> get/release -> delete (abort for unsealed).
  *
- * Index: entries[max_objects] (stable indices; free ones chained through .next) and
+ * Index: entries[max_objects] (stable indices; freed ones chained through .next, those
+ * never used yet counted by entry_fresh) and
  * buckets[nbuckets] heads of hash chains. Chaining rather than open addressing because a
  * removal then writes one word, which keeps every update's journal short and bounded.
  *
@@ -95,8 +96,13 @@ static void os_ref_record(objstore_t *s, uint32_t slot, uint32_t e) {
         os_j32(s, &R[r].count, R[r].count + 1);
     } else {
         uint32_t *head = &os_ref_buckets(s)[os_ref_bucket(s, slot, e)];
-        r = (uint32_t)h->ref_free;
-        os_j64(s, &h->ref_free, R[r].next);
+        if (h->ref_free != OS_NIL) {
+            r = (uint32_t)h->ref_free;
+            os_j64(s, &h->ref_free, R[r].next);
+        } else {
+            r = (uint32_t)h->ref_fresh; /* the caller checked that one is left */
+            os_j64(s, &h->ref_fresh, h->ref_fresh + 1);
+        }
         os_j32(s, &R[r].slot, slot);
         os_j32(s, &R[r].entry, e);
         os_j32(s, &R[r].count, 1);
@@ -167,7 +173,7 @@ static void os_ref_drop(objstore_t *s, uint32_t r, uint32_t n, int crash) {
 void os_drop_slot_refs(objstore_t *s, uint32_t slot, int crash_between) {
     os_header_t *h = os_hdr(s);
     os_ref_t *R = os_refs(s);
-    for (uint32_t r = 0; r < h->max_refs; r++) {
+    for (uint32_t r = 0; r < h->ref_fresh; r++) {
         if (R[r].slot != slot) continue;
         os_begin(s, OS_OP_REAP, NULL);
         os_ref_drop(s, r, R[r].count, 0);
@@ -176,24 +182,16 @@ void os_drop_slot_refs(objstore_t *s, uint32_t slot, int crash_between) {
     }
 }
 
-/* Empty tables. Runs before the region is published: no journal. */
+/* Empty tables. Runs before the region is published: no journal. Entries and reference
+ * records are all fresh (the file's zeroes: an entry in state FREE), so only the two
+ * bucket arrays are written. */
 void os_tables_init(objstore_t *s) {
     os_header_t *h = os_hdr(s);
-    os_entry_t *E = os_entries(s);
-    os_ref_t *R = os_refs(s);
-    for (uint64_t i = 0; i < h->max_objects; i++) {
-        memset(&E[i], 0, sizeof E[i]);
-        E[i].next = i + 1 < h->max_objects ? (uint32_t)(i + 1) : OS_NIL;
-    }
-    h->entry_free = 0;
+    h->entry_free = OS_NIL;
+    h->entry_fresh = 0;
     memset(os_buckets(s), 0xff, h->nbuckets * sizeof(uint32_t));
-    for (uint64_t i = 0; i < h->max_refs; i++) {
-        R[i].slot = OS_NIL;
-        R[i].entry = OS_NIL;
-        R[i].count = 0;
-        R[i].next = i + 1 < h->max_refs ? (uint32_t)(i + 1) : OS_NIL;
-    }
-    h->ref_free = 0;
+    h->ref_free = OS_NIL;
+    h->ref_fresh = 0;
     memset(os_ref_buckets(s), 0xff, h->nref_buckets * sizeof(uint32_t));
 }
 
@@ -227,7 +225,7 @@ objstore_status_t objstore_create_bounded(objstore_t *s, const char *id, uint64_
     objstore_status_t st = os_lock(s);
     if (st != OBJSTORE_OK) return st;
     if (os_lookup(s, id) != OS_NIL) st = OBJSTORE_E_EXISTS;
-    else if (h->entry_free == OS_NIL || h->ref_free == OS_NIL) st = OBJSTORE_E_TABLE_FULL;
+    else if (!os_entry_left(h) || !os_ref_left(h)) st = OBJSTORE_E_TABLE_FULL;
     else if (limit != 0 && h->in_use + need > limit) st = OBJSTORE_E_FULL;
     else if ((off = os_alloc_find(s, need)) == 0) st = OBJSTORE_E_FULL;
     else if (os_take_end(s, off, need) > h->committed) st = os_place(s, need, &off);
@@ -237,10 +235,16 @@ objstore_status_t objstore_create_bounded(objstore_t *s, const char *id, uint64_
         os_begin(s, OS_OP_CREATE, id);
         os_alloc_take(s, off, need);
         os_crash(s, OBJSTORE_CRASH_CREATE_AFTER_ALLOC);
-        uint32_t e = (uint32_t)h->entry_free;
+        uint32_t e;
+        if (h->entry_free != OS_NIL) {
+            e = (uint32_t)h->entry_free;
+            os_j64(s, &h->entry_free, os_entries(s)[e].next);
+        } else {
+            e = (uint32_t)h->entry_fresh;
+            os_j64(s, &h->entry_fresh, h->entry_fresh + 1);
+        }
         os_entry_t *E = &os_entries(s)[e];
         uint32_t *head = &os_buckets(s)[os_id_bucket(s, w)];
-        os_j64(s, &h->entry_free, E->next);
         os_j64(s, &E->id[0], w[0]);
         os_j64(s, &E->id[1], w[1]);
         os_j64(s, &E->block, off);
@@ -456,7 +460,7 @@ objstore_status_t objstore_get(objstore_t *s, const char *id, const void **data,
     os_entry_t *E = e == OS_NIL ? NULL : &os_entries(s)[e];
     if (E == NULL || (E->flags & OS_FLAG_DELETE_PENDING)) st = OBJSTORE_E_NOT_FOUND;
     else if (E->state != OS_ENTRY_SEALED) st = OBJSTORE_E_NOT_SEALED;
-    else if (os_ref_find(s, s->slot, e) == OS_NIL && h->ref_free == OS_NIL)
+    else if (os_ref_find(s, s->slot, e) == OS_NIL && !os_ref_left(h))
         st = OBJSTORE_E_TABLE_FULL;
     if (st == OBJSTORE_OK) {
         os_begin(s, OS_OP_GET, id);
@@ -613,7 +617,7 @@ objstore_status_t objstore_list(objstore_t *s, char *ids, uint64_t max, uint64_t
     objstore_status_t st = os_lock(s);
     if (st != OBJSTORE_OK) return st;
     uint64_t n = 0;
-    for (uint64_t e = 0; e < h->max_objects; e++) {
+    for (uint64_t e = 0; e < h->entry_fresh; e++) {
         if (E[e].state == OS_ENTRY_FREE) continue;
         if (n < max) memcpy(ids + n * OBJSTORE_ID_SIZE, E[e].id, OBJSTORE_ID_SIZE);
         n++;
@@ -680,7 +684,8 @@ static int os_validate_tables(const objstore_t *s, uint32_t *counts, char *msg, 
     for (uint64_t i = 0; i < h->max_slots; i++) procs += S[i].pid != 0;
     if (procs != h->processes) VFAIL("%llu slots in use, counter says %llu",
                                      (unsigned long long)procs, (unsigned long long)h->processes);
-    for (uint64_t r = 0; r < h->max_refs; r++) {
+    if (h->ref_fresh > h->max_refs || h->entry_fresh > h->max_objects) VFAIL("fresh marks past the tables");
+    for (uint64_t r = 0; r < h->ref_fresh; r++) {
         if (R[r].slot == OS_NIL) continue;
         if (R[r].slot >= h->max_slots || S[R[r].slot].pid == 0)
             VFAIL("reference record %llu belongs to a free slot", (unsigned long long)r);
@@ -694,10 +699,10 @@ static int os_validate_tables(const objstore_t *s, uint32_t *counts, char *msg, 
         records++;
     }
     for (uint32_t r = (uint32_t)h->ref_free; r != OS_NIL; r = R[r].next) {
-        if (r >= h->max_refs || R[r].slot != OS_NIL || ++free_records > h->max_refs)
+        if (r >= h->ref_fresh || R[r].slot != OS_NIL || ++free_records > h->max_refs)
             VFAIL("reference free list broken at %u", r);
     }
-    if (records + free_records != h->max_refs) VFAIL("reference records leaked");
+    if (records + free_records != h->ref_fresh) VFAIL("reference records leaked");
     if (refs != h->refs_total) VFAIL("references: counted %llu, counter %llu",
                                      (unsigned long long)refs, (unsigned long long)h->refs_total);
     for (uint64_t i = 0; i < h->max_slots; i++) {
@@ -705,7 +710,7 @@ static int os_validate_tables(const objstore_t *s, uint32_t *counts, char *msg, 
         if (held != S[i].refs) VFAIL("slot %llu: holds %llu, counter %llu", (unsigned long long)i,
                                      (unsigned long long)held, (unsigned long long)S[i].refs);
     }
-    for (uint32_t e = 0; e < h->max_objects; e++) {
+    for (uint32_t e = 0; e < h->entry_fresh; e++) {
         if (E[e].state == OS_ENTRY_FREE) continue;
         live++;
         data += E[e].size;
@@ -723,18 +728,18 @@ static int os_validate_tables(const objstore_t *s, uint32_t *counts, char *msg, 
     }
     for (uint64_t b = 0; b < h->nbuckets; b++) {
         for (uint32_t e = os_buckets(s)[b]; e != OS_NIL; e = E[e].next) {
-            if (e >= h->max_objects || E[e].state == OS_ENTRY_FREE || ++chained > live)
+            if (e >= h->entry_fresh || E[e].state == OS_ENTRY_FREE || ++chained > live)
                 VFAIL("index chain %llu broken", (unsigned long long)b);
             if (os_id_bucket(s, E[e].id) != b) VFAIL("object %u in the wrong bucket", e);
         }
     }
     for (uint32_t e = (uint32_t)h->entry_free; e != OS_NIL; e = E[e].next) {
-        if (e >= h->max_objects || E[e].state != OS_ENTRY_FREE || ++nfree > h->max_objects)
+        if (e >= h->entry_fresh || E[e].state != OS_ENTRY_FREE || ++nfree > h->max_objects)
             VFAIL("entry free list broken at %u", e);
     }
     if (chained != live) VFAIL("%llu objects, %llu indexed", (unsigned long long)live,
                                (unsigned long long)chained);
-    if (live + nfree != h->max_objects) VFAIL("entries leaked");
+    if (live + nfree != h->entry_fresh) VFAIL("entries leaked");
     if (live != used_blocks) VFAIL("%llu objects, %llu used blocks", (unsigned long long)live,
                                    (unsigned long long)used_blocks);
     if (live != h->objects || sealed != h->sealed || pending != h->pending || data != h->data_bytes)

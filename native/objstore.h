@@ -135,8 +135,8 @@ typedef struct {
  * objstore_create_region: create region `name` (1-200 chars of [A-Za-z0-9._-], not
  * starting with '.') with mode 0600, initialise it and attach to it.
  * Memory is committed lazily: the whole region is mapped, but only its tables and a
- * first step of heap (64 MiB, or all of a smaller heap) are reserved now
- * (posix_fallocate); objstore_create reserves more, in steps, as objects need it. So a
+ * first step of heap (4 MiB, or all of a smaller heap) are reserved now
+ * (posix_fallocate); objstore_create reserves more, in 64 MiB steps, as objects need it. So a
  * write never dies with SIGBUS; a store that cannot grow (the filesystem filled up)
  * answers FULL. Creation needs room for the first step now, and a filesystem at least
  * as large as the region. If /dev/shm fails that and opts->fallback_dir is set, the

@@ -212,7 +212,7 @@ int os_validate_heap(const objstore_t *s, char *msg, size_t msglen, uint64_t *us
             if (prev_free) FAIL("blocks before %llu and it are both free", (unsigned long long)off);
             nfree++;
         } else {
-            if (b->entry >= h->max_objects || E[b->entry].state == OS_ENTRY_FREE ||
+            if (b->entry >= h->entry_fresh || E[b->entry].state == OS_ENTRY_FREE ||
                 E[b->entry].block != off)
                 FAIL("used block %llu: entry %llu does not point back", (unsigned long long)off,
                      (unsigned long long)b->entry);

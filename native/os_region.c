@@ -5,9 +5,9 @@
  * Room, committed lazily: containers often give /dev/shm only 64 MB, and a mapping of a
  * tmpfs file that has no pages behind it dies with SIGBUS on first touch. So the region
  * is mapped at its full size (mapping past the end of a file is allowed) but the file
- * holds only a committed prefix: the tables and one step of heap at creation, then more
- * by os_commit_to whenever the allocator needs it. Creation checks that the filesystem
- * could ever hold the whole region (its total size) and has room now for the first step
+ * holds only a committed prefix: the tables and a first step of heap (4 MiB) at creation,
+ * then more, in 64 MiB steps, by os_commit_to whenever the allocator needs it. Creation
+ * checks that the filesystem could ever hold the whole region (its total size) and has room now for the first step
  * (fstatvfs), then reserves that step (posix_fallocate). When /dev/shm fails either
  * check and the caller named a fallback directory, the region is a file there instead,
  * and attach looks there after /dev/shm. A commitment that fails later (the filesystem
@@ -315,10 +315,10 @@ static objstore_status_t os_reserve(objstore_t *s, uint64_t total, uint64_t firs
     return OBJSTORE_OK;
 }
 
-/* The committed mark for `end` bytes: a whole step past `from` (fewer fallocate calls),
+/* The committed mark for `end` bytes: a whole `step` past `from` (fewer fallocate calls),
  * page aligned, never past the region. */
-static uint64_t os_commit_target(uint64_t from, uint64_t end, uint64_t region_size) {
-    uint64_t want = end > from + OS_COMMIT_STEP ? end : from + OS_COMMIT_STEP;
+static uint64_t os_commit_target(uint64_t from, uint64_t end, uint64_t region_size, uint64_t step) {
+    uint64_t want = end > from + step ? end : from + step;
     want = os_round(want, OS_PAGE);
     return want < region_size ? want : region_size;
 }
@@ -328,7 +328,7 @@ objstore_status_t os_commit_to(objstore_t *s, uint64_t end) {
     uint64_t from = h->committed;
     if (end <= from) return OBJSTORE_OK;
     if (end > h->region_size) return OBJSTORE_E_FULL; /* cannot happen: blocks end inside */
-    uint64_t to = os_commit_target(from, end, h->region_size);
+    uint64_t to = os_commit_target(from, end, h->region_size, OS_COMMIT_STEP);
     /* Allocate first, record after: the mark never exceeds what the file holds. A holder
      * that dies in between leaves a longer file and the old mark, which is harmless (the
      * next commitment allocates the same range again, a no-op for those pages). */
@@ -428,8 +428,8 @@ objstore_status_t objstore_create_region(const char *name, const objstore_option
     objstore_t *s = os_handle_new(name);
     if (s == NULL) return OBJSTORE_E_SYSTEM;
     int named = 0;
-    /* the tables, written in full by os_init_region, and one step of heap */
-    uint64_t first = os_commit_target(L.heap_off, L.heap_off, L.region_size);
+    /* the tables, written in full by os_init_region, and the first step of heap */
+    uint64_t first = os_commit_target(L.heap_off, L.heap_off, L.region_size, OS_FIRST_STEP);
     st = os_open_new(s, opts, L.region_size, first);
     if (st != OBJSTORE_OK) goto fail;
     named = 1;

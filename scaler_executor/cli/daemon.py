@@ -12,14 +12,17 @@ DaemonLost; local workers stop with it).
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
 
 # Nothing heavier at module level: the embedded cluster's first workers start before the
-# daemon imports its own modules (see start_early_workers).
+# daemon imports its own modules (see start_early_workers).  Not even typing (with re,
+# ~5 ms): with it, the workers started that much later, and a worker (its imports are
+# the longer ones) is the last to be ready.
 from scaler_executor.manager.process import WorkerProcess
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
+    from typing import Any
 
     from scaler_executor.config import ClusterConfig
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import subprocess
 import sys
 
 from scaler_executor.cli.common import (
@@ -25,7 +24,13 @@ from scaler_executor.cli.common import (
 )
 from scaler_executor.config import add_config_arguments, check_address
 from scaler_executor.exceptions import ConfigError
-from scaler_executor.security.client import ClientSecurity
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    # Not at run time: ipc:// (the embedded cluster's) needs no security, and its import
+    # (hashlib's OpenSSL, tomllib: ~6 ms) delayed the worker, the last process of a cold
+    # start to be ready; nor subprocess (~2 ms), used only to start several workers.
+    from scaler_executor.security.client import ClientSecurity
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -106,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(config, "scaler-worker")
     security: ClientSecurity | None
     if args.credentials_stdin:
+        from scaler_executor.security.client import ClientSecurity
         from scaler_executor.security.keys import read_credential_line
 
         try:
@@ -153,6 +159,8 @@ def _run_several(argv: list[str], count: int) -> int:
             del rest[i]
             break
     rest += ["--workers-on-host", str(count)]
+    import subprocess
+
     children = [subprocess.Popen([sys.executable, "-m", "scaler_executor.cli.worker", *rest]) for _ in range(count)]
 
     def forward(signum: int, frame: object) -> None:

@@ -514,6 +514,11 @@ class ClientAgent:
         self.daemon = daemon
         daemon.send([self._hello()])
         self.authkey.write()  # before any task is sent: this thread sends them
+        if self.cluster is not None:
+            # The store's module now, while our daemon starts (~100 ms): its Welcome names
+            # the store, which _on_welcome maps before the first task goes out, and the
+            # import there (~4 ms alone, ~11 ms in a cold start) delayed the first result.
+            import scaler_executor.objstore  # noqa: F401
 
     def _open_lane(self, path: str) -> None:
         if not self.lane.open and self.inbox is not None:

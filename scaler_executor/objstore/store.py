@@ -251,7 +251,7 @@ class ObjectStore:
         """Create region ``name`` holding ``size`` bytes of objects, mode 0600, and attach.
 
         ``name``: 1-200 characters of ``[A-Za-z0-9._-]``, not starting with ``.``.
-        Memory is committed on demand: creation reserves the tables and a first 64 MiB
+        Memory is committed on demand: creation reserves the tables and a first 4 MiB
         step of the heap, and allocations reserve more in 64 MiB steps (``stats().
         committed``), so a large store costs little until it is used. Writes never die
         with SIGBUS: if /dev/shm fills up before the store does, allocations raise

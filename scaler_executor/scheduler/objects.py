@@ -69,9 +69,11 @@ def index_size(size: int, config: ClusterConfig) -> int:
     """Entries of the store's object index: one per ``object_store_threshold`` bytes.
 
     Only buffers of at least the threshold become objects, so no more fit at once. The
-    index is written in full when the store is made (about 150 bytes per entry with its
-    references): sized for 8 KiB objects, a 6 GiB store spent ~110 MiB and ~150 ms of a
-    cold start on it; sized for the 64 KiB default, 14 MiB and ~15 ms. A client with a
+    index (about 150 bytes per entry with its references) is committed when the store is
+    made, and was written in full then: sized for 8 KiB objects, a 6 GiB store spent
+    ~110 MiB and ~150 ms of a cold start on it; sized for the 64 KiB default, 14 MiB and
+    ~15 ms. Since its records start fresh (native/, format 3), only its hash buckets are
+    written (~2.5 MiB for the default). A client with a
     lower threshold than its daemon may fill the index first: its large values then
     travel inline (``ObjectTableFull`` is an ``ObjectStoreFull``).
     """

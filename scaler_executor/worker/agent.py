@@ -167,6 +167,12 @@ class WorkerAgent:
         self.next_housekeeping = 0.0
         # Tasks reach the cluster they run on through get_executor() (nested tasks).
         os.environ[DAEMON_ADDRESS_ENV] = address
+        if not fetch_objects:
+            # The store's module before the zygote's fork, so that the processors have it: a
+            # processor's first task maps the store, and importing it there (cffi and the C
+            # module: ~4 ms alone, ~13 ms beside a cold start's other processes) delayed the
+            # first result, as did this agent's own import at the Welcome.
+            import scaler_executor.objstore  # noqa: F401
         # Fork the zygote first: no thread and no ZeroMQ context may exist yet.
         self.zygote: ZygoteHandle = start_zygote(initializer, max_tasks_per_child, config.arrays_in_store)
         self.sock = channel.connect(address, hwm=config.send_hwm, linger=0.2, security=security)
