@@ -49,7 +49,9 @@ class NoWorkerWatch:
         self.after = after  # no_worker_warning; None: never warn
         self.episodes: dict[ConstraintKey | None, Episode] = {}
         self.episodes_warned = 0  # episodes that lasted long enough to be told
-        self.waiting = 0  # tasks in queues stuck for longer than ``after``, at the last check
+        # The queues stuck for longer than ``after`` at the last check; a snapshot counts
+        # those of their tasks that are still stuck when it is taken (statistics()).
+        self.due: list[tuple[ConstraintKey | None, ReadyQueue]] = []
 
     def check(
         self,
@@ -76,7 +78,7 @@ class NoWorkerWatch:
         for key in stuck:
             self.episodes.setdefault(key, Episode(now))
         due = [key for key, e in self.episodes.items() if now - e.since >= self.after]
-        self.waiting = sum(stuck[key].live for key in due)
+        self.due = [(key, stuck[key]) for key in due]
         walk = [key for key in due if (w := self.episodes[key].walked) is None or now - w >= self.after]
         if not walk:
             return []
@@ -113,8 +115,17 @@ class NoWorkerWatch:
         for episode in self.episodes.values():
             episode.told.discard(client)
 
-    def statistics(self) -> dict[str, int]:
-        return {"tasks_without_worker": self.waiting, "no_worker_episodes": self.episodes_warned}
+    def statistics(self, workers: Iterable[WorkerRecord]) -> dict[str, int]:
+        """``tasks_without_worker``: tasks of the queues found stuck at the last check that
+        are still queued and still have no worker that can run them (a worker that joined
+        since counts at once, not at the next check); ``no_worker_episodes``."""
+        waiting = 0
+        if self.due:
+            usable = [w for w in workers if w.broken is None and not w.draining]
+            for key, queue in self.due:
+                if queue.live and not (usable if key is None else any(w.fits_ever(key) for w in usable)):
+                    waiting += queue.live
+        return {"tasks_without_worker": waiting, "no_worker_episodes": self.episodes_warned}
 
 
 def _what(key: ConstraintKey | None) -> str:

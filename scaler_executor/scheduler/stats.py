@@ -170,7 +170,7 @@ def stats_message(core: Scheduler) -> m.Stats:
     counters["functions"] = len(core.functions)
     counters["objects"] = len(core.object_holds)
     counters["monitors"] = len(core._monitors)
-    counters.update(core.no_worker.statistics())
+    counters.update(core.no_worker.statistics(core.workers.values()))
     if core.managers.managers or core.managers.workers:
         counters.update(core.managers.statistics())
     counters.update(core.turns.snapshot())

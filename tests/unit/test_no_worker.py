@@ -105,6 +105,7 @@ def test_tasks_with_no_worker_at_all_are_reported_once_after_no_worker_warning()
     assert (c.stat("tasks_without_worker"), c.stat("no_worker_episodes")) == (3, 1)
     assert not notices(c.tick(3 * AFTER), b"c1"), "told twice in one episode"
     c.join(b"w1", m.Role.WORKER)  # a worker joins: the tasks go to it, the episode ends
+    assert c.stat("tasks_without_worker") == 0, "at once, not at the next tick"
     c.tick(1)
     assert c.stat("tasks_without_worker") == 0
 
@@ -140,6 +141,7 @@ def test_tasks_needing_resources_or_tags_no_worker_has_are_reported_with_what_is
     assert "1: no connected worker has tags ssd" in notice.reason
     assert c.stat("tasks_without_worker") == 3
     c.join(b"w2", m.Role.WORKER, resources={"gpu": 1.0})  # the gpu tasks can run now (one at a time)
+    assert c.stat("tasks_without_worker") == 1, "at once, not at the next tick"
     c.tick(1)
     assert c.stat("tasks_without_worker") == 1
 
