@@ -132,6 +132,14 @@ class DashboardServer(ThreadingHTTPServer):
         self.metrics_without_token = metrics_without_token
         super().__init__(listen, _Handler)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A browser that closes or resets its connection mid-request (a preconnected socket
+        it no longer needs, a page closed) is routine: said nothing of.  Anything else is a
+        fault of this server's, printed with its traceback as the base class does."""
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
+
     @property
     def url(self) -> str:
         address = self.server_address

@@ -182,3 +182,20 @@ def test_the_embedded_cluster_serves_a_dashboard_and_prints_its_url(capfd: pytes
                 return 'scaler_tasks_completed_total{outcome="finished"} 1' in reply.read().decode()
 
         assert wait_until(counted, timeout=WAIT)
+
+
+def test_a_connection_reset_mid_request_is_no_traceback_and_the_server_serves_on(cluster: DashboardCluster) -> None:
+    """Browsers drop connections they preconnected: routine, not an error to print."""
+    import socket
+    import struct
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(cluster.base)
+    for _ in range(3):
+        sock = socket.create_connection((parts.hostname, parts.port), timeout=WAIT)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # the request is never finished
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # linger 0: a reset, not a clean close
+    status, text = cluster.get("/metrics", token=cluster.token)
+    assert status == 200 and "# TYPE scaler_workers gauge" in text
+    # The fixture's close() asserts the daemon's log (the dashboard's stderr too) has no traceback.
