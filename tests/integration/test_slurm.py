@@ -353,8 +353,12 @@ def test_a_job_near_its_time_limit_drains_and_loses_no_task(
     steady = adapters.make("steady")
     name = f"{short.setup.prefix}0"
     short.request(daemon.launches([name]))
-    running = adapters.wait_for(short, name, WorkerState.RUNNING)
-    assert running.ends_at > time.time()  # the manager learns when the job will end
+    # A one-minute job is always within drain + Slurm's signal resolution + start-up of its
+    # end: once it runs it is reported draining (its worker still serves), with its end time,
+    # so that the daemon asks for its replacement at once.
+    running = adapters.wait_for(short, name, WorkerState.DRAINING)
+    assert running.ends_at > time.time() and running.job, running
+    assert "its time limit ends in" in running.reason, running
     marker = str(tmp_path / "ran")
     with daemon.client() as ex:
         future = ex.submit(hold_then_report, marker)
