@@ -197,10 +197,15 @@ def drain_round(poll_interval: float) -> dict[str, object]:
                         failed.append(f"{type(exc).__name__}: {exc}"[:200])
                 ran = os.listdir(runs)
             indices = [name.split("-", 1)[0] for name in ran]
+            jobs_of: dict[str, list[str]] = {}
+            for name in sorted(ran, key=lambda n: int(n.rsplit("-", 1)[1])):  # by start time
+                index, job = name.split("-")[:2]
+                jobs_of.setdefault(index, []).append(job)
             return {
                 "drain_tasks": len(futures),
                 "drain_futures_failed": len(failed),
                 "drain_tasks_rerun": len(indices) - len(set(indices)),
+                "drain_reruns": {i: j for i, j in jobs_of.items() if len(j) > 1},  # task: its jobs
                 "drain_failures": failed[:3],
                 "drain_replacement_asked_s": round(replaced, 1),
                 "drain_short_job_ended_s": round(time.monotonic() - t0, 1),
