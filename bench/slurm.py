@@ -12,6 +12,12 @@ Each round starts a ``scaler-daemon --security DIR --workers 0`` on a free loopb
 * steady state with 8 jobs running: Slurm commands run per minute (by command) over
   ``--steady-seconds``; one ``squeue`` per ``--poll-interval`` is the design.
 
+``--drain`` adds one walltime case (about 1-2 minutes): a worker whose job has
+``--slurm-time 1`` and a 50 s drain serves a stream of 1 s tasks (each notes its run in a
+file); when the adapter reports it draining, one replacement job without a time limit is
+requested, as the manager's daemon would ask; the stream goes on until the short job is
+gone. Reported: futures failed (goal 0), tasks rerun, and how the short job ended.
+
 The node's CPU count (``SLURM_CI_CPUS``, 8 by default in .ci/slurm) must allow 8 one-CPU jobs.
 Figures vary with whatever else the machine runs: repeat and report the spread.
 """
@@ -47,6 +53,15 @@ def which_job(seconds: float) -> str:
     """Hold a processor for ``seconds``; say which Slurm job ran it."""
     time.sleep(seconds)
     return os.environ.get("SLURM_JOB_ID", "")
+
+
+def noted(directory: str, index: int, seconds: float) -> str:
+    """Note this run of task ``index`` (one file per run), hold a processor, say the job."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+    with open(os.path.join(directory, f"{index}-{job}-{os.getpid()}-{time.time_ns()}"), "w"):
+        pass
+    time.sleep(seconds)
+    return job
 
 
 def free_port() -> int:
@@ -122,6 +137,87 @@ def one_round(poll_interval: float, steady_seconds: float) -> dict[str, object]:
             daemon.wait(30)
 
 
+def drain_round(poll_interval: float) -> dict[str, object]:
+    with tempfile.TemporaryDirectory(prefix="scaler-slurm-bench-") as tmp:
+        keys = SecurityDir.init(os.path.join(tmp, "keys"))
+        client_key = os.path.join(tmp, "client.cred")
+        keys.issue("client", "client", client_key)
+        runs = os.path.join(tmp, "runs")
+        os.mkdir(runs)
+        address = f"tcp://127.0.0.1:{free_port()}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SCALER_")}
+        env["PYTHONPATH"] = REPO
+        stamp = f"{os.getpid()}-{int(time.time())}"
+        launch = {}
+        for kind in ("short", "steady"):
+            name = f"bench-{kind}-{stamp}-0"
+            path = os.path.join(tmp, f"{kind}.cred")
+            keys.issue(name, "worker", path)
+            launch[kind] = WorkerLaunch(name, address, load_credential(path))
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "scaler_executor.cli.daemon", "--address", address,
+             "--security", keys.path, "--workers", "0", "--log-level", "WARNING"],
+            env=env,
+        )  # fmt: skip
+        cluster = cluster_id(address, load_credential(client_key).daemon_public_key)
+        log_dir = os.path.join(tmp, "logs")
+        short = SlurmAdapter(
+            AdapterSetup(f"bench-short-{stamp}-", 1, WorkerTemplate(processors=1), cluster),
+            SlurmOptions(log_dir=log_dir, poll_interval=poll_interval, environment=env,
+                         time_limit="1", drain_seconds=50),
+        )  # fmt: skip
+        steady = SlurmAdapter(
+            AdapterSetup(f"bench-steady-{stamp}-", 1, WorkerTemplate(processors=1), cluster),
+            SlurmOptions(log_dir=log_dir, poll_interval=poll_interval, environment=env),
+        )
+        try:
+            with ScalerExecutor(address=address, credentials=client_key, config=CLIENT) as ex:
+                t0 = time.monotonic()
+                short.request([launch["short"]])
+                futures = []
+                gone = None
+                replaced = 0.0
+                while gone is None:
+                    if time.monotonic() - t0 > 300:
+                        raise RuntimeError("the short job did not end within 300 s")
+                    for report in short.poll():
+                        if report.state is WorkerState.DRAINING and not replaced:
+                            replaced = time.monotonic() - t0
+                            steady.request([launch["steady"]])
+                        elif report.state is WorkerState.GONE:
+                            gone = report
+                    steady.poll()
+                    if sum(not f.done() for f in futures) < 2:  # a stream: always one waiting
+                        futures.append(ex.submit(noted, runs, len(futures), 1.0))
+                    time.sleep(0.05)
+                failed = []
+                for f in futures:
+                    exc = f.exception(timeout=120)  # counted, not raised: the figure is how many
+                    if exc is not None:
+                        failed.append(f"{type(exc).__name__}: {exc}"[:200])
+                ran = os.listdir(runs)
+            indices = [name.split("-", 1)[0] for name in ran]
+            jobs_of: dict[str, list[str]] = {}
+            for name in sorted(ran, key=lambda n: int(n.rsplit("-", 1)[1])):  # by start time
+                index, job = name.split("-")[:2]
+                jobs_of.setdefault(index, []).append(job)
+            return {
+                "drain_tasks": len(futures),
+                "drain_futures_failed": len(failed),
+                "drain_tasks_rerun": len(indices) - len(set(indices)),
+                "drain_reruns": {i: j for i, j in jobs_of.items() if len(j) > 1},  # task: its jobs
+                "drain_failures": failed[:3],
+                "drain_replacement_asked_s": round(replaced, 1),
+                "drain_short_job_ended_s": round(time.monotonic() - t0, 1),
+                "drain_short_job_end": gone.reason,
+            }
+        finally:
+            short.shutdown()
+            steady.shutdown()
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -131,6 +227,9 @@ def main() -> None:
         "--poll-interval", type=float, default=5.0, help="the adapter's squeue interval (default 5)"
     )
     parser.add_argument("--steady-seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--drain", action="store_true", help="also run the walltime-drain case (1-2 minutes)"
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(1))  # run the finally blocks
     script = os.path.join(REPO, ".ci", "slurm")
@@ -143,6 +242,8 @@ def main() -> None:
                 json.dumps({"round": i, **one_round(args.poll_interval, args.steady_seconds)}),
                 flush=True,
             )
+        if args.drain:
+            print(json.dumps({"drain": drain_round(args.poll_interval)}), flush=True)
     finally:
         if started:
             subprocess.run([script, "stop"], check=True)

@@ -478,8 +478,8 @@ class SlurmAdapter:
             if left is not None:
                 # Reported draining now, while it still runs: the daemon counts it out and
                 # asks for its replacement, which comes up as this one drains.
-                job.state = WorkerState.DRAINING
-                if not job.reason:
+                if job.state is not WorkerState.DRAINING:  # said once, not again each poll
+                    job.state = WorkerState.DRAINING
                     job.reason = f"its time limit ends in {left:.0f} s: a replacement is asked for ahead of it"
             else:
                 job.state = WorkerState.RUNNING

@@ -1,7 +1,8 @@
 """The Slurm capacity adapter on a real single-node Slurm (``.ci/slurm``).
 
-The session's Slurm is started by the ``slurm`` fixture with ``.ci/slurm start`` (and stopped
-on every exit path), unless one is already up, which is then used and left running. Where
+The session's Slurm is started by the ``slurm`` fixture (tests/integration/conftest.py,
+shared with test_slurm_managers.py) with ``.ci/slurm start`` (and stopped on every exit
+path), unless one is already up, which is then used and left running. Where
 Slurm cannot be started the tests skip with the reason, and fail under ``CI=true``
 (``requires_system``). Each case drives ``SlurmAdapter`` through its contract, against a real
 ``scaler-daemon --security DIR --workers 0`` whose workers are the Slurm jobs, and a real
@@ -21,7 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from scaler_testing import REPO, child_env, missing_system, requires_system, wait_until
+from scaler_testing import child_env, wait_until
+from slurm_testing import free_port
 
 from scaler_executor import ClusterConfig, ScalerExecutor
 from scaler_executor.manager.adapter import (
@@ -38,7 +40,6 @@ from scaler_executor.security.keys import SecurityDir, load_credential
 
 pytestmark = pytest.mark.timeout(150)
 
-SLURM_SCRIPT = os.path.join(REPO, ".ci", "slurm")
 FLAGS = ("--heartbeat-interval", "0.1", "--heartbeat-liveness", "50", "--log-level", "INFO")
 CLIENT = ClusterConfig(heartbeat_interval=0.1, heartbeat_liveness=50, daemon_loss_timeout=30.0)
 WAIT = 60.0  # bound on one wait on a loaded machine (jobs start ~1 s apart on an idle one)
@@ -47,47 +48,6 @@ POLL = 0.3  # the adapter's squeue interval in these tests
 # and key); another cluster sharing this Slurm has another.
 CLUSTER = cluster_id(f"test-slurm-{os.getpid()}")
 OTHER_CLUSTER = cluster_id(f"test-slurm-{os.getpid()}-other")
-
-
-@pytest.fixture(scope="session")
-def slurm() -> Iterator[int]:
-    """A running single-node Slurm; yields the node's CPU count."""
-    requires_system(
-        missing_system(
-            ("sbatch", "squeue", "scancel", "scontrol", "sinfo", "slurmctld", "slurmd", "munged"),
-            root=True,
-        )
-    )
-    started = False
-    if subprocess.run([SLURM_SCRIPT, "status"], capture_output=True).returncode != 0:
-        done = subprocess.run(
-            [SLURM_SCRIPT, "start"],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "SLURM_CI_CPUS": "4"},
-        )
-        if done.returncode != 0:
-            subprocess.run([SLURM_SCRIPT, "stop"], capture_output=True)
-            requires_system(
-                f"a single-node Slurm would not start (.ci/slurm start): {' '.join(done.stderr.split())[-400:]}"
-            )
-        started = True
-    try:
-        cpus = int(
-            subprocess.run(
-                ["sinfo", "-h", "-o", "%c"], capture_output=True, text=True, check=True
-            ).stdout.split()[0]
-        )
-        yield cpus
-    finally:
-        if started:
-            subprocess.run([SLURM_SCRIPT, "stop"], capture_output=True, timeout=60)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def job_of_worker(x: int) -> tuple[int, str]:
@@ -393,8 +353,12 @@ def test_a_job_near_its_time_limit_drains_and_loses_no_task(
     steady = adapters.make("steady")
     name = f"{short.setup.prefix}0"
     short.request(daemon.launches([name]))
-    running = adapters.wait_for(short, name, WorkerState.RUNNING)
-    assert running.ends_at > time.time()  # the manager learns when the job will end
+    # A one-minute job is always within drain + Slurm's signal resolution + start-up of its
+    # end: once it runs it is reported draining (its worker still serves), with its end time,
+    # so that the daemon asks for its replacement at once.
+    running = adapters.wait_for(short, name, WorkerState.DRAINING)
+    assert running.ends_at > time.time() and running.job, running
+    assert "its time limit ends in" in running.reason, running
     marker = str(tmp_path / "ran")
     with daemon.client() as ex:
         future = ex.submit(hold_then_report, marker)

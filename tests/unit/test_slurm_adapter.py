@@ -469,3 +469,28 @@ def test_a_running_job_near_its_time_limit_is_reported_draining_so_its_replaceme
         assert latest[far] is WorkerState.RUNNING
     finally:
         adapter.shutdown()
+
+
+def test_a_job_that_pended_for_a_reason_drains_for_its_time_limit_not_that_reason(
+    tmp_path: Path,
+) -> None:
+    """The reason a job pended (``Resources``) is over once it runs: a job near its time
+    limit is reported draining for that limit, not for why it once waited."""
+    fake = FakeSlurm()
+    adapter = adapter_with(tmp_path, fake, poll_interval=0.01, time_limit="1", drain_seconds=50, startup_seconds=5)
+    try:
+        adapter.request([launch("c1-m1-0")])
+        seen: list[WorkerReport] = []
+        poll_until(adapter, lambda s: any(r.state is WorkerState.PENDING for r in s), seen)
+        with fake.lock:
+            (job,) = fake.queue
+            fake.queue[job] = (fake.queue[job][0], "PENDING", "Resources")
+        poll_until(adapter, lambda s: any(r.reason == "Resources" for r in s), seen)
+        with fake.lock:
+            fake.queue[job] = (fake.queue[job][0], "RUNNING", "None")
+            fake.ends[job] = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 60))
+        poll_until(adapter, lambda s: any(r.state is WorkerState.DRAINING for r in s), seen)
+        draining = next(r for r in seen if r.state is WorkerState.DRAINING)
+        assert "time limit ends in" in draining.reason, draining
+    finally:
+        adapter.shutdown()
