@@ -100,6 +100,18 @@ def render(stats: Statistics) -> str:
             "scaler_worker_task_peak_memory_bytes", "gauge",
             "Peak private memory of the worker's last task, in bytes (absent until reported).", lambda w: w.peak_memory,
         ),
+        (
+            "scaler_worker_memory_bytes", "gauge",
+            "Private memory of the worker's processors now, in bytes (absent until reported).", lambda w: w.memory,
+        ),
+        (
+            "scaler_worker_memory_limit_bytes", "gauge",
+            "The worker's memory limit for its processors, in bytes (absent: none).", lambda w: w.memory_limit,
+        ),
+        (
+            "scaler_worker_cpu_cores", "gauge",
+            "Cores the worker's processors kept busy between its last two heartbeats.", lambda w: w.cpu,
+        ),
     )  # fmt: skip
     for name, kind, text, value in per_worker:
         samples = [(_label(worker=w.name, host=w.host), v) for w in workers if (v := value(w)) is not None]

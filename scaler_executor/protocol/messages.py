@@ -265,6 +265,12 @@ class Refused(NamedTuple):
 class Heartbeat(NamedTuple):
     queued: int
     running: int
+    # A worker's own figures (0 from other peers): its processors' private memory in bytes
+    # (the sum the worker's memory limit is checked against), that limit (0: none), and the
+    # CPU its processors used per second since its last heartbeat (1.0: one core busy).
+    memory: int = 0
+    memory_limit: int = 0
+    cpu: float = 0.0
 
 
 class TaskAttempt(NamedTuple):
@@ -424,6 +430,9 @@ class WorkerStat(NamedTuple):
     idle_for: float  # seconds since it last held no task, 0 while it holds some
     draining: bool
     broken: str
+    memory: int = 0  # its processors' private memory now, bytes (its last heartbeat)
+    memory_limit: int = 0  # 0: none
+    cpu: float = 0.0  # cores its processors kept busy between its last two heartbeats
 
 
 class ClientStat(NamedTuple):

@@ -535,6 +535,7 @@ class Scheduler:
         worker = self.workers.get(peer)
         if worker is not None:
             worker.queued, worker.running = message.queued, message.running
+            worker.memory, worker.memory_limit, worker.cpu = message.memory, message.memory_limit, message.cpu
 
     def _on_goodbye(self, peer: bytes, message: m.Goodbye) -> None:
         if (worker := self.workers.get(peer)) is not None:

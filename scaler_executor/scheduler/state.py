@@ -231,6 +231,9 @@ class WorkerRecord:
     draining: bool = False  # chosen to stop (autoscaling): gets no more tasks
     queued: int = 0  # as reported by its heartbeats
     running: int = 0
+    memory: int = 0  # its processors' private memory, bytes (heartbeats)
+    memory_limit: int = 0  # 0: none
+    cpu: float = 0.0  # cores its processors kept busy (heartbeats)
 
     def fits_ever(self, key: ConstraintKey) -> bool:
         """Could this worker ever run a task with these needs (ignoring what is in use)?"""

@@ -184,7 +184,7 @@ def stats_message(core: Scheduler) -> m.Stats:
                 w.name, w.host, w.pid, w.capacity, len(w.inflight), lane, len(w.seceded), w.queued, w.running,
                 -1.0 if w.mean_task_seconds is None else w.mean_task_seconds, recorder.peak_memory.get(w.peer, 0),
                 max(0.0, now - w.last_seen), 0.0 if w.inflight else max(0.0, now - w.idle_since), w.draining,
-                w.broken or "",
+                w.broken or "", w.memory, w.memory_limit, w.cpu,
             )
         )
     clients = [
@@ -226,6 +226,9 @@ class WorkerStatistics:
     idle_for: float  # seconds since it last held no task (0 while it holds some)
     draining: bool  # chosen to stop: gets no more tasks
     broken: str | None  # why it can run no task (its initializer failed), or None
+    memory: int | None = None  # its processors' private memory now, bytes; None until reported
+    memory_limit: int | None = None  # the worker's memory limit, bytes; None: none
+    cpu: float | None = None  # cores its processors kept busy lately (1.0: one); None until reported
 
     @property
     def load(self) -> float:
@@ -358,7 +361,8 @@ class Statistics(Mapping[str, Any]):
                 WorkerStatistics(
                     w.name, w.host, w.pid, w.processors, w.tasks, w.lane_tasks, w.seceded, w.queued, w.running,
                     None if w.mean_task_seconds < 0 else w.mean_task_seconds, w.peak_memory or None, w.last_heard,
-                    w.idle_for, w.draining, w.broken or None,
+                    w.idle_for, w.draining, w.broken or None, w.memory or None, w.memory_limit or None,
+                    w.cpu if w.memory else None,
                 )
                 for w in message.workers
             ),

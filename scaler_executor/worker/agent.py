@@ -51,7 +51,7 @@ from scaler_executor.worker import processor as proc
 from scaler_executor.worker.dealing import MAX_DEPTH, recall_due, takes_more, task_depth
 from scaler_executor.worker.framing import FrameReader
 from scaler_executor.worker.lanes import Lane, Lanes
-from scaler_executor.worker.memory import OomCounter, private_memory
+from scaler_executor.worker.memory import OomCounter, cpu_seconds, private_memory
 from scaler_executor.worker.zygote import EXITED, SPAWNED, ZygoteHandle, start_zygote
 
 log = logging.getLogger("scaler_executor.worker")
@@ -164,6 +164,13 @@ class WorkerAgent:
         self.parked: dict[int, set[bytes]] = {}  # task id -> objects it still waits for
         self.oom = OomCounter()
         self.next_sample = 0.0
+        self.memory_total = 0  # the processors' private memory at the last sample
+        # CPU each live processor had used at the last heartbeat, and when: the next
+        # heartbeat reports the cores they kept busy in between (a new processor counts
+        # from its first sample, a gone one drops out).
+        self.cpu_seen: dict[int, float] = {}
+        self.cpu_at = 0.0
+        self.last_heartbeat = 0.0
         self.next_housekeeping = 0.0
         # Tasks reach the cluster they run on through get_executor() (nested tasks).
         os.environ[DAEMON_ADDRESS_ENV] = address
@@ -770,6 +777,7 @@ class WorkerAgent:
                 p.peak = p.memory
             if busiest is None or p.memory > busiest.memory:
                 busiest = p
+        self.memory_total = total
         if self.memory_limit is not None and busiest is not None and total > self.memory_limit:
             self._kill(
                 busiest,
@@ -1109,14 +1117,28 @@ class WorkerAgent:
                 batch.append(m.TaskResults(results))
                 self.results = []
                 self.results_since = 0.0
-        if not batch and now - self.last_send >= self.heartbeat_interval:
-            running = sum(1 for p in self.processors.values() if p.outstanding)
-            batch.append(m.Heartbeat(len(self.queue), running))
+        if now - self.last_heartbeat >= self.heartbeat_interval and (batch or now - self.last_send >= self.heartbeat_interval):
+            # Also beside results: a busy worker's memory and CPU reach the daemon too.
+            self.last_heartbeat = now
+            batch.append(self._heartbeat(now))
         if batch and self.welcomed:
             if self.raw_out and not self._send_raw():
                 return  # a result's chunks go before it: the batch waits in the outbox
             self.outbox = []
             self._send_now(batch)
+
+    def _heartbeat(self, now: float) -> m.Heartbeat:
+        running = sum(1 for p in self.processors.values() if p.outstanding)
+        seen: dict[int, float] = {}
+        busy = 0.0
+        for p in self.processors.values():
+            if p.eof_at is None and (used := cpu_seconds(p.pid)) is not None:
+                seen[p.pid] = used
+                if p.pid in self.cpu_seen:
+                    busy += max(0.0, used - self.cpu_seen[p.pid])
+        cpu = busy / (now - self.cpu_at) if self.cpu_seen and now > self.cpu_at else 0.0
+        self.cpu_seen, self.cpu_at = seen, now
+        return m.Heartbeat(len(self.queue), running, self.memory_total, self.memory_limit or 0, round(cpu, 3))
 
     # ------------------------------------------------------------------ stop
 

@@ -26,6 +26,24 @@ def private_memory(pid: int | str = "self") -> int:
     return int(match.group(1)) * 1024 if match else 0
 
 
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int | str = "self") -> float | None:
+    """User plus system CPU time a process has used, in seconds (None if it is gone), from
+    ``/proc/PID/stat`` (fields 14 and 15, after the command name, which may hold spaces)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()
+    try:
+        return (int(fields[11]) + int(fields[12])) / _TICKS
+    except (IndexError, ValueError):
+        return None
+
+
 def memory_limit(setting: str, workers_on_host: int, reserved: int = 0) -> int | None:
     """The per-worker limit in bytes for the ``memory_limit`` setting.
 

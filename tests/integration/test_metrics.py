@@ -199,3 +199,47 @@ def test_a_connection_reset_mid_request_is_no_traceback_and_the_server_serves_on
     status, text = cluster.get("/metrics", token=cluster.token)
     assert status == 200 and "# TYPE scaler_workers gauge" in text
     # The fixture's close() asserts the daemon's log (the dashboard's stderr too) has no traceback.
+
+
+def burn_holding(megabytes: int, stop_file: str) -> int:
+    """Hold ``megabytes`` of private memory and keep a core busy until ``stop_file`` exists."""
+    import os
+
+    held = bytearray(megabytes << 20)
+    for i in range(0, len(held), 4096):
+        held[i] = 1  # touched: resident, private
+    spins = 0
+    while not os.path.exists(stop_file):
+        spins += 1
+    return len(held) + (spins & 0)
+
+
+def test_a_busy_workers_memory_and_cpu_reach_the_snapshot_and_metrics(cluster: DashboardCluster, tmp_path: Path) -> None:
+    stop = str(tmp_path / "stop")
+    with cluster.client() as ex:
+        future = ex.submit(burn_holding, 64, stop)
+        try:
+            seen: list[Any] = []
+
+            def busy() -> bool:
+                seen[:] = list(ex.statistics().workers)
+                return any(w.memory is not None and w.memory >= 64 << 20 and (w.cpu or 0.0) > 0.05 for w in seen)
+
+            assert wait_until(busy, timeout=WAIT), seen  # heartbeats come while it runs
+            (worker,) = seen  # the cluster has one worker
+            assert worker.memory_limit is None or worker.memory_limit > worker.memory
+            labels = (("host", worker.host), ("worker", worker.name))
+            scraped: list[str] = []
+
+            def scraped_busy() -> bool:
+                status, text = cluster.get("/metrics", token=cluster.token)
+                scraped[:] = [text]
+                got = parse(text)
+                return got.get("scaler_worker_memory_bytes", {}).get(labels, 0) >= 64 << 20 and got.get(
+                    "scaler_worker_cpu_cores", {}
+                ).get(labels, 0) > 0.05
+
+            assert wait_until(scraped_busy, timeout=WAIT), scraped
+        finally:
+            Path(stop).touch()
+        assert future.result(timeout=WAIT) == 64 << 20

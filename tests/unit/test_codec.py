@@ -565,7 +565,7 @@ TINY = Limits(messages=3, array=5, map=2, string=8, binary=8)
 def heartbeats(n: int) -> list[bytes]:
     """A batch of ``n`` heartbeats, written directly (as a peer would, without building it)."""
     header = bytes([0x90 | n]) if n < 16 else (b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdd" + n.to_bytes(4, "big"))
-    return [VERSION_FRAME, header + b"\x92\x04\x92\x00\x00" * n]
+    return [VERSION_FRAME, header + msgpack.packb([4, list(m.Heartbeat(0, 0))]) * n]
 
 
 @pytest.mark.parametrize("n", [3, 15, 16, 65535, 65536])

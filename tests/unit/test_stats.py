@@ -261,3 +261,15 @@ def test_monitors_share_one_snapshot_built_at_most_every_interval(cluster: Clust
     assert cluster.send(b"c1", m.StatsRequest()).one(b"c1", m.Stats).snapshot["submitted"] == 1
     later = cluster.send(b"m2", m.StatsRequest(), dt=MONITOR_SNAPSHOT_SECONDS).one(b"m2", m.Stats)
     assert later is not first and later.snapshot["submitted"] == 1 and first.snapshot["submitted"] == 0
+
+
+def test_a_workers_heartbeat_figures_are_in_its_row(cluster: Cluster) -> None:
+    cluster.worker(b"w1", capacity=2)
+    (row,) = cluster.scheduler.statistics().workers
+    assert (row.memory, row.memory_limit, row.cpu) == (None, None, None)  # not reported yet
+    cluster.send(b"w1", m.Heartbeat(1, 2, 300 << 20, 4 << 30, 1.5))
+    (row,) = cluster.scheduler.statistics().workers
+    assert (row.queued, row.running, row.memory, row.memory_limit, row.cpu) == (1, 2, 300 << 20, 4 << 30, 1.5)
+    cluster.send(b"w1", m.Heartbeat(0, 0, 10 << 20, 0, 0.0))  # no limit: None
+    (row,) = cluster.scheduler.statistics().workers
+    assert (row.memory, row.memory_limit, row.cpu) == (10 << 20, None, 0.0)
