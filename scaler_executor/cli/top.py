@@ -49,9 +49,9 @@ COLUMNS: list[Column] = [  # 79 characters in all: an 80-column terminal shows e
     ("l", "LOAD", 5, lambda w: w.load, lambda w: f"{w.load:.2f}"),
     ("u", "QUEUED", 6, lambda w: w.queued, lambda w: str(w.queued)),
     ("r", "RUN", 4, lambda w: w.running, lambda w: str(w.running)),
-    ("a", "LANE", 4, lambda w: w.lane_tasks, lambda w: str(w.lane_tasks)),
+    ("c", "CPU", 4, lambda w: w.cpu or 0.0, lambda w: "-" if w.cpu is None else f"{w.cpu:.1f}"),
     ("e", "MEANMS", 7, lambda w: w.mean_task_seconds or 0.0, lambda w: _ms(w.mean_task_seconds)),
-    ("m", "MEM", 7, lambda w: w.peak_memory or 0, lambda w: _mib(w.peak_memory)),
+    ("m", "MEM", 7, lambda w: w.memory or 0, lambda w: _mib(w.memory)),
     ("s", "HEARD", 5, lambda w: w.last_heard, lambda w: f"{w.last_heard:.1f}"),
 ]
 SORT_KEYS = {c[0]: c for c in COLUMNS}
