@@ -101,6 +101,7 @@ def snapshot_json(stats: Statistics) -> dict[str, Any]:
                 "name": w.name, "host": w.host, "pid": w.pid, "processors": w.processors, "tasks": w.tasks,
                 "queued": w.queued, "running": w.running, "load": w.load, "mean_task_seconds": w.mean_task_seconds,
                 "peak_memory": w.peak_memory, "last_heard": w.last_heard, "draining": w.draining, "broken": w.broken,
+                "memory": w.memory, "memory_limit": w.memory_limit, "cpu": w.cpu,
             }
             for w in stats.workers
         ],

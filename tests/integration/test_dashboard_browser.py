@@ -3,6 +3,8 @@ change as tasks run, a failure shows its traceback, and without the token it is 
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,6 +61,12 @@ def test_the_page_shows_tasks_workers_and_failures_as_they_happen(cluster: Dashb
     assert "token=" not in browser.current_url  # kept as a cookie, dropped from the address bar
     wait.until(lambda d: text_of(d, "count-finished") == "0" and text_of(d, "state-pending") == "0")
     wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#workers tbody tr")) == 1)
+
+    def worker_cells(d: Any) -> list[str]:
+        return [td.text for td in d.find_elements(By.CSS_SELECTOR, "#workers tbody tr td")]
+
+    # Its heartbeats' figures: the cores its processors kept busy, their memory (of a limit).
+    wait.until(lambda d: re.fullmatch(r"\d+\.\d\d", worker_cells(d)[8]) and "iB" in worker_cells(d)[9])
     with cluster.client() as ex:
         assert list(ex.map(square, range(25))) == [x * x for x in range(25)]
         wait.until(lambda d: text_of(d, "count-finished") == "25")

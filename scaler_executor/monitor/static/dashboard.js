@@ -62,8 +62,10 @@ function drawWorkers(snap) {
   for (const w of snap.workers) {
     const row = el("tr");
     const state = w.broken ? "broken: " + w.broken : w.draining ? "draining" : "ok";
-    for (const v of [w.name, w.host, w.pid, w.processors, w.tasks, w.running, w.queued, w.load.toFixed(2),
-                     secs(w.mean_task_seconds), bytes(w.peak_memory), secs(w.last_heard), state]) row.append(el("td", String(v)));
+    const cpu = w.cpu === null || w.cpu === undefined ? "–" : w.cpu.toFixed(2);
+    const memory = bytes(w.memory) + (w.memory_limit ? " / " + bytes(w.memory_limit) : "");
+    for (const v of [w.name, w.host, w.pid, w.processors, w.tasks, w.running, w.queued, w.load.toFixed(2), cpu,
+                     memory, secs(w.mean_task_seconds), bytes(w.peak_memory), secs(w.last_heard), state]) row.append(el("td", String(v)));
     body.append(row);
   }
 }
