@@ -4,7 +4,6 @@ change as tasks run, a failure shows its traceback, and without the token it is 
 from __future__ import annotations
 
 import re
-
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
