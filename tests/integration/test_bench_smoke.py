@@ -2,7 +2,8 @@
 
 ``bench/test_micro.py`` (pytest-benchmark) runs with timing disabled, so each hot path is
 exercised once with its own assertions; ``bench/compare.py --quick`` runs two workloads for
-ScalerExecutor alone and must print its table.  Figures are never asserted here.
+ScalerExecutor alone and must print its table, and so must ``bench/graph_scale.py --quick``
+(10^3-node graphs).  Figures are never asserted here.
 """
 
 from __future__ import annotations
@@ -41,4 +42,15 @@ def test_compare_quick_run_prints_its_table() -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for row in ("throughput (tasks/s)", "median (ms)"):
+        assert row in proc.stdout, proc.stdout
+
+
+@pytest.mark.timeout(180)
+def test_graph_scale_quick_run_prints_its_table() -> None:
+    proc = subprocess.run(
+        [sys.executable, "bench/graph_scale.py", "--quick"],
+        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=170,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for row in ("nodes/s of daemon CPU", "tree", "shuffle"):
         assert row in proc.stdout, proc.stdout
