@@ -58,6 +58,23 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, interval: f
     return predicate()
 
 
+def listening_or_exited(proc: Any, port: int) -> Callable[[], bool]:
+    """A predicate for ``wait_until``: something accepts on ``127.0.0.1:port``, or ``proc`` exited
+    (whose log then says why)."""
+    import socket
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            return True
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    return ready
+
+
 # --------------------------------------------------------------------------- system parts
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import cloudpickle
 import psutil
 import pytest
-from scaler_testing import child_env, socket_dir, wait_until
+from scaler_testing import child_env, listening_or_exited, socket_dir, wait_until
 
 from scaler_executor import ClusterConfig, ScalerExecutor, __version__
 from scaler_executor._compat import python_version
@@ -81,18 +81,7 @@ class Cluster:
 
     def daemon(self, *args: str) -> subprocess.Popen[bytes]:
         proc = self._start("scaler_executor.cli.daemon", "--address", self.address, *args)
-        port = int(self.address.rsplit(":", 1)[1])
-
-        def listening() -> bool:
-            if proc.poll() is not None:
-                return True
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    return True
-            except OSError:
-                return False
-
-        assert wait_until(listening, timeout=WAIT)
+        assert wait_until(listening_or_exited(proc, int(self.address.rsplit(":", 1)[1])), timeout=WAIT)
         assert proc.poll() is None, self.log(proc)
         self.daemon_proc = proc
         return proc

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from scaler_testing import child_env, wait_until
+from scaler_testing import child_env, listening_or_exited, wait_until
 from slurm_testing import cancel_jobs_of, free_port, manager_jobs
 
 from scaler_executor import ClusterConfig, ScalerExecutor, task_info
@@ -105,18 +104,7 @@ class Cluster:
             "scaler_executor.cli.daemon", "--address", self.address, "--security", self.keys.path,
             "--workers", "0", "--scale-down-idle", str(idle),
         )  # fmt: skip
-        port = int(self.address.rsplit(":", 1)[1])
-
-        def listening() -> bool:
-            if proc.poll() is not None:
-                return True
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    return True
-            except OSError:
-                return False
-
-        assert wait_until(listening, timeout=WAIT)
+        assert wait_until(listening_or_exited(proc, int(self.address.rsplit(":", 1)[1])), timeout=WAIT)
         assert proc.poll() is None, self.log(proc)
         return proc
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from scaler_testing import child_env, wait_until
+from scaler_testing import child_env, listening_or_exited, wait_until
 
 from scaler_executor import ClusterConfig, ScalerExecutor
 from scaler_executor.security.keys import SecurityDir
@@ -92,18 +92,7 @@ class Cluster:
             "scaler_executor.cli.daemon", "--address", self.address, "--security", self.keys.path, "--workers", "0",
             "--scale-down-idle", "1",
         )  # fmt: skip
-        port = int(self.address.rsplit(":", 1)[1])
-
-        def listening() -> bool:
-            if proc.poll() is not None:
-                return True
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    return True
-            except OSError:
-                return False
-
-        assert wait_until(listening, timeout=WAIT)
+        assert wait_until(listening_or_exited(proc, int(self.address.rsplit(":", 1)[1])), timeout=WAIT)
         assert proc.poll() is None, self.log(proc)
         return proc
 
