@@ -409,6 +409,12 @@ class LaneDone(NamedTuple):
     delivered: int  # of those that ended, results the processor sent straight to the client
     seconds: float  # their run time, summed
     announced: list[int]  # those of them a LaneStarted named
+    # Their runs for the daemon's history (the report's task stream), worker "": the daemon
+    # knows who sent them.  At most worker/lanes.py LANE_RUNS per report; more are only counted.
+    runs: list[TaskRun] = []  # noqa: RUF012 - a NamedTuple default, never mutated
+    # The first few that failed (at most worker/lanes.py LANE_FAILURES per report, payloads of
+    # at most 64 KiB, no objects): the daemon's recent failures, with their tracebacks.
+    failures: list[TaskResult] = []  # noqa: RUF012
 
 
 class StatsRequest(NamedTuple):

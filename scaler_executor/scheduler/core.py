@@ -965,9 +965,11 @@ class Scheduler:
         if peak:
             self.recorder.peak_memory[peer] = peak
 
-    def _record_failure(self, worker: WorkerRecord, task: TaskRecord, result: m.TaskResult) -> None:
+    def _record_failure(self, worker: WorkerRecord, task: TaskRecord | None, result: m.TaskResult) -> None:
+        """``task``: None for a lane task's (the daemon has no record of it)."""
         kind = {Status.TIMEOUT: "timeout", Status.CANCELLED: "cancelled", Status.FORCE_CANCELLED: "cancelled"}.get(result.status, "failed")
-        self.recorder.event(self._now, kind, "", task_id=task.task_id, where=worker.name, payload=result.payload, status=result.status)
+        task_id = result.task_id if task is None else task.task_id
+        self.recorder.event(self._now, kind, "", task_id=task_id, where=worker.name, payload=result.payload, status=result.status)
 
     def _on_lane_started(self, peer: bytes, message: m.LaneStarted) -> None:
         """Lane tasks still running: recorded as this worker's, DISPATCHED, so that its load,
@@ -1004,6 +1006,11 @@ class Scheduler:
         if ended:
             self.recorder.ended(self._now, message.finished, message.failed, ended if message.seconds > 0 else 0, message.seconds)
             self.history.ended(self._now, message.finished, message.failed)
+        for run in message.runs[: ended + message.retried]:  # no more runs than tasks it reports
+            self.history.run(worker.name, run.started, run.finished, run.status)
+        for result in message.failures[: message.failed]:
+            if result.status in WORKER_STATUSES and result.status != Status.OK:
+                self._record_failure(worker, None, result)
         if ended and message.seconds > 0:
             duration = message.seconds / ended
             mean = worker.mean_task_seconds
