@@ -98,6 +98,12 @@ def _parser() -> argparse.ArgumentParser:
         "--metrics-without-token", action="store_true",
         help="with --dashboard: serve /metrics without the token (the page still needs it)",
     )  # fmt: skip
+    parser.add_argument(
+        "--report", metavar="FILE",
+        help="write the run's report (one self-contained HTML file: task stream, throughput, memory, "
+        "failures, configuration) to FILE when the daemon stops, on SIGINT/SIGTERM or its lifeline "
+        "closing; a SIGKILLed daemon writes none",
+    )  # fmt: skip
     parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)  # stop when stdin closes
     parser.add_argument("--workdir", help=argparse.SUPPRESS)  # the embedded cluster's private directory
     # The embedded cluster's first workers, started before the daemon's imports: see start_early_workers.
@@ -128,6 +134,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Clust
             fail(parser.prog, str(exc))
     elif args.metrics_without_token:
         fail(parser.prog, "--metrics-without-token needs --dashboard HOST:PORT")
+    if args.report is not None:
+        import os
+
+        args.report = os.path.abspath(args.report)
+        if not os.path.isdir(os.path.dirname(args.report)):
+            fail(parser.prog, f"--report {args.report}: its directory does not exist")
     if args.early_workers is not None:
         if not config.workers:
             fail(parser.prog, f"{EARLY_WORKERS_FLAG} needs local workers (--workers N)")
@@ -197,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         security = ServerSecurity(directory, ephemeral)
     try:
         daemon = Daemon(
-            config, config.address, lifeline_fd=0 if args.lifeline else None, manager=manager, security=security
+            config, config.address, lifeline_fd=0 if args.lifeline else None, manager=manager, security=security,
+            report=args.report,
         )
     except Exception as exc:
         if manager is not None:

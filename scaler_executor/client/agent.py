@@ -92,6 +92,7 @@ from scaler_executor.client.routes import DaemonRoute, LaneRoute, ReplyInbox
 from scaler_executor.client.state import (
     FETCH_OBJECTS,
     FLUSHED,
+    HISTORY,
     LANE,
     PARKED,
     PIN_OBJECTS,
@@ -165,6 +166,7 @@ class ClientAgent:
         self.packer = Packer(self, config)
         self.completion = Completion(self)
         self.stats_waiters: deque[Future[Statistics]] = deque()
+        self.history_waiters: deque[Future[m.History]] = deque()
         self.fetch_waiters: deque[Future[dict[bytes, bytes]]] = deque()
         self.remote_store: RemoteStore | None = None  # the daemon's store, when this host cannot map it
         self.shutdown_requested = False
@@ -196,6 +198,7 @@ class ClientAgent:
             m.ObjectData: self._on_object_data,
             m.ObjectStored: self._on_object_stored,
             m.Stats: self._on_stats,
+            m.History: self._on_history,
             m.ClusterBroken: self._on_cluster_broken,
             m.Refused: self._on_refused,
             m.Goodbye: self._on_goodbye,
@@ -469,6 +472,16 @@ class ClientAgent:
         self.wake()
         return future
 
+    def request_history(self) -> Future[m.History]:
+        """The daemon's history of the run (recent task runs, the coarse series): ex.report."""
+        future: Future[m.History] = Future()
+        with self.lock:
+            self.check_usable()
+            self.history_waiters.append(future)
+            self.core.outbox.append((HISTORY, None))
+        self.wake()
+        return future
+
     # ------------------------------------------------------------------ shutdown
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
@@ -691,6 +704,10 @@ class ClientAgent:
             from scaler_executor.scheduler.stats import Statistics
 
             self.stats_waiters.popleft().set_result(Statistics.from_message(message))
+
+    def _on_history(self, message: m.History, _buffers: list[Any]) -> None:
+        if self.history_waiters:
+            self.history_waiters.popleft().set_result(message)
 
     def _on_cluster_broken(self, message: m.ClusterBroken, _buffers: list[Any]) -> None:
         self.break_with(_initializer_failed(message))

@@ -193,7 +193,7 @@ class Completion:
                 record.cancel.event.set()  # no answer will come: cancel() returns False at once
             if record.future is not None:
                 settle(record.future, False, type(exc)(*exc.args) if exc.__cause__ is None else exc)
-        for waiters in (agent.stats_waiters, agent.fetch_waiters):
+        for waiters in (agent.stats_waiters, agent.fetch_waiters, agent.history_waiters):
             while waiters:
                 try:
                     waiters.popleft().set_exception(type(exc)(*exc.args))

@@ -291,6 +291,35 @@ class ScalerExecutor(Executor):
         """
         return self._agent.request_stats().result(timeout)
 
+    def report(self, path: str | os.PathLike[str], timeout: float | None = 30.0) -> str:
+        """Write the run's report to ``path``: one self-contained HTML file, viewable offline
+        after the cluster is gone.  Returns the path written.
+
+        It holds, from the daemon's state when it is asked (docs/monitoring.rst, "Report"):
+
+        * a summary: uptime, the task counters, tasks by state, the workers (memory, CPU);
+        * a task stream: a row per worker, a bar per task run coloured by status, for the
+          daemon's most recent 20,000 runs (older ones are dropped; the count says so);
+        * throughput (tasks ended and failed per second) and the workers' total memory and
+          count over the whole run, in buckets of 10 s (merged pairwise as the run passes 24 h);
+        * the recent failures with the tail of their tracebacks, and other recent events;
+        * the host's object store figures;
+        * the configuration: the daemon's, and this client's (with its address).
+
+        The page has inline CSS and SVG, no script and no external resource; every task,
+        worker name and traceback in it is escaped.  Raises ``TimeoutError`` if the daemon
+        does not answer within ``timeout``.  ``scaler-daemon --report FILE`` writes the same
+        page (without a client's configuration) when the daemon stops.
+        """
+        from scaler_executor.scheduler.report import render_report, write_report
+
+        history = self._agent.request_history()
+        stats = self.statistics(timeout)
+        client = {"address": self._address, "max_workers": self._max_workers or None, **self._config.to_dict()}
+        text = render_report(stats, history.result(timeout), client_config=client, source=f"ScalerExecutor.report (pid {os.getpid()})")
+        write_report(path, text)
+        return os.fspath(path)
+
     @property
     def address(self) -> str:
         return self._address

@@ -70,6 +70,7 @@ class IllegalTransition(RuntimeError):
 # Outbox entries other than tasks: (kind, data).
 REGISTER_FN, RELEASE_FN, REGISTER_OPTIONS, CANCEL, FORCE_CANCEL = range(5)
 STATS, PIN_OBJECTS, RELEASE_OBJECTS, FETCH_OBJECTS, SUBMIT_BATCH, FLUSHED = range(5, 11)
+HISTORY = 11
 
 
 # How each other outbox entry becomes its message (base: the client's id, shifted).
@@ -78,6 +79,7 @@ _MESSAGE: dict[int, Callable[[int, Any], Any]] = {
     RELEASE_FN: lambda base, data: m.ReleaseFunctions([base | data]),
     REGISTER_OPTIONS: lambda base, data: m.RegisterOptions(data[0], data[1]),
     STATS: lambda base, data: m.StatsRequest(),
+    HISTORY: lambda base, data: m.HistoryRequest(),
     PIN_OBJECTS: lambda base, data: m.PinObjects(data),
     RELEASE_OBJECTS: lambda base, data: m.ReleaseObjects(data),
     FETCH_OBJECTS: lambda base, data: m.ObjectRequest(data),

@@ -49,6 +49,9 @@ Seceded                W→D      running tasks that wait on sub-tasks: they no 
                                 count against the worker's capacity
 StatsRequest           C/M→D    ask for a snapshot of the daemon's state
 Stats                  D→C/M    the snapshot
+HistoryRequest         C/M→D    ask for the run's history (for ``ex.report``)
+History                D→C/M    the most recent task runs (worker, start, end, status) and
+                                the coarse series of the whole run, with the daemon's config
 TasksWithoutWorker     D→C      tasks of this client have waited ``no_worker_warning``
                                 with no connected worker able to run them (once per
                                 episode: scheduler/no_worker.py); the client warns
@@ -406,6 +409,12 @@ class LaneDone(NamedTuple):
     delivered: int  # of those that ended, results the processor sent straight to the client
     seconds: float  # their run time, summed
     announced: list[int]  # those of them a LaneStarted named
+    # Their runs for the daemon's history (the report's task stream), worker "": the daemon
+    # knows who sent them.  At most worker/lanes.py LANE_RUNS per report; more are only counted.
+    runs: list[TaskRun] = []  # noqa: RUF012 - a NamedTuple default, never mutated
+    # The first few that failed (at most worker/lanes.py LANE_FAILURES per report, payloads of
+    # at most 64 KiB, no objects): the daemon's recent failures, with their tracebacks.
+    failures: list[TaskResult] = []  # noqa: RUF012
 
 
 class StatsRequest(NamedTuple):
@@ -478,6 +487,38 @@ class Stats(NamedTuple):
     # scheduler/stats.py DURATION_BOUNDS (the last one past the largest bound), and their sum.
     durations: list[int] = []  # noqa: RUF012
     duration_sum: float = 0.0
+
+
+class HistoryRequest(NamedTuple):
+    pass
+
+
+class TaskRun(NamedTuple):
+    """One task run the daemon heard of (its TaskFacts): the report's task stream."""
+
+    worker: str
+    started: float  # wall clock (the worker's time.time())
+    finished: float
+    status: int  # Status
+
+
+class SeriesBucket(NamedTuple):
+    """One bucket of the run's coarse time series (scheduler/history.py)."""
+
+    start: float  # seconds from the daemon's first recorded event to the bucket's start
+    finished: int  # tasks that ended well in it
+    failed: int  # tasks that failed in it
+    memory: int  # the workers' total memory, bytes: the most seen in it
+    workers: int  # workers connected: the most seen in it
+
+
+class History(NamedTuple):
+    runs: list[TaskRun]  # oldest first: the most recent scheduler/history.py RUNS
+    runs_seen: int  # runs recorded since the start (more than len(runs) once the ring is full)
+    bucket_seconds: float  # the series' bucket width now (it doubles as the run grows)
+    series: list[SeriesBucket]  # oldest first; buckets in which nothing happened are left out
+    config: dict[str, str]  # the daemon's configuration, each value as text
+    uptime: float  # seconds since the daemon's first tick
 
 
 class TasksWithoutWorker(NamedTuple):
@@ -572,6 +613,8 @@ MESSAGE_TAGS: dict[type, int] = {
     ObjectChunk: 40,
     ObjectStored: 41,
     TasksWithoutWorker: 42,
+    HistoryRequest: 43,
+    History: 44,
 }
 
 # Which roles may send which messages to the daemon.
@@ -590,11 +633,12 @@ ACCEPTED_FROM: dict[str, frozenset[type]] = {
             ObjectRequest,
             ObjectChunk,
             StatsRequest,
+            HistoryRequest,
         }
     ),
     Role.WORKER: frozenset(
         {Heartbeat, Goodbye, TaskResults, ClusterBroken, Seceded, ObjectRequest, ObjectChunk, LaneDone, LaneStarted}
     ),
-    Role.MONITOR: frozenset({Heartbeat, Goodbye, StatsRequest}),
+    Role.MONITOR: frozenset({Heartbeat, Goodbye, StatsRequest, HistoryRequest}),
     Role.MANAGER: frozenset({Heartbeat, Goodbye, StatsRequest, ManagerOffer, WorkerStates, WorkerKeys}),
 }

@@ -33,6 +33,7 @@ from scaler_executor.protocol.messages import DEFAULT_OPTIONS as DEFAULT
 from scaler_executor.protocol.messages import Role, Status, TaskFlags
 from scaler_executor.protocol.rejoin import UNKNOWN_PEER
 from scaler_executor.scheduler.deadlines import DeadlineQueue
+from scaler_executor.scheduler.history import History, history_message
 from scaler_executor.scheduler.managers import AdmitKeys, ManagerController, WithdrawKeys
 from scaler_executor.scheduler.no_worker import NoWorkerWatch
 from scaler_executor.scheduler.policies import (
@@ -268,6 +269,8 @@ class Scheduler:
         }
         self._monitors: dict[bytes, float] = {}
         self.recorder = Recorder()  # O(1) monitoring state: ended tasks per second, recent events
+        self.history = History()  # O(1) too: recent task runs, the run's coarse series (ex.report)
+        self._memory_total = 0  # the workers' memory, summed from their heartbeats
         self._monitor_snapshot: tuple[float, m.Stats] | None = None  # (built at, snapshot)
         # The host store's figures for a snapshot (set by the loop, read only on request).
         self.store_stats: Callable[[], dict[str, int]] | None = None
@@ -295,6 +298,7 @@ class Scheduler:
             m.CancelTasks: self._on_cancel,
             m.ReleaseObjects: self._on_release_objects,
             m.StatsRequest: self._on_stats_request,
+            m.HistoryRequest: self._on_history_request,
             m.TaskResults: self._on_task_results,
             m.ClusterBroken: self._on_cluster_broken,
             m.Seceded: self._on_seceded,
@@ -378,6 +382,7 @@ class Scheduler:
         now = event.now
         if self.recorder.started is None:
             self.recorder.started = now
+            self.history.gauge(now, 0, 0)  # the series starts with the daemon
         deadline = self.config.heartbeat_interval * self.config.heartbeat_liveness
         client_deadline = max(deadline, self.config.client_timeout)
         for peer in self._liveness.due(now):
@@ -516,6 +521,7 @@ class Scheduler:
                 idle_since=self._now,
             )
             log.info("worker %r joined with %d processors (pid %d on %s)", hello.name, hello.capacity, hello.pid, hello.host)
+            self.history.gauge(self._now, len(self.workers), self._memory_total)
             self.managers.worker_joined(self.workers[peer])
         elif hello.role == Role.MANAGER:
             self.managers.join(peer, peer_id, hello.name, self._now)
@@ -535,7 +541,9 @@ class Scheduler:
         worker = self.workers.get(peer)
         if worker is not None:
             worker.queued, worker.running = message.queued, message.running
+            self._memory_total += message.memory - worker.memory
             worker.memory, worker.memory_limit, worker.cpu = message.memory, message.memory_limit, message.cpu
+            self.history.gauge(self._now, len(self.workers), self._memory_total)
 
     def _on_goodbye(self, peer: bytes, message: m.Goodbye) -> None:
         if (worker := self.workers.get(peer)) is not None:
@@ -755,6 +763,7 @@ class Scheduler:
         log.warning("rejected task %#x from %r: %s", spec.task_id, peer, reason)
         self.counters["failed"] += 1
         self.recorder.ended(self._now, 0, 1)
+        self.history.ended(self._now, 0, 1)
         self.recorder.event(self._now, "rejected", reason, task_id=spec.task_id, where=self.clients[peer].name if peer in self.clients else "")
         self._result_to(peer, m.TaskResult(spec.task_id, 0, Status.REJECTED, reason.encode(), m.NO_FACTS, m.NO_OBJECTS))
 
@@ -844,6 +853,9 @@ class Scheduler:
     def _on_object_chunk(self, peer: bytes, message: m.ObjectChunk) -> None:
         self._commands.append(StoreChunk(peer, message.object_id, message.offset, message.total))
 
+    def _on_history_request(self, peer: bytes, message: m.HistoryRequest) -> None:
+        self._send(peer, history_message(self))  # built on request: O(runs kept + buckets)
+
     def _on_stats_request(self, peer: bytes, message: m.StatsRequest) -> None:
         if peer in self._monitors and peer in self._stats_wanted:
             return  # one answer per monitor per turn, however many it asked for
@@ -901,6 +913,9 @@ class Scheduler:
                     self._deletions.extend(result.objects)  # an orphan result's objects
                 continue  # late: an earlier attempt, or a task already settled elsewhere
             self._unassign(worker, task)
+            facts = result.facts
+            if facts.finished > facts.started > 0:
+                self.history.run(worker.name, facts.started, facts.finished, result.status)
             if result.status == Status.PROCESSOR_DIED:
                 self.recorder.event(self._now, "processor-died", "", task_id=task.task_id, where=worker.name, payload=result.payload, status=result.status)
                 self._attempt_failed(task, f"worker {worker.name}: {result.payload.decode(errors='replace')}", result.output)
@@ -944,14 +959,17 @@ class Scheduler:
         # last peak memory.  (Dependents failed with a task count in ``failed``, not here.)
         if ended:
             self.recorder.ended(self._now, ended - failed, failed, len(durations), sum(durations), max(durations, default=0.0))
+            self.history.ended(self._now, ended - failed, failed)
             if durations:
                 self.recorder.timed(durations)
         if peak:
             self.recorder.peak_memory[peer] = peak
 
-    def _record_failure(self, worker: WorkerRecord, task: TaskRecord, result: m.TaskResult) -> None:
+    def _record_failure(self, worker: WorkerRecord, task: TaskRecord | None, result: m.TaskResult) -> None:
+        """``task``: None for a lane task's (the daemon has no record of it)."""
         kind = {Status.TIMEOUT: "timeout", Status.CANCELLED: "cancelled", Status.FORCE_CANCELLED: "cancelled"}.get(result.status, "failed")
-        self.recorder.event(self._now, kind, "", task_id=task.task_id, where=worker.name, payload=result.payload, status=result.status)
+        task_id = result.task_id if task is None else task.task_id
+        self.recorder.event(self._now, kind, "", task_id=task_id, where=worker.name, payload=result.payload, status=result.status)
 
     def _on_lane_started(self, peer: bytes, message: m.LaneStarted) -> None:
         """Lane tasks still running: recorded as this worker's, DISPATCHED, so that its load,
@@ -987,6 +1005,12 @@ class Scheduler:
         counters["lane"] += ended + message.retried
         if ended:
             self.recorder.ended(self._now, message.finished, message.failed, ended if message.seconds > 0 else 0, message.seconds)
+            self.history.ended(self._now, message.finished, message.failed)
+        for run in message.runs[: ended + message.retried]:  # no more runs than tasks it reports
+            self.history.run(worker.name, run.started, run.finished, run.status)
+        for result in message.failures[: message.failed]:
+            if result.status in WORKER_STATUSES and result.status != Status.OK:
+                self._record_failure(worker, None, result)
         if ended and message.seconds > 0:
             duration = message.seconds / ended
             mean = worker.mean_task_seconds
@@ -1041,6 +1065,8 @@ class Scheduler:
         returned = {(u.task_id, u.attempt) for u in unstarted} if unstarted else set()
         self.recorder.peak_memory.pop(worker.peer, None)
         del self.workers[worker.peer]
+        self._memory_total -= worker.memory
+        self.history.gauge(self._now, len(self.workers), self._memory_total)
         self.managers.worker_left(worker)
         self.last_sent.pop(worker.peer, None)
         self._out.pop(worker.peer, None)
@@ -1110,6 +1136,7 @@ class Scheduler:
                 f"{len(task.failures)} attempt(s) allowed (max_retries={max_retries})"
             )
             self.recorder.ended(self._now, 0, 1)
+            self.history.ended(self._now, 0, 1)
             self.recorder.event(self._now, "retries-exhausted", f"{text}; last: {line}", task_id=task.task_id)
             payload = _pack_lost(text, task.failures)
             self._fail_dependents(task, Status.WORKER_LOST, payload)
@@ -1286,6 +1313,7 @@ class Scheduler:
                     self.counters["failed"] += 1
                     reason = (self._unsatisfiable_text(key) + f" within unsatisfiable_timeout={timeout:g} s").encode()
                     self.recorder.ended(now, 0, 1)
+                    self.history.ended(now, 0, 1)
                     self.recorder.event(now, "rejected", reason.decode(), task_id=task.task_id)
                     self._fail_dependents(task, Status.REJECTED, reason)
                     if not task.flags & TaskFlags.NO_RESULT:

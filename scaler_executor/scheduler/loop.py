@@ -110,8 +110,10 @@ class Daemon:
         lifeline_fd: int | None = None,
         manager: CapacityAdapter | None = None,
         security: Any = None,
+        report: str | None = None,
     ) -> None:
-        """``security``: a ServerSecurity (security/server.py) for a tcp:// address, or None."""
+        """``security``: a ServerSecurity (security/server.py) for a tcp:// address, or None.
+        ``report``: a file the run's report (scheduler/report.py) is written to when it stops."""
         self.config = config
         self.address = address
         from scaler_executor.scheduler.objects import HostStore
@@ -124,6 +126,7 @@ class Daemon:
         self.host = socket.gethostname()
         self.stopping = False
         self.security = security
+        self.report = report
         if security is not None:
             security.use_counters(self.core.counters)
         try:
@@ -218,8 +221,25 @@ class Daemon:
                 if self.backlog:
                     self._retry_backlog(now)
         finally:
+            # Every way out of the loop but SIGKILL: a signal, the lifeline closing (the end of
+            # an embedded cluster), an error.  Before _shutdown: the store's figures need it open.
+            if self.report is not None:
+                self._write_report(self.report)
             self._shutdown()
         return 0
+
+    def _write_report(self, path: str) -> None:
+        try:
+            from scaler_executor.scheduler.history import history_message
+            from scaler_executor.scheduler.report import render_report, write_report
+            from scaler_executor.scheduler.stats import Statistics, stats_message
+
+            stats = Statistics.from_message(stats_message(self.core))
+            text = render_report(stats, history_message(self.core), source=f"scaler-daemon at {self.address} (pid {os.getpid()}), on stopping")
+            write_report(path, text)
+            log.info("daemon: the run's report is in %s", path)
+        except Exception:  # a report that cannot be written must not keep the daemon from stopping
+            log.exception("daemon: could not write the report to %s", path)
 
     def _drain_signal_pipe(self) -> None:
         try:

@@ -60,6 +60,11 @@ class Lane:
     authkey_file: str = ""  # the client's, from the dispatched task that opened the lane
 
 
+LANE_RUNS = 1000  # lane task runs one LaneDone carries for the daemon's history; more are only counted
+LANE_FAILURES = 8  # failed lane tasks one LaneDone carries for the daemon's recent failures
+MAX_FAILURE_PAYLOAD = 64 * 1024  # a larger error payload travels without its traceback
+
+
 @dataclass
 class LaneTally:
     """What LaneDone reports: the lane tasks that ended since the last report."""
@@ -70,6 +75,8 @@ class LaneTally:
     delivered: int = 0
     seconds: float = 0.0
     announced: list[int] = field(default_factory=list)  # ended tasks a LaneStarted named
+    runs: list[m.TaskRun] = field(default_factory=list)  # for the daemon's history, at most LANE_RUNS
+    failures: list[m.TaskResult] = field(default_factory=list)  # for its recent failures, at most LANE_FAILURES
 
     def __bool__(self) -> bool:
         return bool(self.finished or self.failed or self.retried)
@@ -216,9 +223,14 @@ class Lanes:
                 tally.finished += 1
             else:
                 tally.failed += 1
+                if len(tally.failures) < LANE_FAILURES:
+                    payload = result.payload if len(result.payload) <= MAX_FAILURE_PAYLOAD else b""
+                    tally.failures.append(result._replace(payload=payload, objects=[], delivered=False, output=b""))
             facts = result.facts
             if facts.finished > facts.started:
                 tally.seconds += facts.finished - facts.started
+                if len(tally.runs) < LANE_RUNS:
+                    tally.runs.append(m.TaskRun("", facts.started, facts.finished, result.status))
             if result.delivered:
                 tally.delivered += 1
                 continue
@@ -231,7 +243,10 @@ class Lanes:
         if not tally:
             return None
         self.tally = LaneTally()
-        return m.LaneDone(tally.finished, tally.failed, tally.retried, tally.delivered, tally.seconds, tally.announced)
+        return m.LaneDone(
+            tally.finished, tally.failed, tally.retried, tally.delivered, tally.seconds, tally.announced, tally.runs,
+            tally.failures,
+        )
 
     def due(self, now: float) -> list[int]:
         """Lane tasks running for LANE_NOTICE, to announce now (each once)."""

@@ -100,6 +100,10 @@ SAMPLES: dict[type, Any] = {
     m.ObjectStored: m.ObjectStored(b"\x01" * 16, ""),
     m.StatsRequest: m.StatsRequest(),
     m.Stats: m.Stats({"tasks": 3, "mean_seconds": 0.25, "state": "ok"}),
+    m.HistoryRequest: m.HistoryRequest(),
+    m.History: m.History(
+        [m.TaskRun("w1", 1.5, 2.0, 0)], 7, 10.0, [m.SeriesBucket(0.0, 3, 1, 1 << 30, 2)], {"workers": "2"}, 12.5
+    ),
     m.TasksWithoutWorker: m.TasksWithoutWorker(12, 10.5, "10 need gpu=1, which no connected worker has"),
     m.ManagerOffer: m.ManagerOffer("slurm", 8, 1, 4, {"gpu": 1.0}, ["cuda"], 30.0, "partition gpu", ["m-1"]),
     m.WorkerStates: m.WorkerStates([m.WorkerChange("m-1", "pending", "4711", "", "Resources", "", 0.0, False)]),
