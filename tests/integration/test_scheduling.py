@@ -601,6 +601,59 @@ def test_a_worker_stopped_by_sigterm_runs_no_at_most_once_task_twice(external: E
     assert counts == {"once": 1, "ordinary": 2, "queued": 1}, counts
 
 
+def descendants(proc: subprocess.Popen[bytes]) -> set[int]:
+    try:
+        return {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_draining_on_sigterm_finishes_what_it_runs_and_hands_back_the_rest(
+    external: External, tmp_path: Path
+) -> None:
+    """Walltime without loss (issue 23): with --drain-seconds, SIGTERM (Slurm's drain signal)
+    makes the worker hand back at once what it never started, which runs elsewhere, while
+    the tasks it runs go on to their end and are reported: each ran exactly once (a
+    max_retries=0 one too), nothing was retried or lost, and the worker exits by itself
+    when it holds nothing more."""
+    external.daemon()
+    drainer = external.worker("--processors", "2", "--name", "drainer", "--drain-seconds", "30")
+    runs = {name: str(tmp_path / name) for name in ("once", "ordinary", "queued", "queued_once", "later")}
+    gate, open_gate = str(tmp_path / "gate"), str(tmp_path / "open")
+    Path(open_gate).write_text("")
+    with external.client() as ex:
+        try:
+            once = ex.options(max_retries=0).submit(run_logged, runs["once"], gate)
+            ordinary = ex.submit(run_logged, runs["ordinary"], gate)
+            assert wait_until(lambda: os.path.exists(runs["once"]) and os.path.exists(runs["ordinary"]), timeout=60)
+            # Both processors are busy: these wait in the drainer's queue (dispatched, RUNNING).
+            queued = ex.submit(run_logged, runs["queued"], open_gate)
+            queued_once = ex.options(max_retries=0).submit(run_logged, runs["queued_once"], open_gate)
+            assert wait_until(lambda: queued.running() and queued_once.running(), timeout=30)
+            drainer_pids = descendants(drainer)
+            stayer = external.worker("--processors", "2", "--name", "stayer", "--drain-seconds", "30")
+            assert wait_until(lambda: ex.statistics()["workers"] == 2, timeout=60)
+            drainer.send_signal(signal.SIGTERM)
+            # The queued tasks run on the other worker at once, while the drainer still runs its
+            # two (the gate is shut); a task submitted now goes there too.
+            later = ex.submit(run_logged, runs["later"], open_gate)
+            stayer_ran = {queued.result(60), queued_once.result(60), later.result(60)}
+            assert stayer_ran <= descendants(stayer), (stayer_ran, descendants(stayer))
+            assert drainer.poll() is None, "the drainer stopped before its running tasks ended"
+            assert not once.done() and not ordinary.done()
+            Path(gate).write_text("")
+            assert once.result(60) in drainer_pids and ordinary.result(60) in drainer_pids
+            assert drainer.wait(60) == 0
+            stats = ex.statistics()
+            assert stats["retried"] == 0 and stats["workers_lost"] == 0 and stats["failed"] == 0, stats
+            assert scaler_executor.task_info(once).attempts == 1  # type: ignore[union-attr]
+        finally:
+            Path(gate).write_text("")  # a failure must not leave a task blocking the teardown
+    counts = {name: len(Path(path).read_text().split()) for name, path in runs.items()}
+    assert counts == dict.fromkeys(runs, 1), counts
+
+
 @pytest.mark.timeout(120)
 def test_memory_limit_kill_names_limit_and_size_and_the_worker_survives(
     fresh_executor: Callable[..., ScalerExecutor],
