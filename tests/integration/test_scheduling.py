@@ -654,6 +654,46 @@ def test_a_worker_draining_on_sigterm_finishes_what_it_runs_and_hands_back_the_r
     assert counts == dict.fromkeys(runs, 1), counts
 
 
+@pytest.mark.timeout(180)
+def test_a_draining_worker_takes_back_the_short_tasks_queued_inside_its_processor(
+    external: External, tmp_path: Path
+) -> None:
+    """Short tasks are dealt several to a processor, queued behind the running one: on the
+    drain signal the worker recalls them (the processor returns exactly those it has not
+    started) and hands them back, so they run elsewhere at once instead of waiting for the
+    long one; the long one finishes where it is.  Each task runs once."""
+    external.daemon()
+    drainer = external.worker("--processors", "1", "--name", "drainer", "--drain-seconds", "30")
+    gate, open_gate = str(tmp_path / "gate"), str(tmp_path / "open")
+    Path(open_gate).write_text("")
+    warm = str(tmp_path / "warm")
+    runs = {name: str(tmp_path / name) for name in ("head", "q0", "q1", "q2")}
+    with external.client() as ex:
+        try:
+            # Teach the worker that this callable is short (well under 5 ms): it deals it deep.
+            for _ in range(20):
+                ex.submit(run_logged, warm, open_gate).result(60)
+            head = ex.submit(run_logged, runs["head"], gate)
+            queued = [ex.submit(run_logged, runs[f"q{i}"], open_gate) for i in range(3)]
+            assert wait_until(lambda: os.path.exists(runs["head"]) and all(f.running() for f in queued), timeout=60)
+            drainer_pids = descendants(drainer)
+            stayer = external.worker("--processors", "1", "--name", "stayer", "--drain-seconds", "30")
+            assert wait_until(lambda: ex.statistics()["workers"] == 2, timeout=60)
+            drainer.send_signal(signal.SIGTERM)
+            ran = {f.result(60) for f in queued}  # while the head still holds the drainer's processor
+            assert ran <= descendants(stayer), (ran, descendants(stayer))
+            assert not head.done() and drainer.poll() is None
+            Path(gate).write_text("")
+            assert head.result(60) in drainer_pids
+            assert drainer.wait(60) == 0
+            stats = ex.statistics()
+            assert stats["retried"] == 0 and stats["workers_lost"] == 0 and stats["failed"] == 0, stats
+        finally:
+            Path(gate).write_text("")  # a failure must not leave a task blocking the teardown
+    counts = {name: len(Path(path).read_text().split()) for name, path in runs.items()}
+    assert counts == dict.fromkeys(runs, 1), counts
+
+
 @pytest.mark.timeout(120)
 def test_memory_limit_kill_names_limit_and_size_and_the_worker_survives(
     fresh_executor: Callable[..., ScalerExecutor],
