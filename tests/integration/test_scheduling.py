@@ -654,6 +654,33 @@ def test_a_worker_draining_on_sigterm_finishes_what_it_runs_and_hands_back_the_r
     assert counts == dict.fromkeys(runs, 1), counts
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_second_signal_stops_a_draining_worker_at_once(external: External, tmp_path: Path, second: int) -> None:
+    """The drain is a grace, not a trap: a second SIGTERM, or a SIGINT, stops the worker at
+    once (its drain of 300 s would outlast every wait here); what it ran goes back as after
+    any orderly leave."""
+    external.daemon()
+    drainer = external.worker("--processors", "1", "--name", "drainer", "--drain-seconds", "300")
+    gate, runs = str(tmp_path / "gate"), str(tmp_path / "runs")
+    with external.client() as ex:
+        try:
+            task = ex.submit(run_logged, runs, gate)
+            assert wait_until(lambda: os.path.exists(runs), timeout=60)
+            external.worker("--processors", "1", "--name", "stayer")
+            assert wait_until(lambda: ex.statistics()["workers"] == 2, timeout=60)
+            drainer.send_signal(signal.SIGTERM)
+            assert wait_until(lambda: any(w.draining for w in ex.statistics().workers), timeout=60)
+            assert drainer.poll() is None
+            drainer.send_signal(second)
+            assert drainer.wait(60) == 0
+            Path(gate).write_text("")
+            assert task.result(60)
+            assert ex.statistics()["failed"] == 0
+        finally:
+            Path(gate).write_text("")  # a failure must not leave a task blocking the teardown
+
+
 @pytest.mark.timeout(180)
 def test_a_draining_worker_takes_back_the_short_tasks_queued_inside_its_processor(
     external: External, tmp_path: Path
