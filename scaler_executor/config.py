@@ -242,6 +242,16 @@ class ClusterConfig:
         gt=0,
         metavar="SECONDS",
     )
+    drain_seconds: float = _opt(
+        0.0,
+        "seconds a worker given SIGTERM keeps running the tasks it started (taking no new ones, "
+        "handing back those it never started) before it stops; 0 = stop at once. A second SIGTERM "
+        "or a SIGINT stops at once",
+        "set it below the time between the signal and the job's end (the Slurm manager does); "
+        "longer lets longer tasks finish instead of running again elsewhere",
+        ge=0,
+        metavar="SECONDS",
+    )
     connect_timeout: float = _opt(
         5.0,
         "seconds a client joining a running daemon (address=) waits for its answer to the handshake; "

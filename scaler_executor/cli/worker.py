@@ -3,7 +3,9 @@
     scaler-worker tcp://scheduler-host:8786 --workers 2 --processors 8
 
 Each worker is one agent process driving ``--processors`` processor children.
-Stops cleanly on SIGINT or SIGTERM.
+Stops cleanly on SIGINT or SIGTERM; with ``--drain-seconds S`` a SIGTERM drains first: the
+worker hands back the tasks it never started, finishes the ones it runs (at most S seconds),
+then stops (a second SIGTERM, or SIGINT, stops at once).
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
             "heartbeat_liveness",
             "daemon_loss_timeout",
             "worker_daemon_loss_timeout",
+            "drain_seconds",
             "send_hwm",
             "log_level",
             "max_tasks_per_child",

@@ -82,6 +82,9 @@ SHUTDOWN_WAIT = 30.0  # shutdown waits this long for its cancelled jobs to leave
 # the worker stops taking tasks and hands back the ones it holds, which run elsewhere.
 DEFAULT_DRAIN_SECONDS = 120
 SIGNAL_RESOLUTION = 60.0  # Slurm may send that signal up to a minute earlier than asked
+# Seconds of the drain the worker leaves unused (its --drain-seconds is the drain less this):
+# its Goodbye, its processors' end and the job's own end must fit before the time limit.
+WORKER_DRAIN_MARGIN = 10
 
 # squeue's states that mean a job still waits for its allocation / holds it.
 _WAITING = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
@@ -587,7 +590,11 @@ def job_script(setup: AdapterSetup, options: SlurmOptions, launch: WorkerLaunch)
     o = options
     template = setup.template
     python = "python" if o.python_env else sys.executable
-    command = worker_command(launch, template, python=python)
+    draining = bool(o.time_limit) and o.drain_seconds > 0
+    # The worker finishes what it runs for the drain less a margin when the signal comes
+    # (walltime without loss); without a time limit, SIGTERM (scancel) stops it at once.
+    extra = ("--drain-seconds", str(worker_drain_seconds(o.drain_seconds))) if draining else ()
+    command = worker_command(launch, template, python=python, extra=extra)
     lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name(setup, launch.name)}"]
     lines.append(f"#SBATCH --output={os.path.join(os.path.abspath(o.log_dir), '%x-%j.log')}")
     lines += [
@@ -599,7 +606,7 @@ def job_script(setup: AdapterSetup, options: SlurmOptions, launch: WorkerLaunch)
                         ("time", o.time_limit), ("mem", o.memory), ("gres", o.gres)):  # fmt: skip
         if value:
             lines.append(f"#SBATCH --{flag}={value}")
-    if o.time_limit and o.drain_seconds > 0:
+    if draining:
         # "B:": to the batch shell only, which is the worker (exec below), not its processors.
         lines.append(f"#SBATCH --signal=B:TERM@{o.drain_seconds}")
     lines += [f"#SBATCH {d}" for d in o.directives]
@@ -620,6 +627,13 @@ def job_script(setup: AdapterSetup, options: SlurmOptions, launch: WorkerLaunch)
         lines.append("exec < /dev/null")
     lines.append("exec " + shlex.join(command))
     return "\n".join(lines) + "\n"
+
+
+def worker_drain_seconds(drain_seconds: int) -> int:
+    """The worker's ``--drain-seconds`` for a job signalled ``drain_seconds`` before its time
+    limit: the drain less WORKER_DRAIN_MARGIN, at least 0 (stop at once).  Slurm may signal
+    up to SIGNAL_RESOLUTION earlier, which only leaves the worker more time."""
+    return max(0, drain_seconds - WORKER_DRAIN_MARGIN)
 
 
 def key_path(options: SlurmOptions, name: str) -> str:
@@ -789,8 +803,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_DRAIN_SECONDS,
         metavar="SECONDS",
-        help="with --slurm-time: a worker stops taking tasks and hands back its own this long "
-        f"before its job's time limit (default {DEFAULT_DRAIN_SECONDS}; Slurm may signal up to a minute earlier)",
+        help="with --slurm-time: a worker stops taking tasks and hands back those it has not started this "
+        "long before its job's time limit, and finishes the ones it runs within this less "
+        f"{WORKER_DRAIN_MARGIN} s (its --drain-seconds) (default {DEFAULT_DRAIN_SECONDS}; Slurm may signal "
+        "up to a minute earlier)",
     )
     group.add_argument(
         "--print-job-script",

@@ -13,6 +13,10 @@ Refused                D→*      handshake or message refused, with the reason
 Heartbeat              *↔*      fills silence; any message counts as a heartbeat
 Goodbye                *↔*      orderly disconnect (the receiver forgets the sender); a
                                 worker's lists the tasks it hands back never started
+WorkerDraining         W→D      the worker drains (``--drain-seconds``, on SIGTERM): no
+                                task for it any more; it hands back the tasks it lists
+                                (never started), finishes the others, then says Goodbye;
+                                sent again for tasks that came back to it unstarted later
 RegisterFunction       C→D→W    a pickled callable shared by many tasks (sent once per map
                                 or cached function, then referred to by ``fn_id``; also C→W
                                 on a lane, before its first task there)
@@ -287,6 +291,15 @@ class Goodbye(NamedTuple):
     # went to one of its processors.  The daemon runs them again at no charge; any other task
     # the worker held may have started, and counts as interrupted (max_retries=0: it fails).
     unstarted: list[TaskAttempt] = []  # noqa: RUF012 - a NamedTuple default, never mutated
+
+
+class WorkerDraining(NamedTuple):
+    # The tasks (and attempts) the worker hands back that never started, as in Goodbye: the
+    # daemon runs them elsewhere at no charge, dispatches nothing more to this worker, and
+    # keeps the rest assigned to it (their results count as usual).  Sent once when the
+    # drain begins, then again for each task that comes back to it unstarted (a processor's
+    # prefetched ones, recalled; a dispatch that crossed the first one).
+    unstarted: list[TaskAttempt]
 
 
 class RegisterFunction(NamedTuple):
@@ -615,6 +628,7 @@ MESSAGE_TAGS: dict[type, int] = {
     TasksWithoutWorker: 42,
     HistoryRequest: 43,
     History: 44,
+    WorkerDraining: 45,
 }
 
 # Which roles may send which messages to the daemon.
@@ -637,7 +651,18 @@ ACCEPTED_FROM: dict[str, frozenset[type]] = {
         }
     ),
     Role.WORKER: frozenset(
-        {Heartbeat, Goodbye, TaskResults, ClusterBroken, Seceded, ObjectRequest, ObjectChunk, LaneDone, LaneStarted}
+        {
+            Heartbeat,
+            Goodbye,
+            TaskResults,
+            ClusterBroken,
+            Seceded,
+            ObjectRequest,
+            ObjectChunk,
+            LaneDone,
+            LaneStarted,
+            WorkerDraining,
+        }
     ),
     Role.MONITOR: frozenset({Heartbeat, Goodbye, StatsRequest, HistoryRequest}),
     Role.MANAGER: frozenset({Heartbeat, Goodbye, StatsRequest, ManagerOffer, WorkerStates, WorkerKeys}),

@@ -302,6 +302,7 @@ class Scheduler:
             m.TaskResults: self._on_task_results,
             m.ClusterBroken: self._on_cluster_broken,
             m.Seceded: self._on_seceded,
+            m.WorkerDraining: self._on_worker_draining,
             m.PinObjects: self._on_pin_objects,
             m.ObjectRequest: self._on_object_request,
             m.ObjectChunk: self._on_object_chunk,
@@ -1028,6 +1029,33 @@ class Scheduler:
         for task_id in message.task_ids:
             if task_id in worker.inflight:
                 worker.seceded.add(task_id)
+
+    def _on_worker_draining(self, peer: bytes, message: m.WorkerDraining) -> None:
+        """The worker drains (SIGTERM with ``--drain-seconds``: its job ends soon): nothing
+        more is dispatched to it; the tasks it lists as never started (under the attempt it
+        holds) go back to the front of their queues at no charge, to run elsewhere; the
+        rest stay its own, and their results count as usual.  Its Goodbye follows the
+        usual rules.  It may say this more than once (tasks that came back to it later)."""
+        worker = self.workers[peer]
+        if not worker.draining:
+            log.info(
+                "worker %r drains: it takes no more tasks, hands back %d and finishes the rest of its %d",
+                worker.name, len(message.unstarted), len(worker.inflight),
+            )
+        worker.draining = True
+        self.managers.worker_draining(worker)
+        inflight, tasks = worker.inflight, self.tasks
+        for listed in message.unstarted:
+            task = tasks.get(listed.task_id)
+            if (
+                task is None
+                or listed.task_id not in inflight
+                or task.attempt != listed.attempt
+                or task.flags & TaskFlags.ON_LANE
+            ):
+                continue  # not what it holds (a stale attempt, a lane's, or no task of its)
+            self._unassign(worker, task)
+            self._requeue_free(task, "returned")
 
     def _on_cluster_broken(self, peer: bytes, message: m.ClusterBroken) -> None:
         worker = self.workers[peer]

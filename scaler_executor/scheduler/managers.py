@@ -10,6 +10,7 @@ and from then on the daemon decides and the manager executes::
     WorkerChanges (requested, pending, running)   capacity on its way: not asked for twice
     worker's Hello(name) ─► linked to its record  tasks flow as to any worker
     idle long enough ─► draining, ScaleWorkers(stop=[name])   scale-down drains first
+    worker's WorkerDraining (its job's SIGTERM) ─► draining   its replacement is asked for
     WorkerChange(gone, reason) ─► the worker is lost with that reason; its key withdrawn
 
 This module is part of the pure core: no socket, no clock (time comes in ``now``), no key
@@ -222,6 +223,15 @@ class ManagerController:
             managed.state = "running"
         if managed.stopping:
             worker.draining = True  # it was cancelled before it came: no task for it
+
+    def worker_draining(self, worker: WorkerRecord) -> None:
+        """A managed worker drains by itself (WorkerDraining: its job's SIGTERM came, at its
+        walltime drain or from ``scancel``): counted out of its manager's active workers at
+        once, so that its replacement starts while it finishes, even before the manager's
+        own report says so."""
+        managed = self.workers.get(worker.name)
+        if managed is not None and managed.peer == worker.peer:
+            managed.state = "draining"
 
     def worker_left(self, worker: WorkerRecord) -> None:
         managed = self.workers.get(worker.name)

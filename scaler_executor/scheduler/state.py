@@ -228,7 +228,7 @@ class WorkerRecord:
     used: dict[str, float] = field(default_factory=dict)  # resources held by its in-flight tasks
     seceded: set[int] = field(default_factory=set)  # in-flight tasks waiting on sub-tasks: not counted as load
     idle_since: float = 0.0  # when it last held no task
-    draining: bool = False  # chosen to stop (autoscaling): gets no more tasks
+    draining: bool = False  # chosen to stop (autoscaling, a manager) or draining itself (WorkerDraining): gets no more tasks
     queued: int = 0  # as reported by its heartbeats
     running: int = 0
     memory: int = 0  # its processors' private memory, bytes (heartbeats)

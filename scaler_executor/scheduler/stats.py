@@ -224,7 +224,7 @@ class WorkerStatistics:
     peak_memory: int | None  # bytes of private memory its last task peaked at; None unknown
     last_heard: float  # seconds since its last message
     idle_for: float  # seconds since it last held no task (0 while it holds some)
-    draining: bool  # chosen to stop: gets no more tasks
+    draining: bool  # chosen to stop, or draining itself (WorkerDraining): gets no more tasks
     broken: str | None  # why it can run no task (its initializer failed), or None
     memory: int | None = None  # its processors' private memory now, bytes; None until reported
     memory_limit: int | None = None  # the worker's memory limit, bytes; None: none

@@ -19,6 +19,16 @@
 * Results leave in one batch per loop iteration.  Heartbeats fill silence.
 * ``task_timeout`` and ``cancel(force=True)`` kill the processor running the
   task; the zygote forks a replacement in a few milliseconds.
+* Stopping: SIGINT, or SIGTERM without ``drain_seconds``, stops at once: held-back
+  results, then a Goodbye listing the tasks no processor was given, and the processors
+  are killed (the daemon counts what they ran as interrupted).  SIGTERM with
+  ``drain_seconds`` (``--drain-seconds``; the Slurm manager sets it below its walltime
+  drain) drains first: ``WorkerDraining`` hands back at once every task no processor
+  started (the queue, and those queued inside processors, recalled exactly), no task is
+  taken any more, the started ones run to their end and are reported, and the Goodbye
+  comes when none is left or ``drain_seconds`` less DRAIN_MARGIN has passed.  A second
+  SIGTERM or a SIGINT stops at once.  Lane tasks it holds run to their end too (see
+  ``_drain``).
 """
 
 from __future__ import annotations
@@ -69,6 +79,7 @@ RESULT_LINGER = 0.001  # most a result waits for others when the worker is satur
 RESULT_BATCH = 64  # results that go at once, saturated or not
 HOUSEKEEPING_SECONDS = 0.005  # timers' resolution under load (deadlines, respawns, silence)
 ZYGOTE_WARM_IDLE = 0.2  # seconds without a task before the zygote may spend CPU on imports
+DRAIN_MARGIN = 1.0  # seconds of drain_seconds kept for the Goodbye and the processors' end
 
 
 class Processor:
@@ -220,6 +231,10 @@ class WorkerAgent:
         self.straggler_watch = False  # housekeeping every HOUSEKEEPING_SECONDS: see _recall
         self.welcomed = False
         self.stopping = False
+        self.drain_seconds = config.drain_seconds
+        self.drain_requested = False  # SIGTERM came with drain_seconds > 0 (set by the handler)
+        self.draining = False  # handing back what it never started, finishing the rest
+        self.drain_deadline = 0.0
         self.orphaned = False  # the daemon that started us is stopping or gone
         self.broken: str | None = None
         self.exit_code = 0
@@ -256,7 +271,10 @@ class WorkerAgent:
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, frame: object) -> None:
-        self.stopping = True
+        if signum == signal.SIGTERM and self.drain_seconds > 0 and not self.drain_requested:
+            self.drain_requested = True  # the loop starts the drain (_drain)
+        else:
+            self.stopping = True
 
     def run(self) -> int:
         self._hello()
@@ -272,21 +290,24 @@ class WorkerAgent:
                 if self.results:  # held back to travel together: at most RESULT_LINGER
                     left = self.results_since + RESULT_LINGER - time.monotonic()
                     timeout = min(timeout, math.ceil(max(0.0, left) * 1000))  # rounded up to whole ms
-                lanes = self.lanes.by_pollable  # transmissions read earlier and not yet handled:
-                if lanes and self.lanes.buffered():  # no poller sees them
-                    timeout = 0
+                lanes = self.lanes.by_pollable
+                reading = bool(lanes) and not self.draining  # a draining worker reads no lane
+                if reading and self.lanes.buffered():  # transmissions read earlier and not yet
+                    timeout = 0  # handled: no poller sees them
                 notice = self.lanes.next_notice(time.monotonic()) if lanes else None
                 if notice is not None:  # a lane task to announce to the daemon
                     timeout = min(timeout, math.ceil(notice * 1000))
                 ready = self.poller.poll(self.sock.poll_timeout(timeout))
                 if self.sock.buffered:
                     self._on_daemon()
-                if lanes:
+                if reading:
                     for lane in self.lanes.buffered_lanes():
                         self._on_lane(lane)
                 for target in ready:
                     self._on_ready(target)
                 now = time.monotonic()
+                if self.drain_requested:
+                    self._drain(now)
                 # Tasks and results first: timers and processor bookkeeping are not on a
                 # task's path, and run every HOUSEKEEPING_SECONDS or after a structural event.
                 self._assign(now)
@@ -421,8 +442,8 @@ class WorkerAgent:
             self.functions[blob.fn_id] = blob.payload
         for task in message.tasks:
             self.held[task.task_id] = task
-            if self.fetch_objects and self._needs_fetch(task):
-                continue  # parked until its objects arrive
+            if self.fetch_objects and not self.draining and self._needs_fetch(task):
+                continue  # parked until its objects arrive (a draining worker hands it back)
             self.queue.append(task)
 
     def _on_cancel_tasks(self, message: m.CancelTasks) -> None:
@@ -465,7 +486,7 @@ class WorkerAgent:
 
     def _on_goodbye(self, message: m.Goodbye) -> None:
         log.info("worker %s: the daemon is stopping (%s)", self.name, message.reason)
-        if self.lifeline_fd is not None:
+        if self.lifeline_fd is not None or self.draining:
             self.stopping = True
         else:
             self._forget_daemon_state()
@@ -863,8 +884,8 @@ class WorkerAgent:
 
     def _reconcile(self, now: float) -> None:
         """Keep ``capacity`` processors taking tasks, plus one for each seceded task."""
-        if self.stopping or self.broken is not None:
-            return
+        if self.stopping or self.broken is not None or (self.draining and not self.queue):
+            return  # (a draining worker's queue holds only lane tasks, which run)
         taking = [p for p in self.processors.values() if p.eof_at is None and p.kill is None and not p.retired]
         desired = self.capacity + sum(1 for p in taking if p.seceded)
         missing = desired - len(taking) - self.starting
@@ -923,6 +944,10 @@ class WorkerAgent:
     def _assign(self, now: float) -> None:
         if not self.queue or self.broken is not None:
             return
+        if self.draining:
+            self._hand_back()  # what never started goes back to the daemon; lane tasks stay
+            if not self.queue:
+                return
         # Tasks queued behind a running one only pay off for short tasks, and only once we
         # know they are short: before that, two long tasks would run in series.
         fn_means, worker_mean = self.fn_means, self.mean_task
@@ -1076,6 +1101,10 @@ class WorkerAgent:
 
     def _rejoin(self, why: str) -> None:
         """The link to the daemon is lost (logged once here): discard, and join again empty."""
+        if self.draining:  # nothing it runs is expected any more, and it was leaving anyway
+            log.warning("worker %s: %s while draining; stopping", self.name, why)
+            self.stopping = True
+            return
         log.warning(
             "worker %s: %s; discarding its %d tasks and joining again (stopping after %.0f s "
             "without a daemon: worker_daemon_loss_timeout)",
@@ -1141,6 +1170,100 @@ class WorkerAgent:
         return m.Heartbeat(len(self.queue), running, self.memory_total, self.memory_limit or 0, round(cpu, 3))
 
     # ------------------------------------------------------------------ stop
+
+    def _drain(self, now: float) -> None:
+        """SIGTERM with ``drain_seconds``: the job ends soon (Slurm's walltime drain signal).
+
+        At once: tell the daemon (``WorkerDraining``, which dispatches nothing more here)
+        and hand back every task no processor started: our queue, tasks parked for their
+        objects, and those queued inside processors, recalled (RECALLED lists exactly the
+        ones the processor had not started; a processor between two tasks may start the
+        next, so the recall is repeated while it holds more than one).  Tasks that come
+        back unstarted later (recalled, behind a processor that died, a dispatch that
+        crossed our message) go back the same way.  The started ones run to their end and
+        their results go as usual; the loop stops (Goodbye, _shutdown) when none is held or
+        at the deadline, ``drain_seconds`` less DRAIN_MARGIN after the signal.
+
+        Lane tasks (lanes.py) are not the daemon's to run elsewhere: those held here, queued
+        or running, run to their end; the lanes are no longer read, and are closed once no
+        lane task is held (their clients then submit through the daemon, and a task a
+        client had sent down one that was never read is submitted again as any lane task
+        of a closed lane is: lane tasks have default options).
+        """
+        if not self.draining:
+            if not self.welcomed:
+                self.stopping = True  # nothing held that the daemon expects: stop at once
+                return
+            self.draining = True
+            self.drain_deadline = now + max(0.0, self.drain_seconds - DRAIN_MARGIN)
+            for pollable in self.lanes.by_pollable:
+                self.poller.unregister(pollable)
+            back = self._hand_back(announce=False)
+            self.outbox.append(m.WorkerDraining(back))  # even if empty: no task for it any more
+            log.info(
+                "worker %s: draining (SIGTERM): %d tasks handed back, finishing %d within %.0f s",
+                self.name, len(back), len(self.held), self.drain_seconds,
+            )
+        else:
+            self._hand_back()
+        lane_tasks = self.lanes.tasks
+        for p in self.processors.values():
+            if (
+                len(p.outstanding) > 1
+                and not p.recalling
+                and p.eof_at is None
+                and p.kill is None
+                and p.recall_fd >= 0
+                and any(task_id not in lane_tasks for task_id in list(p.outstanding)[1:])
+            ):
+                try:
+                    os.write(p.recall_fd, b"r")
+                    p.recalling = True
+                except OSError:
+                    pass  # it died: its socket's EOF will be noticed
+        if self.lanes.by_pollable and not lane_tasks:
+            self.lanes.close()  # already unregistered from the poller
+        if not self.held:
+            log.info("worker %s: drained: every task it started has ended", self.name)
+            self.stopping = True
+        elif now >= self.drain_deadline:
+            log.warning(
+                "worker %s: drain time (%.0f s) is up with %d tasks still running; stopping",
+                self.name, self.drain_seconds, len(self.held),
+            )
+            self.stopping = True
+
+    def _hand_back(self, announce: bool = True) -> list[m.TaskAttempt]:
+        """While draining: the tasks in our queue or parked for their objects never started,
+        out of ``held`` and back to the daemon (a ``WorkerDraining`` in the outbox when
+        ``announce``); lane tasks stay queued."""
+        lane_tasks = self.lanes.tasks
+        back: list[m.TaskAttempt] = []
+        dropped: list[m.TaskDispatch] = []
+        keep: deque[m.TaskDispatch] = deque()
+        for task in self.queue:
+            if self.held.get(task.task_id) is not task:
+                continue  # cancelled while queued, superseded, or listed already
+            if task.task_id in lane_tasks:
+                keep.append(task)
+                continue
+            del self.held[task.task_id]
+            back.append(m.TaskAttempt(task.task_id, task.attempt))
+            dropped.append(task)
+        self.queue = keep
+        for task_id in list(self.parked):
+            del self.parked[task_id]
+            parked = self.held.get(task_id)
+            if parked is not None:
+                del self.held[task_id]
+                back.append(m.TaskAttempt(task_id, parked.attempt))
+                dropped.append(parked)
+        if self.blobs:
+            for task in dropped:
+                self._drop_blobs(task)
+        if back and announce:
+            self.outbox.append(m.WorkerDraining(back))
+        return back
 
     def _capture_dir(self) -> str:
         if not self.capture_dir:

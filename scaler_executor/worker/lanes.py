@@ -26,7 +26,11 @@ daemon would have done for them is done by the two ends:
 * a lane whose client left drops its tasks' results; results with store objects go to
   the daemon instead, which deletes objects of a result it does not expect;
 * a lost connection (this worker stopped, or forgot the daemon's state) is seen by the
-  client, which submits every task it had on the lane again through the daemon.
+  client, which submits every task it had on the lane again through the daemon;
+* a draining worker (SIGTERM with ``drain_seconds``: agent.py ``_drain``) reads its lanes
+  no more; the lane tasks it holds, queued or running, run to their end (a lane has no way
+  to hand a task back uncounted, and lane tasks are plain ones with default options), and
+  it closes its lanes once it holds none, so that their clients go through the daemon.
 """
 
 from __future__ import annotations

@@ -601,6 +601,126 @@ def test_a_worker_stopped_by_sigterm_runs_no_at_most_once_task_twice(external: E
     assert counts == {"once": 1, "ordinary": 2, "queued": 1}, counts
 
 
+def descendants(proc: subprocess.Popen[bytes]) -> set[int]:
+    try:
+        return {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_draining_on_sigterm_finishes_what_it_runs_and_hands_back_the_rest(
+    external: External, tmp_path: Path
+) -> None:
+    """Walltime without loss (issue 23): with --drain-seconds, SIGTERM (Slurm's drain signal)
+    makes the worker hand back at once what it never started, which runs elsewhere, while
+    the tasks it runs go on to their end and are reported: each ran exactly once (a
+    max_retries=0 one too), nothing was retried or lost, and the worker exits by itself
+    when it holds nothing more."""
+    external.daemon()
+    drainer = external.worker("--processors", "2", "--name", "drainer", "--drain-seconds", "30")
+    runs = {name: str(tmp_path / name) for name in ("once", "ordinary", "queued", "queued_once", "later")}
+    gate, open_gate = str(tmp_path / "gate"), str(tmp_path / "open")
+    Path(open_gate).write_text("")
+    with external.client() as ex:
+        try:
+            once = ex.options(max_retries=0).submit(run_logged, runs["once"], gate)
+            ordinary = ex.submit(run_logged, runs["ordinary"], gate)
+            assert wait_until(lambda: os.path.exists(runs["once"]) and os.path.exists(runs["ordinary"]), timeout=60)
+            # Both processors are busy: these wait in the drainer's queue (dispatched, RUNNING).
+            queued = ex.submit(run_logged, runs["queued"], open_gate)
+            queued_once = ex.options(max_retries=0).submit(run_logged, runs["queued_once"], open_gate)
+            assert wait_until(lambda: queued.running() and queued_once.running(), timeout=30)
+            drainer_pids = descendants(drainer)
+            stayer = external.worker("--processors", "2", "--name", "stayer", "--drain-seconds", "30")
+            assert wait_until(lambda: ex.statistics()["workers"] == 2, timeout=60)
+            drainer.send_signal(signal.SIGTERM)
+            # The queued tasks run on the other worker at once, while the drainer still runs its
+            # two (the gate is shut); a task submitted now goes there too.
+            later = ex.submit(run_logged, runs["later"], open_gate)
+            stayer_ran = {queued.result(60), queued_once.result(60), later.result(60)}
+            assert stayer_ran <= descendants(stayer), (stayer_ran, descendants(stayer))
+            assert drainer.poll() is None, "the drainer stopped before its running tasks ended"
+            assert not once.done() and not ordinary.done()
+            Path(gate).write_text("")
+            assert once.result(60) in drainer_pids and ordinary.result(60) in drainer_pids
+            assert drainer.wait(60) == 0
+            stats = ex.statistics()
+            assert stats["retried"] == 0 and stats["workers_lost"] == 0 and stats["failed"] == 0, stats
+            assert scaler_executor.task_info(once).attempts == 1  # type: ignore[union-attr]
+        finally:
+            Path(gate).write_text("")  # a failure must not leave a task blocking the teardown
+    counts = {name: len(Path(path).read_text().split()) for name, path in runs.items()}
+    assert counts == dict.fromkeys(runs, 1), counts
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_second_signal_stops_a_draining_worker_at_once(external: External, tmp_path: Path, second: int) -> None:
+    """The drain is a grace, not a trap: a second SIGTERM, or a SIGINT, stops the worker at
+    once (its drain of 300 s would outlast every wait here); what it ran goes back as after
+    any orderly leave."""
+    external.daemon()
+    drainer = external.worker("--processors", "1", "--name", "drainer", "--drain-seconds", "300")
+    gate, runs = str(tmp_path / "gate"), str(tmp_path / "runs")
+    with external.client() as ex:
+        try:
+            task = ex.submit(run_logged, runs, gate)
+            assert wait_until(lambda: os.path.exists(runs), timeout=60)
+            external.worker("--processors", "1", "--name", "stayer")
+            assert wait_until(lambda: ex.statistics()["workers"] == 2, timeout=60)
+            drainer.send_signal(signal.SIGTERM)
+            assert wait_until(lambda: any(w.draining for w in ex.statistics().workers), timeout=60)
+            assert drainer.poll() is None
+            drainer.send_signal(second)
+            assert drainer.wait(60) == 0
+            Path(gate).write_text("")
+            assert task.result(60)
+            assert ex.statistics()["failed"] == 0
+        finally:
+            Path(gate).write_text("")  # a failure must not leave a task blocking the teardown
+
+
+@pytest.mark.timeout(180)
+def test_a_draining_worker_takes_back_the_short_tasks_queued_inside_its_processor(
+    external: External, tmp_path: Path
+) -> None:
+    """Short tasks are dealt several to a processor, queued behind the running one: on the
+    drain signal the worker recalls them (the processor returns exactly those it has not
+    started) and hands them back, so they run elsewhere at once instead of waiting for the
+    long one; the long one finishes where it is.  Each task runs once."""
+    external.daemon()
+    drainer = external.worker("--processors", "1", "--name", "drainer", "--drain-seconds", "30")
+    gate, open_gate = str(tmp_path / "gate"), str(tmp_path / "open")
+    Path(open_gate).write_text("")
+    warm = str(tmp_path / "warm")
+    runs = {name: str(tmp_path / name) for name in ("head", "q0", "q1", "q2")}
+    with external.client() as ex:
+        try:
+            # Teach the worker that this callable is short (well under 5 ms): it deals it deep.
+            for _ in range(20):
+                ex.submit(run_logged, warm, open_gate).result(60)
+            head = ex.submit(run_logged, runs["head"], gate)
+            queued = [ex.submit(run_logged, runs[f"q{i}"], open_gate) for i in range(3)]
+            assert wait_until(lambda: os.path.exists(runs["head"]) and all(f.running() for f in queued), timeout=60)
+            drainer_pids = descendants(drainer)
+            stayer = external.worker("--processors", "1", "--name", "stayer", "--drain-seconds", "30")
+            assert wait_until(lambda: ex.statistics()["workers"] == 2, timeout=60)
+            drainer.send_signal(signal.SIGTERM)
+            ran = {f.result(60) for f in queued}  # while the head still holds the drainer's processor
+            assert ran <= descendants(stayer), (ran, descendants(stayer))
+            assert not head.done() and drainer.poll() is None
+            Path(gate).write_text("")
+            assert head.result(60) in drainer_pids
+            assert drainer.wait(60) == 0
+            stats = ex.statistics()
+            assert stats["retried"] == 0 and stats["workers_lost"] == 0 and stats["failed"] == 0, stats
+        finally:
+            Path(gate).write_text("")  # a failure must not leave a task blocking the teardown
+    counts = {name: len(Path(path).read_text().split()) for name, path in runs.items()}
+    assert counts == dict.fromkeys(runs, 1), counts
+
+
 @pytest.mark.timeout(120)
 def test_memory_limit_kill_names_limit_and_size_and_the_worker_survives(
     fresh_executor: Callable[..., ScalerExecutor],

@@ -65,6 +65,7 @@ SAMPLES: dict[type, Any] = {
     m.Refused: m.Refused("version mismatch: Python 3.12 (daemon: 3.11) — ünïcode"),
     m.Heartbeat: m.Heartbeat(12, 3),
     m.Goodbye: m.Goodbye("worker stopping", [m.TaskAttempt(2**40 + 7, 2)]),
+    m.WorkerDraining: m.WorkerDraining([m.TaskAttempt(2**40 + 8, 0), m.TaskAttempt(2**41 + 1, 3)]),
     m.RegisterFunction: m.RegisterFunction(99, b"\x80\x05fn"),
     m.ReleaseFunctions: m.ReleaseFunctions([1, 2, 2**63 - 1]),
     m.RegisterOptions: m.RegisterOptions(2, OPTIONS),
@@ -299,6 +300,19 @@ NEXT_TAG = max(MESSAGE_TAGS.values()) + 1  # not yet assigned
 def test_unknown_tag(tag: Any) -> None:
     with pytest.raises(DecodeError, match="unknown message tag"):
         decode(body([tag, [0, 0]]))
+
+
+def test_worker_draining_round_trip_and_validation() -> None:
+    message = m.WorkerDraining([m.TaskAttempt(2**40 + 8, 0), m.TaskAttempt(5, 1)])
+    (decoded,), _ = decode(encode([message]))
+    assert decoded == message and type(decoded) is m.WorkerDraining
+    assert all(type(u) is m.TaskAttempt for u in decoded.unstarted)
+    assert decode(encode([m.WorkerDraining([])]))[0] == [m.WorkerDraining([])]
+    assert m.WorkerDraining in m.ACCEPTED_FROM[m.Role.WORKER]
+    assert m.WorkerDraining not in m.ACCEPTED_FROM[m.Role.CLIENT]
+    for bad in ([[1]], [[1, "x"]], ["x"], [None], [[1, 2, 3]]):
+        with pytest.raises(DecodeError):
+            decode(raw(m.WorkerDraining, [bad]))
 
 
 def test_one_bad_message_fails_the_whole_transmission() -> None:

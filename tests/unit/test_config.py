@@ -47,6 +47,7 @@ def test_defaults() -> None:
         "heartbeat_liveness": 10,
         "daemon_loss_timeout": 15.0,
         "worker_daemon_loss_timeout": 300.0,
+        "drain_seconds": 0.0,
         "connect_timeout": 5.0,
         "cancel_wait": 0.05,
         "client_timeout": 60.0,

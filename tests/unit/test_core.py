@@ -1029,6 +1029,75 @@ def test_worker_goodbye_requeues_for_free_only_what_it_vouches_never_started(clu
     assert sorted((d.task_id, d.attempt) for d in out.dispatched(b"w2")) == [(unstarted, 1), (ordinary, 1)]
 
 
+def test_a_draining_worker_hands_back_its_unstarted_tasks_for_free_and_finishes_the_rest(cluster: Cluster) -> None:
+    """Walltime without loss: a worker told its job ends soon (SIGTERM with --drain-seconds)
+    says WorkerDraining, listing the tasks it never started.  Those run elsewhere at once,
+    for free; nothing more is dispatched to it; the tasks it runs stay its own, and their
+    results (an at-most-once task's too) are accepted and delivered once."""
+    cid = cluster.client()
+    cluster.worker(b"w1", capacity=2)
+    once, running, queued1, queued2 = (tid(cid, n) for n in (1, 2, 3, 4))
+    out = cluster.send(
+        b"c1",
+        m.RegisterOptions(1, m.TaskOptions({}, [], 0, None, 0)),
+        m.SubmitTasks([spec(once, options_id=1), spec(running), spec(queued1, options_id=1), spec(queued2)]),
+    )
+    assert sorted(d.task_id for d in out.dispatched(b"w1")) == [once, running, queued1, queued2]
+    cluster.worker(b"w2", capacity=4)
+    # A stale attempt and a task that is not the worker's say nothing of what it holds.
+    listed = [m.TaskAttempt(queued1, 0), m.TaskAttempt(queued2, 0), m.TaskAttempt(running, 1), m.TaskAttempt(tid(cid, 99), 0)]
+    out = cluster.send(b"w1", m.WorkerDraining(listed))
+    assert sorted((d.task_id, d.attempt) for d in out.dispatched(b"w2")) == [(queued1, 1), (queued2, 1)]
+    assert not out.results(b"c1") and b"w1" not in out.peers
+    w1 = cluster.scheduler.workers[b"w1"]
+    assert w1.draining and set(w1.inflight) == {once, running}
+    tasks = cluster.scheduler.tasks
+    assert tasks[queued1].failures is None and tasks[queued2].failures is None
+    assert cluster.stat("retried") == 0 and cluster.stat("workers_lost") == 0
+    # New work never lands on it, even with its slots free and nowhere else to go.
+    later = tid(cid, 5)
+    cluster.send(b"w2", m.TaskResults([result(queued1, 1), result(queued2, 1)]))
+    out = cluster.send(b"c1", m.SubmitTasks([spec(later)]))
+    assert [d.task_id for d in out.dispatched(b"w2")] == [later] and not out.dispatched(b"w1")
+    # Its running tasks' results count as usual: each delivered once.
+    out = cluster.send(b"w1", m.TaskResults([result(once, 0), result(running, 0), result(queued1, 0)]))
+    delivered = [(r.task_id, r.status) for r in out.results(b"c1")]
+    assert sorted(delivered) == sorted([(once, Status.OK), (running, Status.OK)])
+    assert not w1.inflight and not out.dispatched(b"w1")
+    # Its Goodbye, holding nothing, changes nothing.
+    out = cluster.send(b"w1", m.Goodbye("worker stopping", []))
+    assert not out.results(b"c1") and cluster.stat("workers_lost") == 0 and cluster.stat("failed") == 0
+    assert set(cluster.scheduler.tasks) == {later}
+
+
+def test_a_draining_workers_goodbye_follows_the_usual_rules(cluster: Cluster) -> None:
+    """The drain ran out (or the worker was stopped at once): what it still held when it
+    said Goodbye may have started, so an at-most-once task fails as before; a draining
+    worker alone gets nothing even with tasks waiting, which wait for another."""
+    cid = cluster.client()
+    cluster.worker(b"w1", capacity=1)
+    once = tid(cid, 1)
+    cluster.send(b"c1", m.RegisterOptions(1, m.TaskOptions({}, [], 0, None, 0)), m.SubmitTasks([spec(once, options_id=1)]))
+    cluster.send(b"w1", m.WorkerDraining([]))
+    waiting = tid(cid, 2)
+    out = cluster.send(b"c1", m.SubmitTasks([spec(waiting)]))
+    assert not out.dispatched(b"w1")
+    out = cluster.send(b"w1", m.WorkerDraining([m.TaskAttempt(once, 3)]))  # not its attempt: nothing
+    assert set(cluster.scheduler.workers[b"w1"].inflight) == {once} and not out.peers - {b"w1"}
+    out = cluster.send(b"w1", m.Goodbye("worker stopping", []))
+    (lost,) = out.results(b"c1")
+    assert lost.task_id == once and lost.status == Status.WORKER_LOST
+    out = cluster.worker(b"w2")
+    assert [d.task_id for d in out.dispatched(b"w2")] == [waiting]
+
+
+def test_a_worker_that_drains_shows_as_draining_in_statistics(cluster: Cluster) -> None:
+    cluster.worker(b"w1")
+    cluster.send(b"w1", m.WorkerDraining([]))
+    (worker,) = cluster.scheduler.statistics().workers
+    assert worker.name == "w1" and worker.draining
+
+
 def test_a_worker_joining_again_interrupts_what_it_held(cluster: Cluster) -> None:
     """A worker's repeated Hello means it forgot (and killed) what it held: nothing it held
     is vouched for, so an at-most-once task fails, an ordinary one goes back for free."""
@@ -1292,6 +1361,7 @@ class WorkerModel:
     fns: set[int] = field(default_factory=set)
     silent: bool = False
     broken: bool = False
+    draining: bool = False
 
 
 class World:
@@ -1349,6 +1419,7 @@ class World:
             kind = type(message)
             if kind is m.DispatchTasks:
                 assert not worker.broken, "a broken worker got tasks"
+                assert not worker.draining, "a draining worker got tasks"
                 for blob in message.functions:
                     assert blob.fn_id not in worker.fns, "a function sent twice to one worker"
                     worker.fns.add(blob.fn_id)
@@ -1479,6 +1550,16 @@ class World:
         else:
             self.step(PeerUnreachable(worker.peer, self.cluster.now))
 
+    def drain_worker(self, worker: WorkerModel) -> None:
+        """SIGTERM with --drain-seconds: it hands back some of what it holds as never started
+        (perhaps again later) and finishes the rest."""
+        worker.draining = True
+        unstarted = [m.TaskAttempt(t, a) for t, a in worker.held.items() if self.rng.random() < 0.5]
+        for u in unstarted:
+            del worker.held[u.task_id]
+            worker.cancel_asked.discard(u.task_id)
+        self.send(worker.peer, m.WorkerDraining(unstarted))
+
     def lose_client(self, client: ClientModel) -> None:
         del self.clients[client.peer]
         self.gone.add(client.peer)
@@ -1530,6 +1611,8 @@ class World:
             self.send(rng.choice(clients).peer, m.StatsRequest())
         elif roll < 0.82:
             self.tick(DEADLINE + 0.5)
+        elif roll < 0.83 and workers:
+            self.drain_worker(rng.choice(workers))
         else:
             self.tick(rng.uniform(0.05, 0.6))
 
@@ -1539,7 +1622,7 @@ class World:
         for _ in range(500):
             if not self.cluster.scheduler.tasks:
                 return
-            if not any(not w.broken for w in self.workers.values()):
+            if not any(not w.broken and not w.draining for w in self.workers.values()):
                 self.join_worker()
             for worker in list(self.workers.values()):
                 self.answer(worker, everything=True)

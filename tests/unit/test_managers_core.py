@@ -436,3 +436,31 @@ def test_a_running_worker_reported_draining_gets_its_replacement_asked_for_while
     assert world.tick(1.0).scale(b"m1") == (1, []), "the draining worker is counted out: its replacement is asked for"
     assert world.core.workers[b"cpu-1"].inflight, "it keeps what it holds"
     assert not out.of(b"cpu-1", m.CancelTasks)
+
+
+def test_a_worker_that_drains_by_itself_gets_its_replacement_asked_for_and_finishes_its_tasks() -> None:
+    """Slurm's drain signal reaches the worker (--drain-seconds) before the manager's poll
+    reports its job draining: its WorkerDraining counts it out of its manager's workers at
+    once, so its replacement is asked for while it finishes what it runs; what it never
+    started goes back for free, and the manager's later report changes nothing."""
+    world = World()
+    world.manager(b"m1", "cpu", offer(max_workers=2, processors=2))
+    world.client()
+    once, ordinary = world.submit(1, options_id=1, options=ONCE) + world.submit(1)
+    assert world.tick().scale(b"m1") == (1, [])
+    world.send(b"m1", m.WorkerStates([change("cpu-1", "running", job="4711", host="node-3")]))
+    held = dispatched(world.worker("cpu-1"), b"cpu-1")
+    assert sorted(t.task_id for t in held) == [once, ordinary]
+    assert world.tick(1.0).scale(b"m1") == (0, [])
+    world.send(b"cpu-1", m.WorkerDraining([m.TaskAttempt(ordinary, 0)]))
+    assert world.core.managers.workers["cpu-1"].state == "draining"
+    assert world.tick(1.0).scale(b"m1") == (1, []), "counted out at once: its replacement is asked for"
+    world.send(b"m1", m.WorkerStates([change("cpu-1", "draining", job="4711", reason="its time limit ends in 150 s")]))
+    assert world.tick(1.0).scale(b"m1") == (0, []), "asked for once"
+    world.send(b"m1", m.WorkerStates([change("cpu-2", "running", job="4712", host="node-4")]))
+    again = dispatched(world.worker("cpu-2"), b"cpu-2")
+    assert [(t.task_id, t.attempt) for t in again] == [(ordinary, 1)]
+    out = world.send(b"cpu-1", m.TaskResults([m.TaskResult(once, 0, Status.OK, b"v", m.TaskFacts("cpu-1", 1.0, 2.0, 0), [])]))
+    assert [(r.task_id, r.status) for r in _results(out).values()] == [(once, Status.OK)]
+    out = world.send(b"cpu-1", m.Goodbye("worker stopping", []))
+    assert not _results(out) and set(world.core.tasks) == {ordinary}

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from scaler_testing import wait_until
@@ -312,6 +314,23 @@ def test_a_time_limit_signals_the_worker_alone_ahead_of_it(tmp_path: Path) -> No
     assert "#SBATCH --signal=B:TERM@90" in limited.splitlines()
     unlimited = slurm.job_script(setup, SlurmOptions(log_dir=str(tmp_path)), launch("p-0"))
     assert "--signal" not in unlimited and "--time" not in unlimited
+
+
+def test_a_time_limit_lets_the_worker_finish_its_running_tasks_within_the_drain(tmp_path: Path) -> None:
+    """Walltime without loss: the worker gets --drain-seconds, the drain less a margin, so
+    that the tasks it runs at the signal end before the job does; none without a time limit
+    (scancel stops it at once, as before), and 0 for a drain shorter than the margin."""
+    setup = AdapterSetup("p-", 1, WorkerTemplate(processors=1), CLUSTER)
+
+    def command(**options: Any) -> list[str]:
+        script = slurm.job_script(setup, SlurmOptions(log_dir=str(tmp_path), **options), launch("p-0"))
+        return shlex.split(script.splitlines()[-1])
+
+    limited = command(time_limit="30", drain_seconds=90)
+    assert limited[limited.index("--drain-seconds") + 1] == str(90 - slurm.WORKER_DRAIN_MARGIN) == "80"
+    short = command(time_limit="30", drain_seconds=5)
+    assert short[short.index("--drain-seconds") + 1] == "0"
+    assert "--drain-seconds" not in command() and "--drain-seconds" not in command(time_limit="30", drain_seconds=0)
 
 
 def test_print_job_script_names_the_managers_daemon_and_an_insecure_worker(
