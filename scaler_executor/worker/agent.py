@@ -650,8 +650,20 @@ class WorkerAgent:
     # ------------------------------------------------------------------ processors
 
     def _spawn(self) -> None:
+        try:
+            self.zygote.request()
+        except OSError:
+            # The zygote died and its end has not been read yet (a processor's end can come
+            # first in the same turn): the same as reading it.
+            self._zygote_died()
+            return
         self.starting += 1
-        self.zygote.request()
+
+    def _zygote_died(self) -> None:
+        if not self.stopping:
+            log.error("worker %s: the zygote died; the worker cannot replace processors and stops", self.name)
+        self.exit_code = 3
+        self.stopping = True
 
     def _on_zygote(self) -> None:
         try:
@@ -659,9 +671,7 @@ class WorkerAgent:
         except OSError:
             data, fds = b"", []
         if not data:
-            log.error("worker %s: the zygote died; the worker cannot replace processors and stops", self.name)
-            self.exit_code = 3
-            self.stopping = True
+            self._zygote_died()
             return
         message = msgpack.unpackb(data)
         if message[0] == SPAWNED:
