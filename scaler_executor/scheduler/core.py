@@ -253,6 +253,7 @@ class Scheduler:
             "failed": 0,
             "cancelled": 0,
             "retried": 0,
+            "tasks_interrupted": 0,  # run again at no charge: their worker left in order or its infrastructure ended it
             "workers_lost": 0,
             "clients_lost": 0,  # went silent or unreachable
             "clients_left": 0,  # said Goodbye
@@ -1072,6 +1073,7 @@ class Scheduler:
         clean: bool = False,
         infrastructure: bool = False,
         unstarted: list[m.TaskAttempt] | None = None,
+        manager: str = "",
     ) -> None:
         """The worker is gone; each task it held goes on by what the daemon knows of it.
 
@@ -1091,6 +1093,8 @@ class Scheduler:
         job = self.managers.job_of(worker) if clean else ""  # a manager's "gone" names it in ``why``
         who = f"worker {worker.name}" + (f" ({job})" if job else "")
         returned = {(u.task_id, u.attempt) for u in unstarted} if unstarted else set()
+        manager = manager or self.managers.manager_of(worker)  # interruptions are charged to it
+        interrupted = 0
         self.recorder.peak_memory.pop(worker.peer, None)
         del self.workers[worker.peer]
         self._memory_total -= worker.memory
@@ -1108,6 +1112,7 @@ class Scheduler:
                 self._requeue_free(task, "returned")
             elif (clean or infrastructure) and self._retry_free(task):
                 self._requeue_free(task, "interrupted")
+                interrupted += 1
             elif clean or infrastructure:
                 self._attempt_failed(
                     task,
@@ -1120,6 +1125,10 @@ class Scheduler:
                 )
             else:
                 self._attempt_failed(task, f"{who}: {why}")
+        if interrupted:
+            self.counters["tasks_interrupted"] += interrupted
+            if manager:
+                self.managers.charge(manager, interrupted)
 
     def _requeue_free(self, task: TaskRecord, event: str) -> None:
         """Back to the front of its queue without a charge against its retries (``returned``:

@@ -96,6 +96,11 @@ class ManagerController:
         self.managers: dict[bytes, ManagerRecord] = {}
         self.workers: dict[str, ManagedWorker] = {}  # by worker name
         self.orphaned: dict[str, float] = {}  # manager name -> when it was lost
+        # What each manager's infrastructure cost (by name, kept while the daemon runs):
+        # workers it reported ended by the infrastructure (preemption, walltime, scancel),
+        # and tasks interrupted on its workers and run again at no charge to their retries.
+        self.ended: dict[str, int] = {}
+        self.interrupted: dict[str, int] = {}
 
     def _refuse(self, peer: bytes, what: str, why: str) -> None:
         """Counted and logged like any refusal, and told to the manager: its operator acts on it."""
@@ -202,8 +207,19 @@ class ManagerController:
         (log.info if worker.stopping and not change.infrastructure else log.warning)("managed worker %r gone: %s", worker.name, text)
         connected = self.core.workers.get(worker.peer) if worker.peer is not None else None
         self._forget(worker, "")
+        if change.infrastructure:
+            self.ended[worker.manager] = self.ended.get(worker.manager, 0) + 1
         if connected is not None:
-            self.core._lose_worker(connected, text, infrastructure=change.infrastructure)
+            self.core._lose_worker(connected, text, infrastructure=change.infrastructure, manager=worker.manager)
+
+    def manager_of(self, worker: WorkerRecord) -> str:
+        """The name of the manager that runs this connected worker, or ""."""
+        managed = self.workers.get(worker.name)
+        return managed.manager if managed is not None and managed.peer == worker.peer else ""
+
+    def charge(self, manager: str, interrupted: int) -> None:
+        """Tasks interrupted on a manager's worker and run again: the manager's cost, not theirs."""
+        self.interrupted[manager] = self.interrupted.get(manager, 0) + interrupted
 
     def _forget(self, worker: ManagedWorker, why: str) -> None:
         del self.workers[worker.name]
@@ -336,6 +352,10 @@ class ManagerController:
         reasons = sorted({w.reason for w in self.workers.values() if w.state == "pending" and w.reason})
         if reasons:
             snapshot["manager_pending"] = "; ".join(reasons)[:MAX_TEXT]
+        if self.ended:
+            snapshot["manager_infrastructure_ends"] = "; ".join(f"{n} {c}" for n, c in sorted(self.ended.items()))[:MAX_TEXT]
+        if self.interrupted:
+            snapshot["manager_interrupted_tasks"] = "; ".join(f"{n} {c}" for n, c in sorted(self.interrupted.items()))[:MAX_TEXT]
         return snapshot
 
     def validate(self) -> None:

@@ -171,7 +171,7 @@ def stats_message(core: Scheduler) -> m.Stats:
     counters["objects"] = len(core.object_holds)
     counters["monitors"] = len(core._monitors)
     counters.update(core.no_worker.statistics(core.workers.values()))
-    if core.managers.managers or core.managers.workers:
+    if core.managers.managers or core.managers.workers or core.managers.ended or core.managers.interrupted:
         counters.update(core.managers.statistics())
     counters.update(core.turns.snapshot())
     from scaler_executor.protocol.messages import TaskFlags

@@ -360,6 +360,10 @@ def test_a_job_ended_by_slurm_whose_worker_says_goodbye_first_runs_at_most_once_
     assert not _results(out) and set(world.core.tasks) == {ordinary, unstarted}
     again = dispatched(world.worker("cpu-2", processors=3), b"cpu-2")
     assert sorted((t.task_id, t.attempt) for t in again) == [(ordinary, 1), (unstarted, 1)]
+    # The ordinary task's rerun is the manager's cost, not the task's: charged to manager cpu.
+    stats = world.core.statistics()
+    assert stats["tasks_interrupted"] == 1 and stats["manager_interrupted_tasks"] == "cpu 1"
+    assert stats["manager_infrastructure_ends"] == "cpu 1"
 
 
 def test_a_job_reported_gone_before_its_worker_says_goodbye_runs_at_most_once_tasks_once() -> None:
@@ -380,6 +384,9 @@ def test_a_job_reported_gone_before_its_worker_says_goodbye_runs_at_most_once_ta
     assert set(world.core.tasks) == {ordinary} and world.core.tasks[ordinary].failures is None
     out = world.send(b"cpu-1", m.Goodbye("worker stopping", [m.TaskAttempt(unstarted, 0)]))
     assert not _results(out) and set(world.core.tasks) == {ordinary}
+    stats = world.core.statistics()
+    assert stats["tasks_interrupted"] == 1 and stats["manager_interrupted_tasks"] == "cpu 1"
+    assert stats["manager_infrastructure_ends"] == "cpu 1" and stats["retried"] == 0
 
 
 def test_a_lost_managers_keys_last_a_bounded_time_and_a_restart_adopts() -> None:
