@@ -1095,6 +1095,7 @@ class Scheduler:
         returned = {(u.task_id, u.attempt) for u in unstarted} if unstarted else set()
         manager = manager or self.managers.manager_of(worker)  # interruptions are charged to it
         interrupted = 0
+        failed: list[tuple[int, int]] = []  # its report, if it comes later, says what ended them
         self.recorder.peak_memory.pop(worker.peer, None)
         del self.workers[worker.peer]
         self._memory_total -= worker.memory
@@ -1125,6 +1126,10 @@ class Scheduler:
                 )
             else:
                 self._attempt_failed(task, f"{who}: {why}")
+                if manager and task.failures is not None and task_id in self.tasks:
+                    failed.append((task_id, len(task.failures) - 1))
+        if failed:
+            self.managers.failed_on(worker, failed)
         if interrupted:
             self.counters["tasks_interrupted"] += interrupted
             if manager:

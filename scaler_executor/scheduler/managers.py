@@ -24,7 +24,7 @@ adopted``); after it, the keys are withdrawn and the security layer expels their
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from scaler_executor.protocol import messages as m
@@ -73,6 +73,9 @@ class ManagedWorker:
     public_key: str = ""
     peer: bytes | None = None  # its connection, once it joined
     stopping: bool = False  # ScaleWorkers(stop) sent
+    # Tasks whose attempt failed when this worker was lost before its manager said why
+    # (id, index of the attempt's line): the manager's "gone" report completes those lines.
+    failed_here: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -202,6 +205,10 @@ class ManagerController:
             return
         text = f"manager {worker.manager}" + (f": job {worker.job} on {worker.host or '?'}" if worker.job else "")
         text += f": {worker.reason or 'ended'}"
+        for task_id, line in worker.failed_here:  # lost before this report: say now what ended it
+            task = self.core.tasks.get(task_id)
+            if task is not None and task.failures is not None and line < len(task.failures):
+                task.failures[line] = f"{task.failures[line]} ({text})"
         if change.log_tail:
             text += "; its log ends:\n" + change.log_tail[-MAX_TEXT:]
         (log.info if worker.stopping and not change.infrastructure else log.warning)("managed worker %r gone: %s", worker.name, text)
@@ -211,6 +218,12 @@ class ManagerController:
             self.ended[worker.manager] = self.ended.get(worker.manager, 0) + 1
         if connected is not None:
             self.core._lose_worker(connected, text, infrastructure=change.infrastructure, manager=worker.manager)
+
+    def failed_on(self, worker: WorkerRecord, failed: list[tuple[int, int]]) -> None:
+        """Tasks whose attempt failed as ``worker`` was lost (not in order, no report yet)."""
+        managed = self.workers.get(worker.name)
+        if managed is not None and failed:
+            managed.failed_here = failed
 
     def manager_of(self, worker: WorkerRecord) -> str:
         """The name of the manager that runs this connected worker, or ""."""

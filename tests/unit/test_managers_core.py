@@ -471,3 +471,39 @@ def test_a_worker_that_drains_by_itself_gets_its_replacement_asked_for_and_finis
     assert [(r.task_id, r.status) for r in _results(out).values()] == [(once, Status.OK)]
     out = world.send(b"cpu-1", m.Goodbye("worker stopping", []))
     assert not _results(out) and set(world.core.tasks) == {ordinary}
+
+
+def test_a_job_that_dies_before_its_manager_reports_it_gets_its_fate_in_the_tasks_story() -> None:
+    """The worker of a job that died (a node failure, an OOM kill of the job) goes silent and is
+    lost by its missed heartbeats before the manager's next poll: its tasks' attempts are
+    recorded then, and the manager's later report adds Slurm's words to those lines, so the
+    WorkerLost a task may end with says what ended the job."""
+    world = World(CONFIG.replace(max_retries=1))
+    world.manager(b"m1", "cpu", offer(max_workers=1, processors=1))
+    world.client()
+    (task,) = world.submit(1)
+    world.tick()
+    world.send(b"m1", m.WorkerStates([change("cpu-1", "running", job="4711", host="node-3")]))
+    assert dispatched(world.worker("cpu-1", processors=1), b"cpu-1")
+    for _ in range(4):  # the client and the manager speak; the worker is silent
+        world.now += 1.0
+        world.alive(b"c", b"m1")
+        world.tick()
+    assert b"cpu-1" not in world.core.workers
+    (line,) = world.core.tasks[task].failures or []
+    assert "missed heartbeats" in line and "Slurm" not in line
+    world.send(b"m1", m.WorkerStates([change("cpu-1", "gone", reason="Slurm job 4711 NODE_FAIL, exit code 0:9", infrastructure=True)]))
+    (line,) = world.core.tasks[task].failures or []
+    assert line.startswith("attempt 1: worker cpu-1") and "(manager cpu: job 4711 on node-3: Slurm job 4711 NODE_FAIL" in line
+    # Its second attempt fails too: the WorkerLost lists both, the first with the job's fate.
+    world.send(b"m1", m.WorkerStates([change("cpu-2", "running", job="4712", host="node-4")]))
+    assert dispatched(world.worker("cpu-2", processors=1), b"cpu-2")
+    lost = []
+    for _ in range(4):
+        world.now += 1.0
+        world.alive(b"c", b"m1")
+        lost += _results(world.tick()).values()
+    (result,) = lost
+    assert result.status == Status.WORKER_LOST
+    _text, lines = msgpack.unpackb(result.payload)
+    assert len(lines) == 2 and "Slurm job 4711 NODE_FAIL" in lines[0] and "missed heartbeats" in lines[1]
