@@ -54,8 +54,9 @@ SNAPSHOT_SECONDS = 0.5  # the daemon shares one snapshot among monitors this lon
 # The history (up to 20,000 runs, ~1 MB from the daemon) is fetched at most this often,
 # however many pages poll; the page polls it as often (dashboard.js HISTORY_MS).
 HISTORY_SECONDS = 5.0
-STREAM_SECONDS = 300.0  # the task stream's window: runs that ended in the last 5 minutes...
-STREAM_RUNS = 3000  # ...the most recent this many of them (one SVG rect each on the page)
+STREAM_SECONDS = 300.0  # the task stream's window: runs that ended in the last 5 minutes,
+STREAM_MERGE = STREAM_SECONDS / 1000  # a worker's runs of one status this close merge into one bar,
+STREAM_BARS = 5000  # and the most recent this many bars are sent (one SVG rect each on the page)
 SERIES_SECONDS = 3600.0  # the memory series' window: the last hour of the daemon's buckets
 STATUS_NAMES = {v: k.lower() for k, v in vars(m.Status).items() if isinstance(v, int)}
 STATIC = {
@@ -149,30 +150,37 @@ def snapshot_json(stats: Statistics) -> dict[str, Any]:
 def history_json(history: m.History, now: float) -> dict[str, Any]:
     """What the page's task stream and memory panel read, trimmed to what they draw.
 
-    ``runs``: [worker index, start, end, status], times in seconds relative to ``now`` (this
-    host's clock; the runs carry their workers' wall clocks), the most recent STREAM_RUNS of
-    those that ended in the last STREAM_SECONDS.  ``series``: [start, memory bytes, workers]
-    per bucket of ``bucket_seconds``, start relative to the daemon's uptime (so ≤ 0), the
-    last SERIES_SECONDS of it.
+    ``bars``: [worker index, start, end, status, runs] — a worker's runs of one status that
+    ended in the last STREAM_SECONDS, merged when less than STREAM_MERGE apart (a bar is
+    then ``runs`` runs: at thousands of tasks a second a bar per run would be millions of
+    rects), times in seconds relative to ``now`` (this host's clock; the runs carry their
+    workers' wall clocks); the most recent STREAM_BARS.  ``series``: [start, memory bytes,
+    workers] per bucket of ``bucket_seconds``, start relative to the daemon's uptime (so
+    ≤ 0), the last SERIES_SECONDS of it.
     """
-    workers: dict[str, int] = {}
-    runs: list[list[Any]] = []
     since = now - STREAM_SECONDS
-    for run in reversed(history.runs):  # newest first, so the cap keeps the most recent
-        if len(runs) >= STREAM_RUNS:
-            break
-        if run.finished < since:
-            continue  # not a break: the workers' clocks need not agree
+    recent = sorted((run for run in history.runs if run.finished >= since), key=lambda run: (run.worker, run.started))
+    workers: dict[str, int] = {}
+    bars: list[list[Any]] = []
+    for run in recent:
         index = workers.setdefault(run.worker, len(workers))
-        runs.append([index, round(run.started - now, 3), round(run.finished - now, 3), STATUS_NAMES.get(run.status, "?")])
-    runs.reverse()
+        status = STATUS_NAMES.get(run.status, "?")
+        start, end = round(run.started - now, 3), round(run.finished - now, 3)
+        last = bars[-1] if bars else None
+        if last is not None and last[0] == index and last[3] == status and start <= last[2] + STREAM_MERGE:
+            last[2] = max(last[2], end)
+            last[4] += 1
+        else:
+            bars.append([index, start, end, status, 1])
+    if len(bars) > STREAM_BARS:
+        bars = sorted(bars, key=lambda bar: bar[2])[-STREAM_BARS:]
     series = [
         [round(b.start - history.uptime, 1), b.memory, b.workers]
         for b in history.series
         if b.start + history.bucket_seconds >= history.uptime - SERIES_SECONDS
     ]
     return {
-        "workers": list(workers), "runs": runs, "runs_seen": history.runs_seen, "runs_kept": len(history.runs),
+        "workers": list(workers), "bars": bars, "runs_seen": history.runs_seen, "runs_kept": len(history.runs),
         "stream_seconds": STREAM_SECONDS, "series": series, "bucket_seconds": history.bucket_seconds,
         "series_seconds": SERIES_SECONDS, "uptime": history.uptime,
     }  # fmt: skip

@@ -95,7 +95,7 @@ def test_metrics_and_page_refuse_requests_without_the_token(cluster: DashboardCl
     status, body = cluster.get("/api/snapshot", cookie=cluster.token)
     assert status == 200 and '"workers"' in body
     status, body = cluster.get("/api/history", token=cluster.token)
-    assert status == 200 and '"runs"' in body and '"series"' in body
+    assert status == 200 and '"bars"' in body and '"series"' in body
     status, _ = cluster.get("/?token=" + "z" * 32)
     assert status == 403
 

@@ -97,8 +97,12 @@ function svgEl(tag, attrs) {
 }
 
 function drawStream(hist) {
-  // One row per worker, a bar per run; times are seconds relative to the server's now (≤ 0).
-  const ROW = 16, LABEL = 140, WIDTH = 900, span = hist.stream_seconds;
+  // One row per worker, a bar per run (or per runs merged: the server merges a worker's runs of
+  // one status less than 0.3 s apart); times are seconds relative to the server's now (≤ 0).
+  // The span: whole minutes back to the oldest bar (at least one, at most the server's window).
+  const ROW = 16, LABEL = 140, WIDTH = 900;
+  const oldest = Math.max(0, ...hist.bars.map((b) => -b[1]));
+  const span = Math.min(hist.stream_seconds, Math.max(60, Math.ceil(oldest / 60) * 60));
   const svg = document.getElementById("stream");
   const height = Math.max(1, hist.workers.length) * ROW + 14;
   svg.setAttribute("viewBox", `0 0 ${WIDTH} ${height}`);
@@ -109,19 +113,21 @@ function drawStream(hist) {
     svg.append(label);
   });
   const x = (t) => LABEL + (1 + Math.max(-span, Math.min(0, t)) / span) * (WIDTH - LABEL);
-  for (const [worker, start, end, status] of hist.runs) {
-    const bar = svgEl("rect", { x: x(start).toFixed(1), y: worker * ROW + 2, height: ROW - 4,
-      width: Math.max(1, x(end) - x(start)).toFixed(1), "data-status": status,
-      class: status === "ok" || status === "error" ? status : "other" });
-    svg.append(bar);
+  let runs = 0;
+  const ok = hist.bars.filter((b) => b[3] === "ok"); // drawn first: the rarer outcomes on top, 2 px at least
+  for (const [worker, start, end, status, n] of ok.concat(hist.bars.filter((b) => b[3] !== "ok"))) {
+    svg.append(svgEl("rect", { x: x(start).toFixed(1), y: worker * ROW + 2, height: ROW - 4,
+      width: Math.max(status === "ok" ? 1 : 2, x(end) - x(start)).toFixed(1), "data-status": status, "data-runs": n,
+      class: status === "ok" || status === "error" ? status : "other" }));
+    runs += n;
   }
   for (const t of [-span, -span / 2, 0]) {
     const tick = svgEl("text", { x: Math.min(x(t), WIDTH - 30), y: height - 2 });
-    tick.textContent = t ? `${t / 60} min` : "now";
+    tick.textContent = t ? `${+(t / 60).toFixed(1)} min` : "now";
     svg.append(tick);
   }
   document.getElementById("stream-legend").textContent =
-    ` · ${hist.runs.length} runs shown; ${hist.runs_kept} kept of ${hist.runs_seen} since the start`;
+    ` · ${runs} runs in ${hist.bars.length} bars; ${hist.runs_kept} kept of ${hist.runs_seen} since the start`;
 }
 
 function drawMemory(hist) {
@@ -129,7 +135,7 @@ function drawMemory(hist) {
   const span = Math.max(60, Math.min(hist.series_seconds, hist.uptime));
   const top = Math.max(1, ...hist.series.map((b) => b[1]));
   const x = (t) => ((1 + Math.max(-span, t) / span) * 600).toFixed(1);
-  const y = (v) => (118 - v * 112 / top).toFixed(1);
+  const y = (v) => (118 - v * 100 / top).toFixed(1);
   const points = hist.series.flatMap(([start, memory]) =>
     [`${x(start)},${y(memory)}`, `${x(Math.min(0, start + hist.bucket_seconds))},${y(memory)}`]);
   const svg = document.getElementById("memory");
