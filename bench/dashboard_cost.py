@@ -5,8 +5,8 @@ scripted dashboard pages and with a Prometheus scrape every second.
 
 One ``scaler-daemon --workers 2 --dashboard 127.0.0.1:0`` serves every configuration; a
 configuration's pollers run in a separate process (so they take no GIL from the client) and
-poll exactly what the page polls: ``/api/snapshot`` once a second per page (``/metrics`` once
-a second for the scrape). Configurations alternate within each round; the figures are the
+poll exactly what the page polls: ``/api/snapshot`` once a second and ``/api/history`` every
+5 s per page (``/metrics`` once a second for the scrape). Configurations alternate within each round; the figures are the
 median over rounds. The daemon's and the dashboard process's CPU come from psutil. On a
 shared machine the noise between rounds is printed beside the medians: read it first.
 """
@@ -38,18 +38,20 @@ def noop(x: int) -> int:
 
 
 def poll(base: str, token: str, pages: int, scrapes: int) -> None:
-    """Run until stdin closes: ``pages`` pollers of /api/snapshot, ``scrapes`` of /metrics, 1/s each."""
+    """Run until stdin closes: per page, a poller of /api/snapshot (1/s) and one of /api/history
+    (every 5 s, as dashboard.js's HISTORY_MS); ``scrapes`` pollers of /metrics, 1/s each."""
     stop = threading.Event()
 
-    def loop(path: str) -> None:
+    def loop(path: str, every: float) -> None:
         request = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {token}"})
         while not stop.is_set():
             with urllib.request.urlopen(request, timeout=30) as reply:
                 reply.read()
-            stop.wait(1.0)
+            stop.wait(every)
 
-    threads = [threading.Thread(target=loop, args=("/api/snapshot",)) for _ in range(pages)]
-    threads += [threading.Thread(target=loop, args=("/metrics",)) for _ in range(scrapes)]
+    threads = [threading.Thread(target=loop, args=("/api/snapshot", 1.0)) for _ in range(pages)]
+    threads += [threading.Thread(target=loop, args=("/api/history", 5.0)) for _ in range(pages)]
+    threads += [threading.Thread(target=loop, args=("/metrics", 1.0)) for _ in range(scrapes)]
     for t in threads:
         t.start()
     sys.stdin.read()
