@@ -865,6 +865,8 @@ class Scheduler:
         cached = self._monitor_history
         if cached is None or self._now - cached[0] >= MONITOR_HISTORY_SECONDS:
             cached = self._monitor_history = (self._now, history_message(self))
+        if any(message is cached[1] for message in self._out.get(peer, ())):
+            return  # one answer per monitor per turn, however many it asked for
         self._send(peer, cached[1])
 
     def _on_stats_request(self, peer: bytes, message: m.StatsRequest) -> None:
