@@ -5,10 +5,13 @@ scripted dashboard pages and with a Prometheus scrape every second.
 
 One ``scaler-daemon --workers 2 --dashboard 127.0.0.1:0`` serves every configuration; a
 configuration's pollers run in a separate process (so they take no GIL from the client) and
-poll exactly what the page polls: ``/api/snapshot`` once a second per page (``/metrics`` once
-a second for the scrape). Configurations alternate within each round; the figures are the
-median over rounds. The daemon's and the dashboard process's CPU come from psutil. On a
-shared machine the noise between rounds is printed beside the medians: read it first.
+poll exactly what the page polls: ``/api/snapshot`` once a second and ``/api/history`` every
+5 s per page (``/metrics`` once a second for the scrape). Configurations alternate within
+each round; the figures are the median over rounds, and each round's against the same
+round's "none" (paired: a shared machine's slow drift cancels). The daemon's and the
+dashboard process's CPU come from psutil. On a shared machine the noise between rounds is
+printed beside the medians: read it first. Give each run several seconds (``--tasks``) so
+that it spans several of the pages' 5 s history polls.
 """
 
 from __future__ import annotations
@@ -38,18 +41,20 @@ def noop(x: int) -> int:
 
 
 def poll(base: str, token: str, pages: int, scrapes: int) -> None:
-    """Run until stdin closes: ``pages`` pollers of /api/snapshot, ``scrapes`` of /metrics, 1/s each."""
+    """Run until stdin closes: per page, a poller of /api/snapshot (1/s) and one of /api/history
+    (every 5 s, as dashboard.js's HISTORY_MS); ``scrapes`` pollers of /metrics, 1/s each."""
     stop = threading.Event()
 
-    def loop(path: str) -> None:
+    def loop(path: str, every: float) -> None:
         request = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {token}"})
         while not stop.is_set():
             with urllib.request.urlopen(request, timeout=30) as reply:
                 reply.read()
-            stop.wait(1.0)
+            stop.wait(every)
 
-    threads = [threading.Thread(target=loop, args=("/api/snapshot",)) for _ in range(pages)]
-    threads += [threading.Thread(target=loop, args=("/metrics",)) for _ in range(scrapes)]
+    threads = [threading.Thread(target=loop, args=("/api/snapshot", 1.0)) for _ in range(pages)]
+    threads += [threading.Thread(target=loop, args=("/api/history", 5.0)) for _ in range(pages)]
+    threads += [threading.Thread(target=loop, args=("/metrics", 1.0)) for _ in range(scrapes)]
     for t in threads:
         t.start()
     sys.stdin.read()
@@ -126,6 +131,12 @@ def main() -> int:
             cpus = [r[1] for r in results[name]]
             print(f"  {name:9s} {statistics.median(tps):8.0f} tasks/s (spread {max(tps) - min(tps):6.0f}, "
                   f"{(statistics.median(tps) / base_tp - 1) * 100:+5.1f} % vs none)  daemon {statistics.median(cpus):6.1f} us CPU/task")  # fmt: skip
+        # Paired: each round's throughput against the same round's "none" (run seconds apart, so
+        # a machine's slow drift cancels); their median, and their range as the noise.
+        print("\npaired with the same round's none (median, min..max of the rounds' ratios):")
+        for name, _, _ in CONFIGS[1:]:
+            ratios = [(r[0] / n[0] - 1) * 100 for r, n in zip(results[name], results["none"], strict=True)]
+            print(f"  {name:9s} {statistics.median(ratios):+5.1f} %  ({min(ratios):+5.1f} .. {max(ratios):+5.1f})")
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(30)

@@ -8,12 +8,14 @@
                         ◄──── Welcome       security is on: scaler-keys issue --role monitor)
     snapshot(): StatsRequest ──────────►    one snapshot shared by all monitors, built at most
                         ◄────── Stats       every MONITOR_SNAPSHOT_SECONDS (scheduler/core.py)
+    history(): HistoryRequest ─────────►    one history shared by all monitors, built at most
+                        ◄──── History       every MONITOR_HISTORY_SECONDS
 
-The daemon accepts nothing from a monitor but Heartbeat, Goodbye and StatsRequest (the
+The daemon accepts nothing from a monitor but Heartbeat, Goodbye, StatsRequest and HistoryRequest (the
 role's table in protocol/messages.py, checked for every message); this class has no way to
 send anything else.  A monitor that stops reading is dropped by the daemon, never waited
 for; one silent past the daemon's liveness limit is forgotten.  Either way the next
-``snapshot()`` is answered ``UNKNOWN_PEER`` and this side says Hello again, once.
+``snapshot()`` or ``history()`` is answered ``UNKNOWN_PEER`` and this side says Hello again, once.
 
 Single-threaded and synchronous: each call sends, then polls its own socket up to its
 timeout.  Not thread-safe: use one Monitor per thread.
@@ -100,20 +102,32 @@ class Monitor:
 
     def snapshot(self, timeout: float = 10.0) -> Statistics:
         """The daemon's current statistics (at most ``MONITOR_SNAPSHOT_SECONDS`` old)."""
+        return Statistics.from_message(self._ask(m.StatsRequest(), m.Stats, timeout))
+
+    def history(self, timeout: float = 10.0) -> m.History:
+        """The run's history (scheduler/history.py): the most recent task runs and the coarse
+        series of the whole run.  Monitors share one, built at most every
+        ``MONITOR_HISTORY_SECONDS`` (it is O(runs kept) to build: ask every few seconds)."""
+        history: m.History = self._ask(m.HistoryRequest(), m.History, timeout)
+        return history
+
+    def _ask(self, request: Any, kind: type, timeout: float) -> Any:
+        """Send ``request``, return the daemon's ``kind`` answering it; a late answer to an
+        earlier request that timed out is read and dropped first (``_drain``)."""
         if self.closed:
             raise ValueError("this Monitor is closed")
         rejoin = self._drain()
         if rejoin:
             self._join(timeout)
-        self._send(m.StatsRequest())
-        got = self._wait(m.Stats, timeout)
+        self._send(request)
+        got = self._wait(kind, timeout)
         if got is None:  # the daemon had dropped us (slow, or silent too long): join again, once
             self._join(timeout)
-            self._send(m.StatsRequest())
-            got = self._wait(m.Stats, timeout)
+            self._send(request)
+            got = self._wait(kind, timeout)
             if got is None:
                 raise MonitorRefused(f"daemon at {self.address} forgot this monitor again right after it joined")
-        return Statistics.from_message(got)
+        return got
 
     def close(self) -> None:
         if self.closed:

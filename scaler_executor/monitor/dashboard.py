@@ -6,10 +6,13 @@
                                    ├ every request: the token (query once → cookie, or a
                                    │  bearer token header), else 401 (none) / 403 (wrong)
                                    ├ /            index.html + /static/* (package data)
-                                   ├ /api/snapshot  the snapshot as JSON (the page polls it)
+                                   ├ /api/snapshot  the snapshot as JSON (the page polls it 1/s)
+                                   ├ /api/history   the task stream and memory series as JSON
+                                   │  (the page polls it every HISTORY_SECONDS)
                                    └ /metrics     Prometheus text (metrics.py)
                                         │ one Monitor (monitor/client.py), under a lock; a
-                                        │ snapshot reused for SNAPSHOT_SECONDS
+                                        │ snapshot reused for SNAPSHOT_SECONDS, a history
+                                        │ (its JSON) for HISTORY_SECONDS
                                         ▼
                                    scaler-daemon (a monitor: can change nothing)
 
@@ -41,12 +44,21 @@ from urllib.parse import parse_qs, urlsplit
 from scaler_executor.config import parse_listen
 from scaler_executor.exceptions import ProtocolError
 from scaler_executor.monitor import metrics
+from scaler_executor.protocol import messages as m
 from scaler_executor.scheduler.stats import Statistics
 
-__all__ = ["DashboardServer", "SnapshotSource", "main", "snapshot_json"]
+__all__ = ["DashboardServer", "SnapshotSource", "history_json", "main", "snapshot_json"]
 
 COOKIE = "scaler_dashboard_token"
 SNAPSHOT_SECONDS = 0.5  # the daemon shares one snapshot among monitors this long anyway
+# The history (up to 20,000 runs, ~1 MB from the daemon) is fetched at most this often,
+# however many pages poll; the page polls it as often (dashboard.js HISTORY_MS).
+HISTORY_SECONDS = 5.0
+STREAM_SECONDS = 300.0  # the task stream's window: runs that ended in the last 5 minutes,
+STREAM_MERGE = STREAM_SECONDS / 1000  # a worker's runs of one status this close merge into one bar,
+STREAM_BARS = 5000  # and the most recent this many bars are sent (one SVG rect each on the page)
+SERIES_SECONDS = 3600.0  # the memory series' window: the last hour of the daemon's buckets
+STATUS_NAMES = {v: k.lower() for k, v in vars(m.Status).items() if isinstance(v, int)}
 STATIC = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/static/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
@@ -65,23 +77,39 @@ class SnapshotSource:
         self._monitor: Any = None
         self._lock = threading.Lock()  # guards the monitor and the cached snapshot
         self._cached: tuple[float, Statistics] | None = None
+        self._history: tuple[float, bytes] | None = None  # (fetched at, the JSON every page gets)
 
     def get(self) -> Statistics:
         with self._lock:
             now = time.monotonic()
             if self._cached is not None and now - self._cached[0] < SNAPSHOT_SECONDS:
                 return self._cached[1]
-            try:
-                if self._monitor is None:
-                    self._monitor = self._connect()
-                stats: Statistics = self._monitor.snapshot(timeout=5.0)
-            except BaseException:  # a broken connection is not reused: the next request joins again
-                if self._monitor is not None:
-                    self._monitor.close()
-                self._monitor = None
-                raise
+            stats: Statistics = self._ask(lambda monitor: monitor.snapshot(timeout=5.0))
             self._cached = (now, stats)
             return stats
+
+    def history(self) -> bytes:
+        """``history_json`` of the daemon's history, encoded, fetched at most every HISTORY_SECONDS."""
+        with self._lock:
+            now = time.monotonic()
+            if self._history is not None and now - self._history[0] < HISTORY_SECONDS:
+                return self._history[1]
+            history: m.History = self._ask(lambda monitor: monitor.history(timeout=5.0))
+            body = json.dumps(history_json(history, time.time())).encode()
+            self._history = (now, body)
+            return body
+
+    def _ask(self, call: Any) -> Any:
+        """``call(monitor)``, under the lock, joining first if need be."""
+        try:
+            if self._monitor is None:
+                self._monitor = self._connect()
+            return call(self._monitor)
+        except BaseException:  # a broken connection is not reused: the next request joins again
+            if self._monitor is not None:
+                self._monitor.close()
+            self._monitor = None
+            raise
 
     def close(self) -> None:
         with self._lock:
@@ -117,6 +145,45 @@ def snapshot_json(stats: Statistics) -> dict[str, Any]:
         ],
         "store": dict(stats.store),
     }
+
+
+def history_json(history: m.History, now: float) -> dict[str, Any]:
+    """What the page's task stream and memory panel read, trimmed to what they draw.
+
+    ``bars``: [worker index, start, end, status, runs] — a worker's runs of one status that
+    ended in the last STREAM_SECONDS, merged when less than STREAM_MERGE apart (a bar is
+    then ``runs`` runs: at thousands of tasks a second a bar per run would be millions of
+    rects), times in seconds relative to ``now`` (this host's clock; the runs carry their
+    workers' wall clocks); the most recent STREAM_BARS.  ``series``: [start, memory bytes,
+    workers] per bucket of ``bucket_seconds``, start relative to the daemon's uptime (so
+    ≤ 0), the last SERIES_SECONDS of it.
+    """
+    since = now - STREAM_SECONDS
+    recent = sorted((run for run in history.runs if run.finished >= since), key=lambda run: (run.worker, run.started))
+    workers: dict[str, int] = {}
+    bars: list[list[Any]] = []
+    for run in recent:
+        index = workers.setdefault(run.worker, len(workers))
+        status = STATUS_NAMES.get(run.status, "?")
+        start, end = round(run.started - now, 3), round(run.finished - now, 3)
+        last = bars[-1] if bars else None
+        if last is not None and last[0] == index and last[3] == status and start <= last[2] + STREAM_MERGE:
+            last[2] = max(last[2], end)
+            last[4] += 1
+        else:
+            bars.append([index, start, end, status, 1])
+    if len(bars) > STREAM_BARS:
+        bars = sorted(bars, key=lambda bar: bar[2])[-STREAM_BARS:]
+    series = [
+        [round(b.start - history.uptime, 1), b.memory, b.workers]
+        for b in history.series
+        if b.start + history.bucket_seconds >= history.uptime - SERIES_SECONDS
+    ]
+    return {
+        "workers": list(workers), "bars": bars, "runs_seen": history.runs_seen, "runs_kept": len(history.runs),
+        "stream_seconds": STREAM_SECONDS, "series": series, "bucket_seconds": history.bucket_seconds,
+        "series_seconds": SERIES_SECONDS, "uptime": history.uptime,
+    }  # fmt: skip
 
 
 class DashboardServer(ThreadingHTTPServer):
@@ -177,9 +244,11 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path in STATIC:
             name, kind = STATIC[url.path]
             return self._reply(HTTPStatus.OK, kind, resources.files("scaler_executor.monitor").joinpath("static", name).read_bytes())
-        if url.path not in ("/api/snapshot", "/metrics"):
+        if url.path not in ("/api/snapshot", "/api/history", "/metrics"):
             return self._reply(HTTPStatus.NOT_FOUND, "text/plain; charset=utf-8", b"not found\n")
         try:
+            if url.path == "/api/history":
+                return self._reply(HTTPStatus.OK, "application/json", self.server.source.history())
             stats = self.server.source.get()
         except (ProtocolError, ValueError, OSError) as exc:  # the daemon is gone or refuses us (TimeoutError is an OSError)
             return self._reply(HTTPStatus.SERVICE_UNAVAILABLE, "text/plain; charset=utf-8", f"daemon unavailable: {exc}\n".encode())

@@ -67,6 +67,10 @@ ID_MASK = (1 << m.TASK_ID_BITS) - 1  # the per-client part of a task or function
 # Monitors share one snapshot built at most this often, however many watch or however often
 # they ask: the daemon's monitoring cost is bounded by this, not by its watchers.
 MONITOR_SNAPSHOT_SECONDS = 0.5
+# Monitors (dashboards) share one history, rebuilt at most this often: building one is
+# O(runs kept), up to 20,000, so a monitor asking in a loop cannot make the daemon do it
+# in a loop.  A client's request (ex.report) is always answered fresh.
+MONITOR_HISTORY_SECONDS = 2.0
 REFUSAL_LOG_SECONDS = 60.0  # a refusal is logged once per peer and kind in this long
 MAX_REFUSAL_KEYS = 4096
 # What a worker may say of a task; the others are the daemon's to say (REJECTED, WORKER_LOST, ...).
@@ -273,6 +277,7 @@ class Scheduler:
         self.history = History()  # O(1) too: recent task runs, the run's coarse series (ex.report)
         self._memory_total = 0  # the workers' memory, summed from their heartbeats
         self._monitor_snapshot: tuple[float, m.Stats] | None = None  # (built at, snapshot)
+        self._monitor_history: tuple[float, m.History] | None = None  # (built at, history)
         # The host store's figures for a snapshot (set by the loop, read only on request).
         self.store_stats: Callable[[], dict[str, int]] | None = None
         self._refusals_logged: dict[tuple[bytes, str], float] = {}  # (peer, what) -> when last logged
@@ -856,7 +861,15 @@ class Scheduler:
         self._commands.append(StoreChunk(peer, message.object_id, message.offset, message.total))
 
     def _on_history_request(self, peer: bytes, message: m.HistoryRequest) -> None:
-        self._send(peer, history_message(self))  # built on request: O(runs kept + buckets)
+        if peer not in self._monitors:
+            self._send(peer, history_message(self))  # built on request: O(runs kept + buckets)
+            return
+        cached = self._monitor_history
+        if cached is None or self._now - cached[0] >= MONITOR_HISTORY_SECONDS:
+            cached = self._monitor_history = (self._now, history_message(self))
+        if any(message is cached[1] for message in self._out.get(peer, ())):
+            return  # one answer per monitor per turn, however many it asked for
+        self._send(peer, cached[1])
 
     def _on_stats_request(self, peer: bytes, message: m.StatsRequest) -> None:
         if peer in self._monitors and peer in self._stats_wanted:

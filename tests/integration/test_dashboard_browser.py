@@ -1,5 +1,6 @@
 """The dashboard page in a real headless Chromium: it loads with the printed URL, its numbers
-change as tasks run, a failure shows its traceback, and without the token it is refused."""
+change as tasks run, the task stream draws the runs and the memory panel a series, a failure
+shows its traceback, and without the token it is refused."""
 
 from __future__ import annotations
 
@@ -52,10 +53,12 @@ def text_of(driver: Any, element_id: str) -> str:
 
 
 def test_the_page_shows_tasks_workers_and_failures_as_they_happen(cluster: DashboardCluster, browser: Any) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    wait = WebDriverWait(browser, WAIT)
+    # The page redraws each second: an element found may be replaced before it is read; try again.
+    wait = WebDriverWait(browser, WAIT, ignored_exceptions=(StaleElementReferenceException,))
     browser.get(cluster.url)
     assert "token=" not in browser.current_url  # kept as a cookie, dropped from the address bar
     wait.until(lambda d: text_of(d, "count-finished") == "0" and text_of(d, "state-pending") == "0")
@@ -76,6 +79,29 @@ def test_the_page_shows_tasks_workers_and_failures_as_they_happen(cluster: Dashb
         wait.until(lambda d: "dashboard-visible 7" in text_of(d, "failures"))
         traceback = browser.find_element(By.CSS_SELECTOR, "#failures pre").text
         assert "fails_loudly" in traceback and "KeyError" in traceback
+
+        # The history panels (polled every 5 s): the runs as bars in the worker's row, the
+        # failure's in its colour; the workers' memory as a series of buckets.
+        def runs(d: Any, status: str) -> int:  # a bar is a run, or runs merged (data-runs says how many)
+            return int(d.execute_script(
+                "return [...document.querySelectorAll(`#stream rect[data-status='${arguments[0]}']`)]"
+                ".reduce((n, r) => n + Number(r.dataset.runs), 0)", status
+            ))  # fmt: skip
+
+        wait.until(lambda d: runs(d, "ok") == 25 and runs(d, "error") == 1)
+        # In one script: the page redraws both (each second, every 5 s), so elements go stale.
+        name, label = browser.execute_script(
+            'return [document.querySelector("#workers tbody td").textContent, document.querySelector("#stream text").textContent]'
+        )  # the row's label, set as textContent
+        assert label == name or (label.endswith("…") and name.startswith(label[:-1])), (label, name)
+        failed_bar = "return document.querySelector('#stream rect[data-status=\"error\"]').getAttribute('class')"
+        assert browser.execute_script(failed_bar) == "error"
+
+        def memory_points(d: Any) -> list[str]:
+            points = d.execute_script('const p = document.querySelector("#memory polyline"); return p && p.getAttribute("points")')
+            return str(points or "").split()
+
+        wait.until(lambda d: len(memory_points(d)) >= 2 and "iB" in text_of(d, "memory-now"))
     assert "no data" not in text_of(browser, "status")
 
 
@@ -85,4 +111,6 @@ def test_the_page_is_refused_without_the_token(cluster: DashboardCluster, browse
     browser.get(cluster.base + "/?token=not-the-token-at-all")
     assert "403" in browser.find_element("tag name", "body").text
     browser.get(cluster.base + "/api/snapshot")
+    assert "401" in browser.find_element("tag name", "body").text
+    browser.get(cluster.base + "/api/history")
     assert "401" in browser.find_element("tag name", "body").text

@@ -85,7 +85,7 @@ def test_metrics_parse_and_match_the_statistics(cluster: DashboardCluster) -> No
 
 
 def test_metrics_and_page_refuse_requests_without_the_token(cluster: DashboardCluster) -> None:
-    for path in ("/metrics", "/api/snapshot", "/", "/static/dashboard.js"):
+    for path in ("/metrics", "/api/snapshot", "/api/history", "/", "/static/dashboard.js"):
         status, body = cluster.get(path)
         assert status == 401 and "token is required" in body, (path, status, body)
         status, _ = cluster.get(path, token="x" * 32)
@@ -94,6 +94,8 @@ def test_metrics_and_page_refuse_requests_without_the_token(cluster: DashboardCl
         assert status == 403, path
     status, body = cluster.get("/api/snapshot", cookie=cluster.token)
     assert status == 200 and '"workers"' in body
+    status, body = cluster.get("/api/history", token=cluster.token)
+    assert status == 200 and '"bars"' in body and '"series"' in body
     status, _ = cluster.get("/?token=" + "z" * 32)
     assert status == 403
 
@@ -104,6 +106,7 @@ def test_metrics_without_token_is_an_explicit_flag_only_for_metrics(tmp_path: Pa
         status, text = c.get("/metrics")
         assert status == 200 and "# TYPE scaler_workers gauge" in text, text
         assert c.get("/api/snapshot")[0] == 401
+        assert c.get("/api/history")[0] == 401
         assert c.get("/")[0] == 401
     finally:
         c.close()

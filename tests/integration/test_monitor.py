@@ -86,6 +86,22 @@ def test_a_monitor_watches_an_embedded_cluster_over_ipc() -> None:
             assert stats["clients"] == 1 and stats["monitors"] == 1 and len(stats.workers) == 1
 
 
+def test_a_monitor_reads_the_history_shared_among_monitors() -> None:
+    """The task stream's runs and the run's series, as ``ex.report`` reads them; monitors get
+    one history rebuilt at most every MONITOR_HISTORY_SECONDS, and snapshots still answer."""
+    with ScalerExecutor(max_workers=1) as ex:
+        assert list(ex.map(square, range(10))) == [x * x for x in range(10)]
+        with Monitor(ex.address) as monitor:
+            assert wait_until(lambda: monitor.history().runs_seen == 10, timeout=WAIT)
+            history = monitor.history()
+            assert len(history.runs) == 10 and {run.status for run in history.runs} == {m.Status.OK}
+            assert all(run.started <= run.finished for run in history.runs)
+            assert history.series and max(b.workers for b in history.series) == 1
+            assert sum(b.finished for b in history.series) == 10
+            assert monitor.snapshot()["finished"] == 10  # interleaved requests each get their own kind
+            assert monitor.history().runs_seen == 10
+
+
 def test_a_monitor_key_cannot_submit_and_a_client_key_cannot_monitor(cluster: Cluster) -> None:
     mon = cluster.credential("mon", "monitor")
     alice = cluster.credential("alice", "client")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_core import Cluster, client_with_function, spec, tid
+from test_core import Cluster, client_with_function, hello, spec, tid
 
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.codec import decode, encode
@@ -139,3 +139,23 @@ def test_the_core_records_runs_memory_and_workers_and_answers_clients(tmp_path: 
     refused = core.counters["refused"]
     cluster.send(b"w1", m.HistoryRequest())
     assert core.counters["refused"] == refused + 1
+
+
+def test_monitors_share_one_history_rebuilt_at_most_every_interval() -> None:
+    from scaler_executor.scheduler.core import MONITOR_HISTORY_SECONDS
+
+    cluster = Cluster()
+    cluster.tick()
+    cid, fn = client_with_function(cluster)
+    cluster.worker(b"w1")
+    cluster.join(b"m1", hello(m.Role.MONITOR))
+    cluster.join(b"m2", hello(m.Role.MONITOR))
+    first = cluster.send(b"m1", m.HistoryRequest()).one(b"m1", m.History)
+    cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, 2), fn)]), dt=MONITOR_HISTORY_SECONDS / 2)
+    # Within the interval: the same history, to either monitor; one answer per monitor per turn.
+    assert cluster.send(b"m2", m.HistoryRequest()).one(b"m2", m.History) is first
+    assert cluster.send(b"m1", *[m.HistoryRequest()] * 100).of(b"m1", m.History) == [first]
+    # A client's is always fresh, one per request.
+    assert len(cluster.send(b"c1", m.HistoryRequest(), m.HistoryRequest()).of(b"c1", m.History)) == 2
+    later = cluster.send(b"m2", m.HistoryRequest(), dt=MONITOR_HISTORY_SECONDS).one(b"m2", m.History)
+    assert later is not first and later.uptime > first.uptime

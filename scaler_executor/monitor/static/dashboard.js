@@ -1,7 +1,10 @@
-// The dashboard page: polls /api/snapshot once a second (the cookie carries the token) and
-// draws it.  No framework and nothing fetched from elsewhere: this file is all there is.
+// The dashboard page: polls /api/snapshot once a second and /api/history every 5 s (the
+// cookie carries the token) and draws them.  No framework and nothing fetched from
+// elsewhere: this file is all there is.
 "use strict";
 const POLL_MS = 1000;
+const HISTORY_MS = 5000; // the server fetches the daemon's history at most this often anyway
+const SVG = "http://www.w3.org/2000/svg";
 const HISTORY = 300; // points of throughput kept (one per poll)
 const history = [];
 let last = null; // [time ms, tasks ended] of the previous poll
@@ -45,8 +48,7 @@ function drawThroughput(snap) {
   const svg = document.getElementById("throughput");
   svg.replaceChildren();
   const top = Math.max(1, ...history);
-  const ns = "http://www.w3.org/2000/svg";
-  const line = document.createElementNS(ns, "polyline");
+  const line = document.createElementNS(SVG, "polyline");
   const span = Math.max(history.length, 60) - 1; // the first minute fills the width, then it scrolls
   line.setAttribute("points", history.map((v, i) => `${(i * 600 / span).toFixed(1)},${(118 - v * 112 / top).toFixed(1)}`).join(" "));
   svg.append(line);
@@ -88,6 +90,73 @@ function drawFailures(snap) {
   if (!snap.failures.length) list.append(el("li", "none"));
 }
 
+function svgEl(tag, attrs) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  return e;
+}
+
+function drawStream(hist) {
+  // One row per worker, a bar per run (or per runs merged: the server merges a worker's runs of
+  // one status less than 0.3 s apart); times are seconds relative to the server's now (≤ 0).
+  // The span: whole minutes back to the oldest bar (at least one, at most the server's window).
+  const ROW = 16, LABEL = 140, WIDTH = 900;
+  const oldest = Math.max(0, ...hist.bars.map((b) => -b[1]));
+  const span = Math.min(hist.stream_seconds, Math.max(60, Math.ceil(oldest / 60) * 60));
+  const svg = document.getElementById("stream");
+  const height = Math.max(1, hist.workers.length) * ROW + 14;
+  svg.setAttribute("viewBox", `0 0 ${WIDTH} ${height}`);
+  svg.replaceChildren();
+  hist.workers.forEach((name, i) => {
+    const label = svgEl("text", { x: 4, y: i * ROW + 12 });
+    label.textContent = name.length > 22 ? name.slice(0, 21) + "…" : name;
+    svg.append(label);
+  });
+  const x = (t) => LABEL + (1 + Math.max(-span, Math.min(0, t)) / span) * (WIDTH - LABEL);
+  let runs = 0;
+  const ok = hist.bars.filter((b) => b[3] === "ok"); // drawn first: the rarer outcomes on top, 2 px at least
+  for (const [worker, start, end, status, n] of ok.concat(hist.bars.filter((b) => b[3] !== "ok"))) {
+    svg.append(svgEl("rect", { x: x(start).toFixed(1), y: worker * ROW + 2, height: ROW - 4,
+      width: Math.max(status === "ok" ? 1 : 2, x(end) - x(start)).toFixed(1), "data-status": status, "data-runs": n,
+      class: status === "ok" || status === "error" ? status : "other" }));
+    runs += n;
+  }
+  for (const t of [-span, -span / 2, 0]) {
+    const tick = svgEl("text", { x: Math.min(x(t), WIDTH - 30), y: height - 2 });
+    tick.textContent = t ? `${+(t / 60).toFixed(1)} min` : "now";
+    svg.append(tick);
+  }
+  document.getElementById("stream-legend").textContent =
+    ` · ${runs} runs in ${hist.bars.length} bars; ${hist.runs_kept} kept of ${hist.runs_seen} since the start`;
+}
+
+function drawMemory(hist) {
+  // The most memory in each bucket, as steps; the width spans the last hour (or the run so far).
+  const span = Math.max(60, Math.min(hist.series_seconds, hist.uptime));
+  const top = Math.max(1, ...hist.series.map((b) => b[1]));
+  const x = (t) => ((1 + Math.max(-span, t) / span) * 600).toFixed(1);
+  const y = (v) => (118 - v * 100 / top).toFixed(1);
+  const points = hist.series.flatMap(([start, memory]) =>
+    [`${x(start)},${y(memory)}`, `${x(Math.min(0, start + hist.bucket_seconds))},${y(memory)}`]);
+  const svg = document.getElementById("memory");
+  svg.replaceChildren(svgEl("polyline", { points: points.join(" "), "data-buckets": hist.series.length }));
+  const last = hist.series[hist.series.length - 1];
+  document.getElementById("memory-now").textContent = last === undefined ? "no series yet" :
+    `peak on chart ${bytes(top)} · latest bucket ${bytes(last[1])} over ${last[2]} worker(s) · buckets of ${hist.bucket_seconds} s`;
+}
+
+async function pollHistory() {
+  try {
+    const reply = await fetch("/api/history", { cache: "no-store", credentials: "same-origin" });
+    if (!reply.ok) throw new Error(`${reply.status} ${await reply.text()}`);
+    const hist = await reply.json();
+    drawStream(hist); drawMemory(hist);
+  } catch (err) {
+    document.getElementById("stream-legend").textContent = " · no history: " + err.message;
+  }
+  setTimeout(pollHistory, HISTORY_MS);
+}
+
 async function poll() {
   const status = document.getElementById("status");
   try {
@@ -104,3 +173,4 @@ async function poll() {
   setTimeout(poll, POLL_MS);
 }
 poll();
+pollHistory();
