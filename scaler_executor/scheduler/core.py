@@ -36,6 +36,7 @@ from scaler_executor.scheduler.deadlines import DeadlineQueue
 from scaler_executor.scheduler.history import History, history_message
 from scaler_executor.scheduler.managers import AdmitKeys, ManagerController, WithdrawKeys
 from scaler_executor.scheduler.no_worker import NoWorkerWatch
+from scaler_executor.scheduler.object_stream import CreditObjects, EndObjectSends
 from scaler_executor.scheduler.policies import (
     LeastLoaded,
     ScalingView,
@@ -165,7 +166,8 @@ class DeleteObjects:
 
 @dataclass(frozen=True, slots=True)
 class SendObjects:
-    """Read these objects from the store and send their bytes to ``peer`` (ObjectData)."""
+    """Read these objects from the store and send their bytes to ``peer``: ObjectData, after
+    ObjectParts for large ones (scheduler/object_stream.py)."""
 
     peer: bytes
     object_ids: tuple[bytes, ...]
@@ -183,7 +185,10 @@ class StoreChunk:
 
 
 Event = Received | Tick | Wake | PeerUnreachable | WorkerExited | LocalWorkers
-Command = Send | StartWorkers | StopWorkers | DeleteObjects | SendObjects | StoreChunk | AdmitKeys | WithdrawKeys
+Command = (
+    Send | StartWorkers | StopWorkers | DeleteObjects | SendObjects | StoreChunk | CreditObjects | EndObjectSends
+    | AdmitKeys | WithdrawKeys
+)
 
 
 def refusal_for(hello: m.Hello) -> str | None:
@@ -271,6 +276,7 @@ class Scheduler:
             "object_bytes_sent": 0,
             "objects_received": 0,
             "object_bytes_received": 0,
+            "object_sends_dropped": 0,  # answers still streaming when their peer was lost (object_stream.py)
         }
         self._monitors: dict[bytes, float] = {}
         self.recorder = Recorder()  # O(1) monitoring state: ended tasks per second, recent events
@@ -312,6 +318,7 @@ class Scheduler:
             m.PinObjects: self._on_pin_objects,
             m.ObjectRequest: self._on_object_request,
             m.ObjectChunk: self._on_object_chunk,
+            m.ObjectPartsTaken: lambda peer, message: self._commands.append(CreditObjects(peer, message.parts)),
             m.LaneDone: self._on_lane_done,
             m.LaneStarted: self._on_lane_started,
             m.ManagerOffer: lambda peer, message: self.managers.on_offer(peer, message),
@@ -887,6 +894,7 @@ class Scheduler:
             self.recorder.event(self._now, "client-lost", why, where=client.name)
         del self.clients[client.peer]
         self._served.pop(client.peer, None)
+        self._commands.append(EndObjectSends(client.peer))  # objects still streaming to it
         for task_id in list(client.tasks):
             task = self.tasks.get(task_id)
             if task is not None:
@@ -1100,6 +1108,7 @@ class Scheduler:
         * Otherwise (a crash, missed heartbeats, unreachable) its attempt failed.
         """
         (log.info if clean else log.warning)("worker %r lost: %s; %d tasks affected", worker.name, why, len(worker.inflight))
+        self._commands.append(EndObjectSends(worker.peer))  # objects still streaming to it
         if not clean:
             self.counters["workers_lost"] += 1
             self.recorder.event(self._now, "worker-lost", f"{why}; {len(worker.inflight)} tasks affected", where=worker.name)
