@@ -279,6 +279,7 @@ class Scheduler:
             "object_sends_dropped": 0,  # answers still streaming when their peer was lost (object_stream.py)
         }
         self._monitors: dict[bytes, float] = {}
+        self._fetchers: set[bytes] = set()  # peers that asked for objects (ObjectRequest), until lost
         self.recorder = Recorder()  # O(1) monitoring state: ended tasks per second, recent events
         self.history = History()  # O(1) too: recent task runs, the run's coarse series (ex.report)
         self._memory_total = 0  # the workers' memory, summed from their heartbeats
@@ -862,7 +863,14 @@ class Scheduler:
         self._drop(released)
 
     def _on_object_request(self, peer: bytes, message: m.ObjectRequest) -> None:
+        self._fetchers.add(peer)
         self._commands.append(SendObjects(peer, tuple(message.object_ids)))
+
+    def _end_object_sends(self, peer: bytes) -> None:
+        """A peer that ever asked for objects is gone: the loop drops what it still had to send."""
+        if peer in self._fetchers:
+            self._fetchers.discard(peer)
+            self._commands.append(EndObjectSends(peer))
 
     def _on_object_chunk(self, peer: bytes, message: m.ObjectChunk) -> None:
         self._commands.append(StoreChunk(peer, message.object_id, message.offset, message.total))
@@ -894,7 +902,7 @@ class Scheduler:
             self.recorder.event(self._now, "client-lost", why, where=client.name)
         del self.clients[client.peer]
         self._served.pop(client.peer, None)
-        self._commands.append(EndObjectSends(client.peer))  # objects still streaming to it
+        self._end_object_sends(client.peer)
         for task_id in list(client.tasks):
             task = self.tasks.get(task_id)
             if task is not None:
@@ -1108,7 +1116,7 @@ class Scheduler:
         * Otherwise (a crash, missed heartbeats, unreachable) its attempt failed.
         """
         (log.info if clean else log.warning)("worker %r lost: %s; %d tasks affected", worker.name, why, len(worker.inflight))
-        self._commands.append(EndObjectSends(worker.peer))  # objects still streaming to it
+        self._end_object_sends(worker.peer)
         if not clean:
             self.counters["workers_lost"] += 1
             self.recorder.event(self._now, "worker-lost", f"{why}; {len(worker.inflight)} tasks affected", where=worker.name)
