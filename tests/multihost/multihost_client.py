@@ -7,7 +7,7 @@ ScalerExecutor keyword arguments such as credentials), ``submit`` (fn, args: a l
 argument lists) -> batch, ``done`` (batch) -> how many finished, ``running`` (batch) -> how many run now, ``wait`` (batch, timeout)
 -> results and errors, ``put_fetch`` (size) -> timings of a put, a remote task reading it, the
 client reading it back, and a large result, ``noop`` (count, trips) -> throughput and round trip,
-``stats``, ``close``.
+``put_read`` (sizes) -> digests of arrays put, read on another host and read back, ``stats``, ``close``.
 """
 
 from __future__ import annotations
@@ -94,6 +94,22 @@ def op_put_fetch(size: int) -> dict[str, Any]:
     ok_back = tasks.sample(back) == tasks.sample(tasks.pattern(size, 2))
     return {"put": put, "read_remotely": read_remotely, "get": get, "fetch": fetch,
             "remote_ok": tuple(remote) == expect, "get_ok": ok_get, "back_ok": ok_back, "size": size}
+
+
+def op_put_read(sizes: list[int]) -> dict[str, Any]:
+    """Per size: a NumPy array put from this host, its digest as a task on another host
+    reads it and as this client reads it back (both fetched through the daemon)."""
+    ex = _ex()
+    out = []
+    for size in sizes:
+        value = tasks.array_of(size)
+        expect = list(tasks.array_digest(value))
+        ref = ex.put(value)
+        remote = list(ex.submit(tasks.array_digest, ref).result())
+        back = list(tasks.array_digest(ref.result()))
+        out.append({"size": size, "objects": len(ref.object_ids), "expect": expect, "remote": remote, "back": back})
+        del ref, value
+    return {"objects": out}
 
 
 def op_noop(count: int, trips: int) -> dict[str, Any]:
