@@ -11,6 +11,8 @@
       → Tick every heartbeat_interval / 4; Wake when the core asked (deferred notices);
         local worker exits from the manager
       → core.handle(*events) → [Send(peer, messages)]
+      → SendObjects / CreditObjects / EndObjectSends: answers to ObjectRequests, large objects
+        in 4 MiB parts cut from the store's views, a window of parts per peer (object_stream.py)
       → encode one transmission per peer; an unroutable peer is an error (ROUTER_MANDATORY)
         (→ PeerUnreachable next turn) and a full one EAGAIN (→ that peer's backlog, kept in order)
       → the turn's duration (receive to last send) into core.turns (scheduler/turns.py)
