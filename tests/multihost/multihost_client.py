@@ -7,6 +7,7 @@ ScalerExecutor keyword arguments such as credentials), ``submit`` (fn, args: a l
 argument lists) -> batch, ``done`` (batch) -> how many finished, ``running`` (batch) -> how many run now, ``wait`` (batch, timeout)
 -> results and errors, ``put_fetch`` (size) -> timings of a put, a remote task reading it, the
 client reading it back, and a large result, ``noop`` (count, trips) -> throughput and round trip,
+``put_keep`` (size) -> a kept ref and its digest, ``submit_ref`` (ref) -> a batch reading it, ``drop_ref`` (ref),
 ``put_read`` (sizes) -> digests of arrays put, read on another host and read back, ``stats``, ``close``.
 """
 
@@ -112,6 +113,24 @@ def op_put_read(sizes: list[int]) -> dict[str, Any]:
     return {"objects": out}
 
 
+def op_put_keep(size: int) -> dict[str, Any]:
+    """Put an array of ``size`` bytes and keep its ref (``submit_ref``, ``drop_ref``)."""
+    value = tasks.array_of(size)
+    state.setdefault("refs", []).append(_ex().put(value))
+    return {"ref": len(state["refs"]) - 1, "expect": list(tasks.array_digest(value))}
+
+
+def op_submit_ref(ref: int) -> dict[str, Any]:
+    """A task that reads a kept ref (its digest), as a batch of one (``wait``)."""
+    state["batches"].append([_ex().submit(tasks.array_digest, state["refs"][ref])])
+    return {"batch": len(state["batches"]) - 1}
+
+
+def op_drop_ref(ref: int) -> dict[str, Any]:
+    state["refs"][ref] = None
+    return {"ok": True}
+
+
 def op_noop(count: int, trips: int) -> dict[str, Any]:
     ex = _ex()
     list(ex.map(tasks.noop, range(100)))  # warm
@@ -127,7 +146,8 @@ def op_noop(count: int, trips: int) -> dict[str, Any]:
 
 
 def op_stats() -> dict[str, Any]:
-    return {"stats": dict(_ex().statistics())}  # the Mapping of counters (JSON has no dataclasses)
+    stats = _ex().statistics()
+    return {"stats": dict(stats), "store": dict(stats.store)}  # the Mapping of counters (JSON has no dataclasses)
 
 
 def op_close() -> dict[str, Any]:

@@ -1,9 +1,13 @@
 """Objects fetched from the daemon in parts by a client and a worker on hosts of their own
 (separate network stacks, a private /dev/shm each: tests/multihost/conftest.py), with CURVE
 and without: every size from the store's threshold to 100 MB arrives whole both at the worker
-(a task's argument) and back at the client (``ref.result()``)."""
+(a task's argument) and back at the client (``ref.result()``); a worker killed while an object
+streams to it costs the daemon nothing afterwards."""
 
 from __future__ import annotations
+
+import signal
+import subprocess
 
 import multihost_net as net
 import pytest
@@ -35,3 +39,46 @@ def test_every_size_crosses_hosts_whole_in_parts(hosts: net.Hosts, secure: bool)
         assert stats["object_sends_dropped"] == 0
     finally:
         cluster.stop()
+
+
+MB100 = 100_000_000
+
+
+def _stats(client: net.Driver) -> dict:
+    return client.call("stats")
+
+
+def test_a_worker_killed_mid_stream_leaves_the_daemon_nothing_to_free(make_cluster) -> None:
+    """The link to w1 is slowed (80 Mbit/s: 100 MB takes ~10 s) so that w1 is killed while
+    a 100 MB argument streams to it: the daemon drops what it still had to send
+    (object_sends_dropped) and with it its references on the object, the task is retried on
+    w2 and reads the object whole, and once the client drops the ref the store is empty."""
+    cluster = make_cluster(workers=("w1",))
+    hosts = cluster.hosts
+    client = cluster.client()
+    net.poll(lambda: _stats(client)["stats"]["workers"] >= 1, 60, f"w1 joined\n{cluster.logs()}")
+    kept = client.call("put_keep", answer_within=120, size=MB100)
+    before = _stats(client)["stats"]["object_bytes_sent"]
+    port = ["tc", "-n", hosts.switch, "qdisc"]
+    subprocess.run([*port, "add", "dev", "p-w1", "root", "tbf", "rate", "80mbit", "burst", "256kb", "latency", "2s"], check=True)
+    try:
+        batch = client.call("submit_ref", ref=kept["ref"])["batch"]
+
+        def streaming() -> bool:
+            sent = _stats(client)["stats"]["object_bytes_sent"] - before
+            return 0 < sent < MB100
+
+        net.poll(streaming, 60, f"the object streaming to w1\n{cluster.logs()}")
+        cluster.workers["w1"].stop(signal.SIGKILL)
+        net.poll(lambda: _stats(client)["stats"]["object_sends_dropped"] == 1, 60,
+                 f"the daemon dropping its sends to w1\n{cluster.logs()}")
+        assert _stats(client)["stats"]["workers_lost"] == 1
+        assert client.call("done", batch=batch)["done"] == 0  # (its task waits to run again)
+    finally:
+        subprocess.run([*port, "del", "dev", "p-w1", "root"], check=False)
+    cluster.start_worker("w2")
+    answer = client.call("wait", answer_within=180, batch=batch, timeout=150)
+    assert answer["errors"] == [None] and answer["results"] == [kept["expect"]], answer
+    client.call("drop_ref", ref=kept["ref"])
+    net.poll(lambda: _stats(client)["store"]["objects"] == 0, 60, "the store emptied")
+    assert _stats(client)["store"]["references"] == 0
