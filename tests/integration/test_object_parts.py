@@ -4,7 +4,7 @@ processes on loopback tcp:// with CURVE on: a worker that fetches over the netwo
 a peer speaking the codec by hand sees the daemon's window, other messages passing the
 stream, and the daemon freeing what it held once that peer is gone.
 
-(A client on another host, with its own /dev/shm, is in tests/multihost/test_object_parts.py.)
+(A client on another host, with its own /dev/shm, is in tests/multihost/test_parts_across_hosts.py.)
 Waits are bounded (``wait_until``, ``result(timeout=...)``); nothing asserts how long anything took.
 """
 
