@@ -7,7 +7,7 @@ ScalerExecutor keyword arguments such as credentials), ``submit`` (fn, args: a l
 argument lists) -> batch, ``done`` (batch) -> how many finished, ``running`` (batch) -> how many run now, ``wait`` (batch, timeout)
 -> results and errors, ``put_fetch`` (size) -> timings of a put, a remote task reading it, the
 client reading it back, and a large result, ``noop`` (count, trips) -> throughput and round trip,
-``put_keep`` (size) -> a kept ref and its digest, ``submit_ref`` (ref) -> a batch reading it, ``drop_ref`` (ref),
+``put_keep`` (size) -> a kept ref and its digest, ``submit_ref`` (ref) -> a batch reading it, ``drop_ref`` (ref), ``read_while_task`` (ref),
 ``put_read`` (sizes) -> digests of arrays put, read on another host and read back, ``stats``, ``close``.
 """
 
@@ -129,6 +129,28 @@ def op_submit_ref(ref: int) -> dict[str, Any]:
 def op_drop_ref(ref: int) -> dict[str, Any]:
     state["refs"][ref] = None
     return {"ok": True}
+
+
+def op_read_while_task(ref: int) -> dict[str, Any]:
+    """Read a kept ref back (``ref.result()``, fetched through the daemon) on a thread, and
+    meanwhile run a no-op task: whether its result came while the read was still going."""
+    import threading
+
+    ex, kept = _ex(), state["refs"][ref]
+    got: list[Any] = []
+    read = threading.Event()
+
+    def read_back() -> None:
+        value = kept.result()
+        read.set()  # before the hash: "still going" must mean the bytes had not all come
+        got.append(tasks.array_digest(value))
+
+    reader = threading.Thread(target=read_back)
+    reader.start()
+    ex.submit(tasks.noop, 1).result(timeout=120)
+    read_still_going = not read.is_set()
+    reader.join(300)
+    return {"read_still_going": read_still_going, "digest": list(got[0]) if got else None}
 
 
 def op_noop(count: int, trips: int) -> dict[str, Any]:

@@ -82,3 +82,23 @@ def test_a_worker_killed_mid_stream_leaves_the_daemon_nothing_to_free(make_clust
     client.call("drop_ref", ref=kept["ref"])
     net.poll(lambda: _stats(client)["store"]["objects"] == 0, 60, "the store emptied")
     assert _stats(client)["store"]["references"] == 0
+
+
+def test_a_small_result_passes_a_large_object_streaming_to_its_client(make_cluster) -> None:
+    """The link to the client is slowed (160 Mbit/s: 100 MB takes ~5 s) while it reads a
+    100 MB object back: a no-op task's result reaches it before the read ends, behind at most
+    the daemon's window of parts (as one 100 MB frame, the result would have waited for all of it)."""
+    cluster = make_cluster(workers=("w1",))
+    hosts = cluster.hosts
+    client = cluster.client()
+    net.poll(lambda: _stats(client)["stats"]["workers"] >= 1, 60, f"w1 joined\n{cluster.logs()}")
+    kept = client.call("put_keep", answer_within=120, size=MB100)
+    client.call("wait", batch=client.call("submit", fn="noop", args=[[0]])["batch"], timeout=60)  # warm
+    port = ["tc", "-n", hosts.switch, "qdisc"]
+    subprocess.run([*port, "add", "dev", "p-client", "root", "tbf", "rate", "160mbit", "burst", "256kb", "latency", "2s"], check=True)
+    try:
+        answer = client.call("read_while_task", answer_within=300, ref=kept["ref"])
+    finally:
+        subprocess.run([*port, "del", "dev", "p-client", "root"], check=False)
+    assert answer["digest"] == kept["expect"], answer
+    assert answer["read_still_going"], "the no-op's result waited for the whole object"
