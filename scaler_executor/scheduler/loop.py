@@ -354,7 +354,12 @@ class Daemon:
                     found, buffers = self.objects.read(object_ids)  # views: each holds a reader reference
                     views = iter(buffers)
                     sizes = [next(views).nbytes if ok else None for ok in found]
-                    self.outbound.request(peer, list(object_ids), sizes, buffers)
+                    if not self.outbound.request(peer, list(object_ids), sizes, buffers):
+                        log.warning(
+                            "daemon: dropping peer %r: it asked for objects beyond %d not yet sent to it",
+                            peer, self.outbound.max_objects,
+                        )  # fmt: skip
+                        self.unreachable.append(PeerUnreachable(peer, now))
                 case CreditObjects(peer, count):
                     self.outbound.taken(peer, count)
                 case EndObjectSends(peer):

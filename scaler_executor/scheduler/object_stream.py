@@ -43,6 +43,10 @@ CHUNK_BYTES = m.OBJECT_CHUNK_BYTES
 # turn, which on a loaded machine is tens of ms: with bench/multihost.py at load average 8.5
 # on 2 cores, 16 parts read back 197 MB/s and 4 parts 172 MB/s (medians of 3, within the noise).
 WINDOW_PARTS = 8
+# Objects of answers not yet sent, per peer: a peer that asks and never takes its parts must
+# not make the daemon hold a record and a store view for every object it names. At this
+# many the peer is dropped, as one whose backlog is full is (loop.py MAX_BACKLOG).
+MAX_QUEUED_OBJECTS = 100_000
 
 
 class Part(NamedTuple):
@@ -84,24 +88,34 @@ class _Answer:
 class _Peer:
     answers: deque[_Answer] = field(default_factory=deque)
     in_flight: int = 0  # parts sent, not yet taken
+    objects: int = 0  # objects of the answers still queued
 
 
 class Outbound:
     """What the daemon still has to send to each peer that asked for objects."""
 
-    def __init__(self, chunk: int = CHUNK_BYTES, window: int = WINDOW_PARTS) -> None:
+    def __init__(self, chunk: int = CHUNK_BYTES, window: int = WINDOW_PARTS, max_objects: int = MAX_QUEUED_OBJECTS) -> None:
         if chunk < 1 or window < 1:
             raise ValueError(f"chunk ({chunk}) and window ({window}) must be at least 1")
         self.chunk = chunk
         self.window = window
+        self.max_objects = max_objects
         self.peers: dict[bytes, _Peer] = {}
 
-    def request(self, peer: bytes, object_ids: list[bytes], sizes: list[int | None], views: list[Any]) -> None:
+    def request(self, peer: bytes, object_ids: list[bytes], sizes: list[int | None], views: list[Any]) -> bool:
         """An answer to send: ``sizes[i]`` is None for an object not in the store; ``views``
-        holds one view per found object, in order."""
+        holds one view per found object, in order. False (nothing queued) if the peer's
+        queued answers would name more than ``max_objects`` objects: the caller drops it."""
         if len(sizes) != len(object_ids) or len(views) != sum(s is not None for s in sizes):
             raise ValueError("an answer needs one size per object and one view per found object")
-        self.peers.setdefault(peer, _Peer()).answers.append(_Answer(list(object_ids), list(sizes), list(views)))
+        state = self.peers.setdefault(peer, _Peer())
+        if state.objects + len(object_ids) > self.max_objects:
+            if not state.answers and not state.in_flight:
+                del self.peers[peer]
+            return False
+        state.answers.append(_Answer(list(object_ids), list(sizes), list(views)))
+        state.objects += len(object_ids)
+        return True
 
     def taken(self, peer: bytes, count: int) -> None:
         """The peer wrote ``count`` parts. More credit than parts sent is ignored: a peer
@@ -129,6 +143,7 @@ class Outbound:
                 if not self._advance(peer, state, answer, steps):
                     break  # the window is full
                 state.answers.popleft()
+                state.objects -= len(answer.object_ids)
             if not state.answers and state.in_flight == 0:
                 del self.peers[peer]
         return steps
@@ -175,6 +190,7 @@ class Outbound:
     def validate(self) -> None:
         for peer, state in self.peers.items():
             assert 0 <= state.in_flight <= self.window, (peer, state.in_flight)
+            assert state.objects == sum(len(a.object_ids) for a in state.answers) <= self.max_objects, peer
             for answer in state.answers:
                 assert len(answer.views) == sum(s is not None for s in answer.sizes), peer
 

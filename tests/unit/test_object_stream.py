@@ -233,3 +233,17 @@ def test_the_core_turns_credit_into_a_command_and_ends_sends_to_a_lost_peer() ->
     assert EndObjectSends(b"c") in _step(core, Received(b"c", [m.Goodbye("done")], 5.0))
     assert core.statistics()["object_sends_dropped"] == 0  # (the loop counts them)
     _step(core, Tick(6.0))
+
+
+def test_a_peer_that_asks_beyond_its_queue_is_refused_and_the_rest_stays() -> None:
+    out = Outbound(chunk=CHUNK, window=1, max_objects=3)
+    big = _bytes(5 * CHUNK)
+    assert out.request(b"p", [A, B], [len(big), None], [memoryview(big)])
+    assert not out.request(b"p", [B, C], [None, None], [])  # 4 > 3: nothing queued
+    assert out.request(b"p", [C], [None], [])  # 3: still fits
+    out.validate()
+    assert not out.request(b"q", [A, B, C, A], [None] * 4, [])  # too many at once
+    assert not out.streaming(b"q")  # a refused peer with nothing queued leaves no record
+    steps = out.due()
+    out.validate()
+    assert [type(s) for s in steps] == [Part]
