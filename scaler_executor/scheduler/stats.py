@@ -366,14 +366,15 @@ def _durations(counts: list[int], total: float) -> TaskDurations:
 @dataclass(frozen=True, slots=True)
 class Statistics(Mapping[str, Any]):
     """A snapshot of the daemon: counters (also this mapping's items), tasks by state,
-    workers, clients, recent windows and events, and the host's object store.
+    workers (each with the host store it maps), clients, recent windows and events, the
+    daemon's host store, each object store once (``stores``), and the worker managers.
 
     ``counters`` holds what ``ex.statistics()`` always held: ``tasks``, ``tasks_<state>``
     (present while non-zero), ``workers``, ``processors``, ``clients``, ``functions``,
     ``submitted``, ``finished``, ``failed``, ``cancelled``, ``retried``, ``workers_lost``,
     ``clients_lost``, ``clients_left``, ``refused``, ``dropped_messages``, ``lane``,
-    ``delivered_direct``, the network object counters and, with security on, the
-    ``security_refused_*`` counters.
+    ``delivered_direct``, the network object counters, with managers ``managers`` and
+    ``managed_<state>``, and, with security on, the ``security_refused_*`` counters.
     """
 
     counters: Mapping[str, int | float | str]

@@ -102,6 +102,21 @@ def test_the_page_shows_tasks_workers_and_failures_as_they_happen(cluster: Dashb
             return str(points or "").split()
 
         wait.until(lambda d: len(memory_points(d)) >= 2 and "iB" in text_of(d, "memory-now"))
+
+        # The host store: the worker's column and the store's row follow a put of a known size.
+        ref = ex.put(b"\x07" * (4 << 20))
+        wait.until(lambda d: worker_cells(d)[10].startswith("4.0 MiB / "))
+
+        def store_rows(d: Any) -> list[list[str]]:
+            return d.execute_script(  # type: ignore[no-any-return]
+                'return [...document.querySelectorAll("#stores tbody tr")].map((r) => [...r.cells].map((c) => c.textContent))'
+            )
+
+        wait.until(lambda d: len(store_rows(d)) == 1 and store_rows(d)[0][1].startswith("4.0 MiB / "))
+        name, _, objects, workers, _ = store_rows(browser)[0]
+        assert name.endswith("(daemon)") and objects == "1" and workers == "1", store_rows(browser)
+        assert not browser.find_element(By.ID, "managers-section").is_displayed()  # no manager here
+        del ref
     assert "no data" not in text_of(browser, "status")
 
 
