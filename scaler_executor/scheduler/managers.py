@@ -381,12 +381,14 @@ class ManagerController:
 
         O(managers + managed workers): built only for a snapshot."""
         connected = {r.name: r for r in self.managers.values()}
+        by_manager: dict[str, list[ManagedWorker]] = {}
+        for w in self.workers.values():
+            by_manager.setdefault(w.manager, []).append(w)
         names = set(connected) | set(self.orphaned) | set(self.ended) | set(self.interrupted) | set(self.failed)
-        names |= {w.manager for w in self.workers.values()}
         out = []
-        for name in sorted(names):
+        for name in sorted(names | set(by_manager)):
             record = connected.get(name)
-            mine = [w for w in self.workers.values() if w.manager == name]
+            mine = by_manager.get(name, [])
             states = {state: sum(1 for w in mine if w.state == state) for state in STATES}
             reasons = sorted({w.reason for w in mine if w.state == "pending" and w.reason})
             kind, max_workers = self.offered.get(name, ("", 0))
