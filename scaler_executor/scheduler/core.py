@@ -550,6 +550,7 @@ class Scheduler:
             worker.queued, worker.running = message.queued, message.running
             self._memory_total += message.memory - worker.memory
             worker.memory, worker.memory_limit, worker.cpu = message.memory, message.memory_limit, message.cpu
+            worker.store = (message.store, message.store_bytes, message.store_capacity, message.store_objects)
             self.history.gauge(self._now, len(self.workers), self._memory_total)
 
     def _on_goodbye(self, peer: bytes, message: m.Goodbye) -> None:
