@@ -167,9 +167,12 @@ def _apply(live: dict[bytes, bytes], payload: bytes, path: str, offset: int) -> 
 
 def _check_header(path: str, data: bytes, package_version: str, last: bool) -> int | None:
     """The header's length, or None for a torn header (only allowed in the last segment)."""
+    ours = header_bytes(package_version)
+    if last and len(data) < len(ours) and ours.startswith(data):
+        # Torn while the segment was being created: a prefix of the very header we write (a
+        # damaged header whose version length runs past the file's end is corruption, not this).
+        return None
     if len(data) < _FIXED.size:
-        if last and MAGIC.startswith(data[: len(MAGIC)]):
-            return None
         raise JournalCorrupt(path, 0, f"file too short for a journal header ({len(data)} bytes)")
     magic, fmt, vlen = _FIXED.unpack_from(data)
     if magic != MAGIC:
@@ -182,8 +185,6 @@ def _check_header(path: str, data: bytes, package_version: str, last: bool) -> i
         )
     end: int = _FIXED.size + vlen + 4
     if len(data) < end:
-        if last:
-            return None
         raise JournalCorrupt(path, 0, "file too short for its journal header")
     crc: int = _U32.unpack_from(data, end - 4)[0]
     if crc != zlib.crc32(data[: end - 4]):
