@@ -295,8 +295,8 @@ def read_journal(path: str, *, package_version: str, log: logging.Logger | None 
             out.torn = (name, torn)
             out.torn_header = valid == 0
             (log or logging.getLogger(__name__)).warning(
-                "journal: dropped a torn last record in %s at offset %d (%d bytes: the process "
-                "writing it died mid-write; the file is truncated there when the journal is opened)",
-                full, torn, os.path.getsize(full) - torn,
+                "journal: dropped a torn %s in %s at offset %d (%d bytes: the process writing it "
+                "died mid-write; the file is truncated there when the journal is opened)",
+                "header" if valid == 0 else "last record", full, torn, os.path.getsize(full) - torn,
             )
     return out
