@@ -17,7 +17,13 @@ import struct
 import sys
 from pathlib import Path
 
-from scaler_executor.scheduler.journal import JOURNAL_FORMAT, JournalCorrupt, JournalVersionMismatch, open_journal, read_journal
+from scaler_executor.scheduler.journal import (
+    JOURNAL_FORMAT,
+    JournalCorrupt,
+    JournalVersionMismatch,
+    open_journal,
+    read_journal,
+)
 
 V = "0.1.0"
 OUT = Path(__file__).resolve().parent / "journal_corpus"
@@ -68,29 +74,32 @@ def main() -> None:
         journal(path, compact)
         return path
 
-    cases = []
-    cases.append(case("valid"))
-    cases.append(case("valid-base-and-segment", compact=True))
-    p = case("torn-last-record")
-    s = seg(p); s.write_bytes(s.read_bytes()[:-7]); cases.append(p)
-    p = case("torn-header")
-    s = seg(p); s.write_bytes(s.read_bytes()[:11]); cases.append(p)
-    p = case("zero-tail")
-    s = seg(p); s.write_bytes(s.read_bytes() + b"\0" * 300); cases.append(p)
-    p = case("last-record-checksum")
-    s = seg(p); b = bytearray(s.read_bytes()); b[-2] ^= 0x40; s.write_bytes(bytes(b)); cases.append(p)
-    p = case("corrupt-middle-record")
-    s = seg(p); b = bytearray(s.read_bytes()); b[60] ^= 0x01; s.write_bytes(bytes(b)); cases.append(p)
-    p = case("corrupt-length")
-    s = seg(p); b = bytearray(s.read_bytes()); b[28] ^= 0x80; s.write_bytes(bytes(b)); cases.append(p)
-    p = case("garbage-after-last-record")
-    s = seg(p); s.write_bytes(s.read_bytes() + b"this is not a record"); cases.append(p)
-    p = case("flipped-version-length")
-    s = seg(p); b = bytearray(s.read_bytes()); b[12] ^= 0x20; s.write_bytes(bytes(b)); cases.append(p)
-    p = case("other-format")
-    s = seg(p); b = s.read_bytes(); s.write_bytes(b[:8] + struct.pack("<I", JOURNAL_FORMAT + 1) + b[12:]); cases.append(p)
-    p = case("torn-base", compact=True)
-    s = next(p.glob("*.base")); s.write_bytes(s.read_bytes()[:-5]); cases.append(p)
+    def damaged(name: str, change, compact: bool = False, file: str = "*.seg") -> Path:  # type: ignore[no-untyped-def]
+        path = case(name, compact)
+        target = sorted(path.glob(file))[-1]
+        target.write_bytes(bytes(change(bytearray(target.read_bytes()))))
+        return path
+
+    def flip(at: int, bit: int):  # type: ignore[no-untyped-def]
+        def change(b: bytearray) -> bytearray:
+            b[at] ^= bit
+            return b
+        return change
+
+    cases = [
+        case("valid"),
+        case("valid-base-and-segment", compact=True),
+        damaged("torn-last-record", lambda b: b[:-7]),
+        damaged("torn-header", lambda b: b[:11]),
+        damaged("zero-tail", lambda b: b + b"\0" * 300),
+        damaged("last-record-checksum", flip(-2, 0x40)),
+        damaged("corrupt-middle-record", flip(60, 0x01)),
+        damaged("corrupt-length", flip(28, 0x80)),
+        damaged("garbage-after-last-record", lambda b: b + b"this is not a record"),
+        damaged("flipped-version-length", flip(12, 0x20)),
+        damaged("other-format", lambda b: b[:8] + struct.pack("<I", JOURNAL_FORMAT + 1) + b[12:]),
+        damaged("torn-base", lambda b: b[:-5], compact=True, file="*.base"),
+    ]
     p = case("interrupted-compaction-tmp", compact=True)
     base = next(p.glob("*.base"))
     (p / (base.name.replace("1.base", "2.base") + ".tmp")).write_bytes(base.read_bytes()[:40])

@@ -17,7 +17,6 @@ import zlib
 from pathlib import Path
 
 import pytest
-
 from scaler_testing import child_env, wait_until
 
 from scaler_executor.scheduler.journal import (

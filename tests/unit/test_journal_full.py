@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from scaler_testing import requires_system
 
 from scaler_executor.scheduler.journal import JournalFull, open_journal, read_journal
