@@ -269,10 +269,13 @@ def test_lock_conflict_in_process_and_across_processes(tmp_path: Path) -> None:
         with pytest.raises(JournalLocked, match=f"pid {child.pid}"):
             open_journal(j, package_version=V)
     finally:
-        assert child.stdin is not None
-        child.stdin.close()
+        child.kill()  # a daemon that died: the kernel releases its lock
         child.wait(timeout=60)
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.close()
+        child.stdout.close()
     writer, _ = open_journal(j, package_version=V)
+    assert (tmp_path / "j" / "LOCK").read_text() == f"{os.getpid()}\n"
     writer.close()
 
 
