@@ -255,8 +255,13 @@ class JournalWriter:
                 _write_all(self._fd, record)
                 if self.policy == "turn":
                     self._fsync_fd(self._fd)
-            except OSError as exc:
+            except BaseException as exc:
+                # Cut the partial record off whatever stopped the write (a full disk, or an
+                # exception raised by a signal handler between two parts of a short write):
+                # records after it would otherwise follow garbage, which the reader refuses.
                 self._undo(name, start)
+                if not isinstance(exc, OSError):
+                    raise
                 if exc.errno in _FULL:
                     raise JournalFull(
                         f"journal {self.path} is full ({exc.strerror}) writing {name}: this batch was not "

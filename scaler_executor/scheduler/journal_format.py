@@ -33,6 +33,7 @@ so a torn tail in them is corruption, not a crash.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import re
 import struct
@@ -208,22 +209,28 @@ def read_file(
     (0, 0, 0).  Raises JournalCorrupt / JournalVersionMismatch.
     """
     with open(path, "rb") as f:
-        data = f.read()
-    start = _check_header(path, data, package_version, last)
-    if start is None:
-        return 0, 0, 0
-    offset, size, records = start, len(data), 0
-    while offset < size:
-        torn = _record_end(path, data, offset, last)
-        if torn is None:
-            return offset, offset, records
-        _apply(live, data[offset + RECORD_HEADER : torn], path, offset)
-        offset = torn
-        records += 1
-    return offset, None, records
+        size = os.fstat(f.fileno()).st_size
+        # Mapped, not read: a large base is not held twice (its bytes and the map built from them).
+        data: bytes | mmap.mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    try:
+        start = _check_header(path, data[: _FIXED.size + 0xFFFF + 4], package_version, last)
+        if start is None:
+            return 0, 0, 0
+        offset, records = start, 0
+        while offset < size:
+            torn = _record_end(path, data, offset, last)
+            if torn is None:
+                return offset, offset, records
+            _apply(live, data[offset + RECORD_HEADER : torn], path, offset)
+            offset = torn
+            records += 1
+        return offset, None, records
+    finally:
+        if isinstance(data, mmap.mmap):
+            data.close()
 
 
-def _record_end(path: str, data: bytes, offset: int, last: bool) -> int | None:
+def _record_end(path: str, data: bytes | mmap.mmap, offset: int, last: bool) -> int | None:
     """The end of the record at ``offset``, or None when it is a torn tail (last segment only)."""
     size = len(data)
 
@@ -242,7 +249,7 @@ def _record_end(path: str, data: bytes, offset: int, last: bool) -> int | None:
     bad = length_crc != zlib.crc32(data[offset : offset + 4]) or length > MAX_RECORD or end > size
     # Counted only for a bad header (for every record it would be quadratic): a power loss may
     # leave the file extended by zero bytes after its last complete record.
-    if bad and data.count(0, offset) == size - offset:
+    if bad and data[offset:].count(0) == size - offset:
         return torn("a tail of zero bytes")
     if length_crc != zlib.crc32(data[offset : offset + 4]):
         raise JournalCorrupt(path, offset, "record length checksum mismatch")
