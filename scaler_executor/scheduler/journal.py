@@ -89,6 +89,24 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
+# The lock files' descriptors this process holds.  A flock belongs to the open file, which a
+# fork() shares: a child forked without exec (O_CLOEXEC does not apply) would otherwise hold the
+# journal locked after the daemon died, and the restarted daemon would be refused.
+_LOCK_FDS: set[int] = set()
+
+
+def _close_locks_in_child() -> None:
+    for fd in _LOCK_FDS:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _LOCK_FDS.clear()
+
+
+os.register_at_fork(after_in_child=_close_locks_in_child)
+
+
 def _lock(path: str) -> int:
     lock_path = os.path.join(path, jf.LOCK_NAME)
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -103,6 +121,7 @@ def _lock(path: str) -> int:
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _LOCK_FDS.add(fd)
     return fd
 
 
@@ -168,14 +187,19 @@ def open_journal(
             log=log, min_compact_bytes=min_compact_bytes, compact_ratio=compact_ratio,
         )
     except OSError as exc:
-        os.close(lock_fd)
+        _unlock(lock_fd)
         if exc.errno in _FULL:
             raise JournalFull(f"journal {path}: the disk is full ({exc.strerror}); free space and start again") from None
         raise JournalError(f"journal {path}: {exc}; check the path's permissions and disk") from None
     except BaseException:
-        os.close(lock_fd)
+        _unlock(lock_fd)
         raise
     return writer, loaded.live
+
+
+def _unlock(fd: int) -> None:
+    _LOCK_FDS.discard(fd)
+    os.close(fd)  # releases the flock
 
 
 class JournalWriter:
@@ -492,7 +516,7 @@ class JournalWriter:
                 self._log.error("journal: final fsync of %s failed: %s", jf.seg_name(self._seg), exc)
             os.close(self._fd)
         if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the flock
+            _unlock(self._lock_fd)
             self._lock_fd = None
 
     def __enter__(self) -> JournalWriter:

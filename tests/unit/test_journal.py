@@ -279,6 +279,36 @@ def test_lock_conflict_in_process_and_across_processes(tmp_path: Path) -> None:
     writer.close()
 
 
+def test_forked_child_does_not_keep_the_lock(tmp_path: Path) -> None:
+    """A process forked (without exec) by the journal's holder outlives it: the journal opens again."""
+    code = textwrap.dedent(
+        f"""
+        import os
+        from scaler_executor.scheduler.journal import JournalLocked, open_journal
+        w, _ = open_journal({str(tmp_path / "j")!r}, package_version={V!r})
+        r, wr = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(wr)
+            os.read(r, 1)  # lives until the parent is done
+            os._exit(0)
+        os.close(r)
+        w.close()
+        try:
+            w2, _ = open_journal({str(tmp_path / "j")!r}, package_version={V!r})
+            w2.close()
+            print("reopened")
+        except JournalLocked as exc:
+            print("locked", exc)
+        finally:
+            os.close(wr)
+            os.waitpid(pid, 0)
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=60)
+    assert run.stdout.strip() == "reopened", run.stdout + run.stderr
+
+
 @pytest.mark.parametrize("policy", ["turn", "interval", "os"])
 def test_fsync_policies(tmp_path: Path, policy: str) -> None:
     writer, _ = open_journal(str(tmp_path / "j"), package_version=V, policy=policy, interval=0.001)
