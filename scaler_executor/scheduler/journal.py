@@ -542,8 +542,9 @@ class JournalWriter:
 
     def stats(self) -> dict[str, int | float]:
         """Counters since the writer opened: bytes_written, records, fsyncs, compactions,
-        size_on_disk, live_bytes (keys + values), live_keys, last_fsync_seconds, and fsync_errors
-        (failed fsyncs of the interval thread, which are logged; policy 'turn' raises instead)."""
+        size_on_disk, live_bytes (keys + values), live_keys, last_fsync_seconds, fsync_errors
+        (failed fsyncs of the interval thread, which are logged; policy 'turn' raises instead),
+        and compacting (1 while a compaction is due or running)."""
         with self._lock:
             return {
                 "bytes_written": self._bytes_written,
@@ -555,4 +556,5 @@ class JournalWriter:
                 "live_keys": len(self._live),
                 "last_fsync_seconds": self._last_fsync,
                 "fsync_errors": self._fsync_errors,
+                "compacting": int(self._compacting),
             }
