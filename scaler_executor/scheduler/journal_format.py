@@ -1,0 +1,309 @@
+"""The journal's on-disk format and its reader (the writer is in :mod:`.journal`).
+
+A journal is a directory::
+
+    LOCK                      the flock'ed lock file; holds the pid of the daemon that holds it
+    0000000000000007.base     a compacted base: every key live when segments <= 7 were sealed
+    0000000000000008.seg      segments after the base, in order; the last one is appended to
+    0000000000000009.seg
+    0000000000000012.base.tmp a compaction a crash interrupted: ignored, removed at the next open
+
+Every file starts with a header, then records::
+
+    header: magic (8) | JOURNAL_FORMAT u32 | version length u16 | package version (utf-8) | crc32 u32
+    record: payload length u32 | crc32 of the length u32 | crc32 of the payload u32 | payload
+
+(all little-endian).  The payload is one ``append()`` call's entries, msgpack'd as a list of
+``[key, value]`` (``value`` nil for a delete).  The length has its own checksum so that a bit
+flipped in a length in the middle of a file is reported as corruption instead of looking like a
+record that runs past the end of the file (which would be read as a torn tail and silently drop
+everything after it).
+
+Reading (:func:`read_journal`): the newest base, then the segments numbered above it, in order.
+Only the **last segment** may end in a torn record — the process was killed (or the machine
+lost power) during a ``write()``: fewer than a record header's bytes, a length that runs past
+the end of the file, a payload checksum that fails on the record that reaches the end of the
+file, or a tail of zero bytes (what a file system may leave after a power loss).  That tail is
+dropped (one log line naming the file and the offset).  Anything else that does not check out
+is :class:`JournalCorrupt` — the journal is refused, never half loaded.  Sealed segments were
+fsynced before the next one was created and bases are renamed into place only after an fsync,
+so a torn tail in them is corruption, not a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import re
+import struct
+import zlib
+from dataclasses import dataclass, field
+
+import msgpack
+
+__all__ = [
+    "JOURNAL_FORMAT",
+    "MAGIC",
+    "POLICIES",
+    "RECORD_HEADER",
+    "JournalCorrupt",
+    "JournalError",
+    "JournalFull",
+    "JournalLocked",
+    "JournalVersionMismatch",
+    "Loaded",
+    "encode_record",
+    "header_bytes",
+    "read_journal",
+]
+
+JOURNAL_FORMAT = 1  # bumped on any on-disk change
+POLICIES = ("turn", "interval", "os")
+MAGIC = b"SXJOURN\n"
+RECORD_HEADER = 12  # length, crc32(length), crc32(payload)
+MAX_RECORD = 1 << 31  # a length above this is corruption (a turn's batch is far smaller)
+
+_FIXED = struct.Struct("<8sIH")  # magic, format, version length
+_U32 = struct.Struct("<I")
+_REC = struct.Struct("<III")
+_SEG = re.compile(r"^(\d{16})\.seg$")
+_BASE = re.compile(r"^(\d{16})\.base$")
+LOCK_NAME = "LOCK"
+
+_MOVE_AWAY = "move the journal directory away (or delete it) to start the daemon with an empty journal"
+
+Entries = list[tuple[bytes, bytes | None]]
+
+
+class JournalError(Exception):
+    """Base of the journal's errors; every message names the path and the fix."""
+
+
+class JournalCorrupt(JournalError):
+    """A journal file does not check out beyond a torn last record: refused, never half loaded."""
+
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+        super().__init__(
+            f"journal file {path} is corrupt at offset {offset}: {reason}. The journal was not "
+            f"loaded (nothing of it is used); {_MOVE_AWAY}, or restore it from a copy"
+        )
+
+
+class JournalVersionMismatch(JournalError):
+    """A journal file written by another JOURNAL_FORMAT or package version."""
+
+
+class JournalFull(JournalError):
+    """An append failed with ENOSPC/EDQUOT: nothing of that batch counts; the writer stays usable."""
+
+
+class JournalLocked(JournalError):
+    """Another live process holds the journal's lock."""
+
+
+def header_bytes(package_version: str) -> bytes:
+    """The header every journal file starts with."""
+    version = package_version.encode()
+    head = _FIXED.pack(MAGIC, JOURNAL_FORMAT, len(version)) + version
+    return head + _U32.pack(zlib.crc32(head))
+
+
+def encode_record(entries: Entries) -> bytes:
+    """One record holding ``entries`` (length, checksums and payload), as ``append()`` writes it."""
+    for entry in entries:
+        if (
+            not isinstance(entry, tuple) or len(entry) != 2 or not isinstance(entry[0], bytes)
+            or not (entry[1] is None or isinstance(entry[1], bytes))
+        ):
+            raise TypeError(f"a journal entry is a (key: bytes, value: bytes | None) tuple, not {entry!r:.100}")
+    payload = msgpack.packb(entries, use_bin_type=True)
+    length = _U32.pack(len(payload))
+    return length + _U32.pack(zlib.crc32(length)) + _U32.pack(zlib.crc32(payload)) + payload
+
+
+@dataclass
+class Loaded:
+    """What reading a journal found (the writer continues from it)."""
+
+    live: dict[bytes, bytes] = field(default_factory=dict)
+    base: int = 0  # the base's number (0: none)
+    segments: list[int] = field(default_factory=list)  # numbered above the base, in order
+    sizes: dict[str, int] = field(default_factory=dict)  # file name -> valid length (after a torn tail)
+    torn: tuple[str, int] | None = None  # (file name, offset) of a torn tail of the last segment
+    torn_header: bool = False  # the last segment's header itself is torn (crash while creating it)
+    stale: list[str] = field(default_factory=list)  # leftovers of an interrupted compaction
+    records: int = 0
+
+
+def seg_name(number: int) -> str:
+    return f"{number:016d}.seg"
+
+
+def base_name(number: int) -> str:
+    return f"{number:016d}.base"
+
+
+def _apply(live: dict[bytes, bytes], payload: bytes, path: str, offset: int) -> None:
+    try:
+        entries = msgpack.unpackb(payload, use_list=True, raw=False)
+    except Exception as exc:  # noqa: BLE001  (msgpack raises several types for bad input)
+        raise JournalCorrupt(path, offset, f"record payload does not decode ({exc})") from None
+    if not isinstance(entries, list):
+        raise JournalCorrupt(path, offset, "record payload is not a list of entries")
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], bytes)):
+            raise JournalCorrupt(path, offset, "record holds an entry that is not [key, value]")
+        key, value = entry
+        if value is None:
+            live.pop(key, None)
+        elif isinstance(value, bytes):
+            live[key] = value
+        else:
+            raise JournalCorrupt(path, offset, "record holds a value that is neither bytes nor nil")
+
+
+def _check_header(path: str, data: bytes, package_version: str, last: bool) -> int | None:
+    """The header's length, or None for a torn header (only allowed in the last segment)."""
+    ours = header_bytes(package_version)
+    if last and len(data) < len(ours) and ours.startswith(data):
+        # Torn while the segment was being created: a prefix of the very header we write (a
+        # damaged header whose version length runs past the file's end is corruption, not this).
+        return None
+    if len(data) < _FIXED.size:
+        raise JournalCorrupt(path, 0, f"file too short for a journal header ({len(data)} bytes)")
+    magic, fmt, vlen = _FIXED.unpack_from(data)
+    if magic != MAGIC:
+        raise JournalCorrupt(path, 0, "not a scaler-executor journal file (bad magic)")
+    if fmt != JOURNAL_FORMAT:
+        raise JournalVersionMismatch(
+            f"journal file {path} has journal format {fmt}, this scaler-executor {package_version} "
+            f"reads format {JOURNAL_FORMAT}: start the daemon without this journal ({_MOVE_AWAY}), "
+            "or use the version that wrote it to finish its work"
+        )
+    end: int = _FIXED.size + vlen + 4
+    if len(data) < end:
+        raise JournalCorrupt(path, 0, "file too short for its journal header")
+    crc: int = _U32.unpack_from(data, end - 4)[0]
+    if crc != zlib.crc32(data[: end - 4]):
+        raise JournalCorrupt(path, 0, "journal header checksum mismatch")
+    version = data[_FIXED.size : end - 4].decode("utf-8", "replace")
+    if version != package_version:
+        raise JournalVersionMismatch(
+            f"journal file {path} was written by scaler-executor {version}, this is {package_version}: "
+            f"the journal's format is not kept across versions; start the daemon without it ({_MOVE_AWAY}), "
+            "or finish its work with the version that wrote it"
+        )
+    return end
+
+
+def read_file(
+    path: str, live: dict[bytes, bytes], package_version: str, last: bool
+) -> tuple[int, int | None, int]:
+    """Apply one journal file's records to ``live``.
+
+    Returns (valid length, offset of a torn tail or None, records).  A torn header gives
+    (0, 0, 0).  Raises JournalCorrupt / JournalVersionMismatch.
+    """
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        # Mapped, not read: a large base is not held twice (its bytes and the map built from them).
+        data: bytes | mmap.mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    try:
+        start = _check_header(path, data[: _FIXED.size + 0xFFFF + 4], package_version, last)
+        if start is None:
+            return 0, 0, 0
+        offset, records = start, 0
+        while offset < size:
+            torn = _record_end(path, data, offset, last)
+            if torn is None:
+                return offset, offset, records
+            _apply(live, data[offset + RECORD_HEADER : torn], path, offset)
+            offset = torn
+            records += 1
+        return offset, None, records
+    finally:
+        if isinstance(data, mmap.mmap):
+            data.close()
+
+
+def _record_end(path: str, data: bytes | mmap.mmap, offset: int, last: bool) -> int | None:
+    """The end of the record at ``offset``, or None when it is a torn tail (last segment only)."""
+    size = len(data)
+
+    def torn(reason: str) -> int | None:
+        if not last:
+            raise JournalCorrupt(path, offset, reason + " (in a sealed file: only the last segment may be torn)")
+        return None
+
+    if size - offset < RECORD_HEADER:
+        return torn("truncated record header")
+    length: int
+    length_crc: int
+    payload_crc: int
+    length, length_crc, payload_crc = _REC.unpack_from(data, offset)
+    end = offset + RECORD_HEADER + length
+    bad = length_crc != zlib.crc32(data[offset : offset + 4]) or length > MAX_RECORD or end > size
+    # Counted only for a bad header (for every record it would be quadratic): a power loss may
+    # leave the file extended by zero bytes after its last complete record.
+    if bad and data[offset:].count(0) == size - offset:
+        return torn("a tail of zero bytes")
+    if length_crc != zlib.crc32(data[offset : offset + 4]):
+        raise JournalCorrupt(path, offset, "record length checksum mismatch")
+    if length > MAX_RECORD:
+        raise JournalCorrupt(path, offset, f"record length {length} is impossible")
+    if end > size:
+        return torn(f"record of {length} bytes runs past the end of the file")
+    if payload_crc != zlib.crc32(data[offset + RECORD_HEADER : end]):
+        if end == size:
+            return torn("checksum mismatch in the last record")
+        raise JournalCorrupt(path, offset, "record checksum mismatch (not the last record)")
+    return end
+
+
+def list_files(path: str) -> tuple[list[int], list[int], list[str]]:
+    """(base numbers, segment numbers, tmp names) in the journal directory, sorted."""
+    bases, segs, tmps = [], [], []
+    for name in os.listdir(path):
+        if m := _SEG.match(name):
+            segs.append(int(m.group(1)))
+        elif m := _BASE.match(name):
+            bases.append(int(m.group(1)))
+        elif name.endswith(".tmp"):
+            tmps.append(name)
+    return sorted(bases), sorted(segs), sorted(tmps)
+
+
+def read_journal(path: str, *, package_version: str, log: logging.Logger | None = None) -> Loaded:
+    """Read the journal directory at ``path`` without changing it (no lock, no truncation).
+
+    Returns what it found, the live map in ``.live`` (first-insertion order).  A torn tail of the
+    last segment is reported in ``.torn`` and logged once.  Raises JournalCorrupt,
+    JournalVersionMismatch, or JournalError for a path that is not a journal directory.
+    """
+    if not os.path.isdir(path):
+        raise JournalError(f"journal path {path} is not a directory: give a directory (it is created if missing)")
+    bases, segs, tmps = list_files(path)
+    out = Loaded()
+    out.base = bases[-1] if bases else 0
+    out.stale = [base_name(b) for b in bases[:-1]] + [seg_name(s) for s in segs if s <= out.base] + tmps
+    out.segments = [s for s in segs if s > out.base]
+    files = ([base_name(out.base)] if bases else []) + [seg_name(s) for s in out.segments]
+    for i, name in enumerate(files):
+        last = i == len(files) - 1 and name.endswith(".seg")
+        full = os.path.join(path, name)
+        valid, torn, records = read_file(full, out.live, package_version, last)
+        out.sizes[name] = valid
+        out.records += records
+        if torn is not None:
+            out.torn = (name, torn)
+            out.torn_header = valid == 0
+            (log or logging.getLogger(__name__)).warning(
+                "journal: dropped a torn %s in %s at offset %d (%d bytes: the process writing it "
+                "died mid-write; the file is truncated there when the journal is opened)",
+                "header" if valid == 0 else "last record", full, torn, os.path.getsize(full) - torn,
+            )
+    return out
