@@ -97,7 +97,10 @@ typedef enum {
 /* What the process does at a crash point. */
 typedef enum {
     OBJSTORE_CRASH_EXIT = 0, /* _exit(OBJSTORE_CRASH_EXIT_CODE) */
-    OBJSTORE_CRASH_STOP = 1  /* raise(SIGSTOP): the lock stays held until someone kills it */
+    OBJSTORE_CRASH_STOP = 1, /* raise(SIGSTOP): the lock stays held until someone kills it */
+    OBJSTORE_CRASH_THREAD_EXIT = 2 /* pthread_exit(): only the calling thread dies, holding
+                                      the lock, so the next locker in this very process gets
+                                      EOWNERDEAD and recovers (the fuzzer's in-process death) */
 } objstore_crash_action_t;
 
 typedef struct {
