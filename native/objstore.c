@@ -701,6 +701,12 @@ static int os_validate_tables(const objstore_t *s, uint32_t *counts, char *msg, 
         refs += R[r].count;
         records++;
     }
+    /* The heads are 64-bit words: one whose high half was damaged must not pass for
+     * OS_NIL once truncated (the allocators compare all 64 bits). */
+    if (h->ref_free != OS_NIL && h->ref_free >= h->ref_fresh)
+        VFAIL("reference free list head %llu broken", (unsigned long long)h->ref_free);
+    if (h->entry_free != OS_NIL && h->entry_free >= h->entry_fresh)
+        VFAIL("entry free list head %llu broken", (unsigned long long)h->entry_free);
     for (uint32_t r = (uint32_t)h->ref_free; r != OS_NIL; r = R[r].next) {
         if (r >= h->ref_fresh || R[r].slot != OS_NIL || ++free_records > h->max_refs)
             VFAIL("reference free list broken at %u", r);

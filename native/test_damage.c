@@ -180,6 +180,19 @@ static void test_heap_and_index(void) {
         free(saved);
     }
     CHECK_ST(validate(s, msg, sizeof msg), OBJSTORE_OK);
+
+    /* Found by the fuzzer on the hardened code: validate walked the free lists from
+     * (uint32_t)entry_free, so a head whose high half was damaged passed for OS_NIL, and
+     * the next create took entry 0xffffffff. */
+    uint64_t keep_free = h->entry_free;
+    h->entry_free = 0x1ffffffffULL;
+    CHECK_ST(validate(s, msg, sizeof msg), OBJSTORE_E_CORRUPT);
+    h->entry_free = keep_free;
+    keep_free = h->ref_free;
+    h->ref_free = 0x1ffffffffULL;
+    CHECK_ST(validate(s, msg, sizeof msg), OBJSTORE_E_CORRUPT);
+    h->ref_free = keep_free;
+    CHECK_ST(validate(s, msg, sizeof msg), OBJSTORE_OK);
     drop_store(s);
 }
 

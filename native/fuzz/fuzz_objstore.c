@@ -678,6 +678,8 @@ static const uint64_t capacities[8] = {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static unsigned long counter;
+    static int trace = -1; /* OBJSTORE_FUZZ_TRACE=1: print each step (to read a crash) */
+    if (trace < 0) trace = getenv("OBJSTORE_FUZZ_TRACE") != NULL;
     in_t in = {data, size};
     memset(&F, 0, sizeof F);
     uint8_t opt = u8(&in);
@@ -715,6 +717,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         objstore_status_t want;
         int deferred = -1;
+        if (trace) fprintf(stderr, "step %d: op %d handle %d id %d%s%s\n", steps, op, h, k,
+                           alien ? " (alien)" : "", F.lenient ? " [lenient]" : "");
         switch (op) {
         case OP_CREATE: op_create(&in, h, k, which & 0x20); break;
         case OP_PUT: op_put(&in, h, k); break;
