@@ -57,6 +57,7 @@
 
 #define NH 3   /* handles: 0 is the creator and stays open */
 #define NIDS 8 /* ids the model tracks */
+#define NNP 8  /* NumPy-handler arrays the model tracks */
 
 typedef struct {
     const uint8_t *p;
@@ -79,8 +80,33 @@ typedef struct {
     uint32_t refs[NH];
 } obj_t;
 
+/* An array allocated through the NumPy handler (os_numpy.c) of handle 0: in the store (an
+ * unsealed object of handle 0 with an id of the handler's) or from the fallback. */
+typedef struct {
+    char *p;
+    uint64_t size;
+    int in_store;
+    uint8_t seed;
+} np_t;
+
+/* NumPy's PyDataMem_Handler, version 1 (the layout os_numpy.c declares) */
+typedef struct {
+    void *ctx;
+    void *(*malloc)(void *ctx, size_t size);
+    void *(*calloc)(void *ctx, size_t nelem, size_t elsize);
+    void *(*realloc)(void *ctx, void *ptr, size_t new_size);
+    void (*free)(void *ctx, void *ptr, size_t size);
+} np_allocator_t;
+typedef struct {
+    char name[127];
+    uint8_t version;
+    np_allocator_t allocator;
+} np_handler_t;
+
 static struct {
     objstore_t *h[NH];
+    np_handler_t *np; /* objstore_np_handler of handle 0, made on first use */
+    np_t arrays[NNP];
     char name[128];
     obj_t o[NIDS];
     uint64_t capacity, max_objects;
@@ -155,6 +181,18 @@ static void model_drop(int k, int h, uint32_t n) {
     if (total_refs(o) == 0 && (!o->sealed || o->pending)) memset(o, 0, sizeof *o);
 }
 
+static int np_at(uint64_t off) {
+    for (int i = 0; i < NNP; i++)
+        if (F.arrays[i].p != NULL && F.arrays[i].in_store && F.arrays[i].p == base(0) + off) return 1;
+    return 0;
+}
+
+static int np_in_store(void) {
+    int n = 0;
+    for (int i = 0; i < NNP; i++) n += F.arrays[i].p != NULL && F.arrays[i].in_store;
+    return n;
+}
+
 static int open_handles(void) {
     int n = 0;
     for (int h = 0; h < NH; h++) n += F.h[h] != NULL;
@@ -178,6 +216,15 @@ static void check_all(void) {
         data += o->size;
         refs += total_refs(o);
         CHECK(same(base(0) + o->off, o->size, o->seed), "object %d: bytes changed", k);
+    }
+    for (int i = 0; i < NNP; i++) {
+        const np_t *a = &F.arrays[i];
+        if (a->p == NULL) continue;
+        CHECK(same(a->p, a->size, a->seed), "array %d: bytes changed", i);
+        if (!a->in_store) continue;
+        objects++;
+        data += a->size;
+        refs++;
     }
     CHECK(st.objects == objects && st.sealed == sealed && st.pending_delete == pending &&
               st.data_bytes == data && st.references == refs,
@@ -211,7 +258,7 @@ static void check_full(int h, uint64_t size, uint64_t limit) {
 
 static void check_table_full(void) {
     if (F.lenient) return;
-    uint64_t live = 0;
+    uint64_t live = (uint64_t)np_in_store();
     for (int k = 0; k < NIDS; k++) live += F.o[k].live != 0;
     CHECK(live >= F.max_objects, "TABLE_FULL with %llu of %llu entries used",
           (unsigned long long)live, (unsigned long long)F.max_objects);
@@ -222,7 +269,7 @@ static void check_table_full(void) {
 enum {
     OP_CREATE, OP_SEAL, OP_ABORT, OP_PUT, OP_GET, OP_RELEASE, OP_DELETE, OP_CONTAINS,
     OP_LIST, OP_OBJECT_AT, OP_SEAL_AT, OP_RELEASE_AT, OP_ATTACH, OP_CLOSE, OP_LIMIT,
-    OP_CRASH, OP_CORRUPT, OP_JOURNAL, OP_HEADER, OP_NOPS
+    OP_CRASH, OP_NUMPY, OP_CORRUPT, OP_JOURNAL, OP_HEADER, OP_NOPS
 };
 
 static uint64_t draw_size(in_t *in) {
@@ -380,6 +427,7 @@ static void op_pointer(in_t *in, int op, int h) {
     off %= mapsize;
     /* which model object starts exactly there, if any */
     int at = -1;
+    if (h == 0 && np_at(off)) return; /* a NumPy array's object: the handler's, not ours */
     for (int j = 0; j < NIDS; j++)
         if (F.o[j].live && F.o[j].off == off) at = j;
     const char *p = (const char *)b + off;
@@ -425,22 +473,27 @@ static void op_pointer(in_t *in, int op, int h) {
 }
 
 static void op_list(int h) {
-    char ids[(NIDS + 2) * OBJSTORE_ID_SIZE];
+    char ids[(NIDS + NNP + 2) * OBJSTORE_ID_SIZE];
     uint64_t count = 0;
-    objstore_status_t rc = objstore_list(F.h[h], ids, NIDS + 2, &count);
+    objstore_status_t rc = objstore_list(F.h[h], ids, NIDS + NNP + 2, &count);
     CHECK(rc == OBJSTORE_OK, "list: %s", ST(rc));
-    uint64_t live = 0;
+    uint64_t live = (uint64_t)np_in_store(), others = 0;
     for (int k = 0; k < NIDS; k++) live += F.o[k].live != 0;
     CHECK(count == live, "list: %llu objects, model %llu", (unsigned long long)count,
           (unsigned long long)live);
-    for (uint64_t i = 0; i < count && i < NIDS + 2; i++) {
+    for (uint64_t i = 0; i < count && i < NIDS + NNP + 2; i++) {
         const char *id = ids + i * OBJSTORE_ID_SIZE;
         int k = (unsigned char)id[0];
         char want[OBJSTORE_ID_SIZE];
         if (k < NIDS) make_id(k, want);
-        CHECK(k < NIDS && memcmp(id, want, OBJSTORE_ID_SIZE) == 0 && F.o[k].live,
-              "list: an id the model does not hold");
+        if (k < NIDS && memcmp(id, want, OBJSTORE_ID_SIZE) == 0) {
+            CHECK(F.o[k].live, "list: object %d, which is gone", k);
+        } else {
+            others++; /* the NumPy handler's ids */
+        }
     }
+    CHECK(others == (uint64_t)np_in_store(), "list: %llu ids nobody stored",
+          (unsigned long long)(others - (uint64_t)np_in_store()));
 }
 
 static void op_attach(int h) {
@@ -562,6 +615,71 @@ static void op_crash(in_t *in, int h, int k) {
     }
 }
 
+/* ------------------------------------------------------------------ NumPy handler */
+
+static void *fb_malloc(void *ctx, size_t size) { return malloc(size == 0 ? 1 : size); }
+static void *fb_calloc(void *ctx, size_t n, size_t size) { return calloc(n == 0 ? 1 : n, size == 0 ? 1 : size); }
+static void *fb_realloc(void *ctx, void *p, size_t size) { return realloc(p, size == 0 ? 1 : size); }
+static void fb_free(void *ctx, void *p, size_t size) { free(p); }
+
+static const np_handler_t fallback_handler = {
+    "fuzz_fallback", 1, {NULL, fb_malloc, fb_calloc, fb_realloc, fb_free}};
+
+static int in_mapping(const void *p) {
+    uint64_t size;
+    const void *b;
+    objstore_mapping(F.h[0], &b, &size);
+    return (const char *)p >= (const char *)b && (const char *)p < (const char *)b + size;
+}
+
+static void op_numpy(in_t *in) {
+    if (F.np == NULL) {
+        uint64_t threshold = 1 + u16(in) % 2048, limit = (u8(in) & 1) ? 0 : u32(in);
+        void *hd = NULL;
+        objstore_status_t rc = objstore_np_handler(F.h[0], threshold, limit, &fallback_handler, &hd);
+        CHECK(rc == OBJSTORE_OK, "np_handler: %s", ST(rc));
+        if (rc != OBJSTORE_OK) return;
+        F.np = hd;
+    }
+    np_allocator_t *A = &F.np->allocator;
+    uint8_t what = u8(in);
+    np_t *a = &F.arrays[what % NNP];
+    switch ((what >> 3) % 4) {
+    case 0: /* malloc (or calloc) into a free slot */
+    case 1: {
+        if (a->p != NULL) return;
+        uint64_t size = draw_size(in) % (F.capacity + 4096);
+        char *p = (what >> 3) % 4 == 0 ? A->malloc(A->ctx, size) : A->calloc(A->ctx, size, 1);
+        if (p == NULL) return;
+        a->p = p;
+        a->size = size;
+        a->in_store = in_mapping(p);
+        CHECK(!a->in_store || (what >> 3) % 4 == 0, "calloc gave store memory");
+        a->seed = F.next_seed++;
+        fill(p, size, a->seed);
+        break;
+    }
+    case 2: { /* realloc: the bytes kept must survive the move */
+        if (a->p == NULL) return;
+        uint64_t size = draw_size(in) % (F.capacity + 4096);
+        char *p = A->realloc(A->ctx, a->p, size);
+        if (p == NULL) return; /* the old array stays */
+        uint64_t kept = size < a->size ? size : a->size;
+        CHECK(same(p, kept, a->seed), "realloc lost the array's bytes");
+        a->p = p;
+        a->size = size;
+        a->in_store = in_mapping(p);
+        fill(p, size, a->seed);
+        break;
+    }
+    default: /* free */
+        if (a->p == NULL) return;
+        A->free(A->ctx, a->p, a->size);
+        memset(a, 0, sizeof *a);
+        break;
+    }
+}
+
 /* ------------------------------------------------------------------ damage */
 
 /* Offsets of the metadata an input may damage: the header but the mutex, the undo
@@ -661,6 +779,10 @@ static void op_header(in_t *in) {
 /* ------------------------------------------------------------------ driver */
 
 static void teardown(void) {
+    /* arrays from the fallback are the harness's to free; store ones go with handle 0 */
+    for (int i = 0; i < NNP; i++)
+        if (F.arrays[i].p != NULL && !F.arrays[i].in_store) free(F.arrays[i].p);
+    free(F.np); /* never freed by the library: NumPy arrays may point at it for ever */
     for (int h = NH - 1; h >= 0; h--) {
         if (F.h[h] == NULL) continue;
         if (h == 0) objstore_unlink(F.h[0]);
@@ -775,6 +897,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         case OP_CRASH:
             if (!alien && !F.lenient) op_crash(&in, h, k);
             break;
+        case OP_NUMPY: op_numpy(&in); break;
         default: /* OP_CORRUPT, OP_JOURNAL, OP_HEADER: once per input */
             if (F.lenient) break;
             snapshot();
