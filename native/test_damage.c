@@ -9,6 +9,7 @@
  * Every region it creates is named NAME_PREFIX-<n> and removed before it returns.
  */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,6 +139,50 @@ static void test_journal(void) {
     drop_store(s);
 }
 
+static void *seal_in_thread(void *arg) {
+    objstore_t *s = arg;
+    char id[OBJSTORE_ID_SIZE];
+    id_of(id, 9);
+    objstore_seal(s, id); /* exits at the crash point, holding the lock */
+    return NULL;
+}
+
+/* A holder that died mid-update (here a thread: OBJSTORE_CRASH_THREAD_EXIT) leaves its
+ * journal for the next locker: a genuine one is rolled back; a damaged one is refused,
+ * and the lock stays unrecoverable (CORRUPT on every call) rather than half replayed. */
+static void test_dead_holder_journal(void) {
+    char name[128], msg[256], id[OBJSTORE_ID_SIZE];
+    for (int damaged = 0; damaged < 2; damaged++) {
+        objstore_t *s = new_store(name, sizeof name, 1 << 20);
+        if (s == NULL) return;
+        void *data;
+        id_of(id, 9);
+        CHECK_ST(objstore_create(s, id, 100, &data), OBJSTORE_OK);
+        objstore_test_crash_point(s, OBJSTORE_CRASH_SEAL, 1, OBJSTORE_CRASH_THREAD_EXIT);
+        pthread_t t;
+        CHECK(pthread_create(&t, NULL, seal_in_thread, s) == 0);
+        pthread_join(t, NULL);
+        os_header_t *h = os_hdr(s);
+        CHECK(h->undo_count > 0);
+        if (damaged) h->undo[0].off = UINT64_MAX - 7; /* far outside the region */
+        int state = -1;
+        if (!damaged) {
+            CHECK_ST(objstore_contains(s, id, &state), OBJSTORE_OK);
+            CHECK(state == OBJSTORE_UNSEALED); /* the seal was rolled back */
+            CHECK_ST(objstore_seal(s, id), OBJSTORE_OK);
+            CHECK_ST(validate(s, msg, sizeof msg), OBJSTORE_OK);
+            CHECK_ST(objstore_release(s, id), OBJSTORE_OK);
+            drop_store(s);
+        } else {
+            CHECK_ST(objstore_contains(s, id, &state), OBJSTORE_E_CORRUPT);
+            CHECK_ST(objstore_contains(s, id, &state), OBJSTORE_E_CORRUPT);
+            CHECK_ST(validate(s, msg, sizeof msg), OBJSTORE_E_CORRUPT);
+            objstore_unlink(s);
+            objstore_close(s); /* cannot lock: leaves the slot, frees the handle */
+        }
+    }
+}
+
 /* validate walks block headers and free lists: a damaged size or link that points past
  * the committed mark (where the file may have no pages: a read is SIGBUS) is reported,
  * not followed; lookups stop at an index outside the table. */
@@ -204,6 +249,7 @@ int main(int argc, char **argv) {
     prefix = argv[1];
     test_layout();
     test_journal();
+    test_dead_holder_journal();
     test_heap_and_index();
     if (failures != 0) {
         fprintf(stderr, "%d check(s) failed\n", failures);
