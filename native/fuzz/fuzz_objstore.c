@@ -206,7 +206,7 @@ static void check_all(void) {
     objstore_stats_t st;
     objstore_status_t rc = objstore_stats(F.h[0], &st);
     CHECK(rc == OBJSTORE_OK, "stats: %s", ST(rc));
-    uint64_t objects = 0, sealed = 0, pending = 0, data = 0, refs = 0;
+    uint64_t objects = 0, sealed = 0, pending = 0, data = 0, refs = 0, blocks = 0;
     for (int k = 0; k < NIDS; k++) {
         const obj_t *o = &F.o[k];
         if (!o->live) continue;
@@ -215,6 +215,7 @@ static void check_all(void) {
         pending += o->pending != 0;
         data += o->size;
         refs += total_refs(o);
+        blocks += os_block_need(o->size);
         CHECK(same(base(0) + o->off, o->size, o->seed), "object %d: bytes changed", k);
     }
     for (int i = 0; i < NNP; i++) {
@@ -224,8 +225,19 @@ static void check_all(void) {
         if (!a->in_store) continue;
         objects++;
         data += a->size;
+        blocks += os_block_need(a->size);
         refs++;
     }
+    /* usage: each block is its object's need, or one line more (a remainder too small to
+     * split off stays with it); an empty store is one free block again (nothing leaked) */
+    CHECK(st.in_use >= blocks && st.in_use <= blocks + 64 * objects,
+          "in_use %llu for blocks needing %llu", (unsigned long long)st.in_use,
+          (unsigned long long)blocks);
+    CHECK(objects > 0 || (st.in_use == 0 && st.free_blocks == 1 &&
+                          st.largest_free == st.capacity - OS_BLOCK_HDR),
+          "an empty store: in_use %llu, %llu free blocks, largest %llu",
+          (unsigned long long)st.in_use, (unsigned long long)st.free_blocks,
+          (unsigned long long)st.largest_free);
     CHECK(st.objects == objects && st.sealed == sealed && st.pending_delete == pending &&
               st.data_bytes == data && st.references == refs,
           "stats disagree with the model: objects %llu/%llu sealed %llu/%llu pending %llu/%llu "
