@@ -2,9 +2,10 @@
 
 Builds the harness with clang, replays the committed corpus (tests/fuzz/objstore_corpus:
 seeds and every input that once found a bug), then fuzzes for a bounded time
-(OBJSTORE_FUZZ_SECONDS, default 40) from a copy of it. Any crash, sanitizer report, broken
-invariant, leak or timeout fails the test with libFuzzer's report. Needs clang and
-libFuzzer's runtime (.ci/system-deps): skipped without them, a failure under CI=true.
+(OBJSTORE_FUZZ_SECONDS, default 30: with the build and the replay, under a minute) from a
+copy of it. Any crash, sanitizer report, broken invariant, leak or timeout fails the test
+with libFuzzer's report. Needs clang and libFuzzer's runtime (.ci/system-deps): skipped
+without them, a failure under CI=true.
 
 Regions: the harness names them ``<prefix>-<pid>-<n>`` with this run's prefix, and removes
 each before the next input; whatever a crashed run left is removed here (and the module's
@@ -91,7 +92,7 @@ def test_fuzz_objstore(tmp_path: Path, region_name: Callable[[], str]) -> None:
         ASAN_OPTIONS="detect_leaks=1",
         UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1",
     )
-    seconds = int(os.environ.get("OBJSTORE_FUZZ_SECONDS", "40"))
+    seconds = int(os.environ.get("OBJSTORE_FUZZ_SECONDS", "30"))
     work = tmp_path / "corpus"
     shutil.copytree(CORPUS, work)
     assert len(list(work.iterdir())) > 10, f"the corpus {CORPUS} is missing"
@@ -99,7 +100,9 @@ def test_fuzz_objstore(tmp_path: Path, region_name: Callable[[], str]) -> None:
     try:
         # the committed corpus, each input once: seeds and the inputs of every bug found
         _run(binary, [*common, "-runs=0", str(work)], env, timeout=240)
-        report = _run(binary, [*common, f"-max_total_time={seconds}", str(work)], env, timeout=seconds + 240)
+        report = _run(
+            binary, [*common, f"-max_total_time={seconds}", str(work)], env, timeout=seconds + 240
+        )
     finally:
         left = glob.glob(f"/dev/shm/{prefix}-*") + [str(p) for p in fallback.iterdir()]
         for path in left:
