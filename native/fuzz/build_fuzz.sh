@@ -15,7 +15,7 @@ mkdir -p "$(dirname "$out")"
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -Wall -Wextra -Wno-unused-parameter -Werror \
     -I"$native" \
-    "$here/fuzz_objstore.c" \
+    "$here/fuzz_objstore.c" "$here/fuzz_damage.c" \
     "$native/objstore.c" "$native/os_alloc.c" "$native/os_journal.c" "$native/os_region.c" \
     "$native/os_numpy.c" \
     -o "$out" -lrt -lpthread
