@@ -75,7 +75,8 @@ typedef enum {
 
 typedef enum {
     OBJSTORE_CRASH_EXIT = 0,
-    OBJSTORE_CRASH_STOP = 1
+    OBJSTORE_CRASH_STOP = 1,
+    OBJSTORE_CRASH_THREAD_EXIT = 2
 } objstore_crash_action_t;
 
 typedef struct {

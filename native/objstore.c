@@ -56,8 +56,10 @@ static uint32_t os_lookup(const objstore_t *s, const char *id) {
     uint64_t w[2];
     os_id_words(id, w);
     const os_entry_t *E = os_entries(s);
-    uint64_t bound = os_hdr(s)->max_objects;
-    for (uint32_t e = os_buckets(s)[os_id_bucket(s, w)]; e != OS_NIL && bound-- > 0; e = E[e].next)
+    const uint64_t n = os_hdr(s)->max_objects;
+    uint64_t bound = n;
+    /* e < n: a damaged chain ends instead of reading outside the table */
+    for (uint32_t e = os_buckets(s)[os_id_bucket(s, w)]; e < n && bound-- > 0; e = E[e].next)
         if (E[e].id[0] == w[0] && E[e].id[1] == w[1]) return e;
     return OS_NIL;
 }
@@ -79,8 +81,9 @@ static void os_index_remove(objstore_t *s, uint32_t e) {
 
 static uint32_t os_ref_find(const objstore_t *s, uint32_t slot, uint32_t entry) {
     const os_ref_t *R = os_refs(s);
-    uint64_t bound = os_hdr(s)->max_refs;
-    for (uint32_t r = os_ref_buckets(s)[os_ref_bucket(s, slot, entry)]; r != OS_NIL && bound-- > 0;
+    const uint64_t n = os_hdr(s)->max_refs;
+    uint64_t bound = n;
+    for (uint32_t r = os_ref_buckets(s)[os_ref_bucket(s, slot, entry)]; r < n && bound-- > 0;
          r = R[r].next)
         if (R[r].slot == slot && R[r].entry == entry) return r;
     return OS_NIL;
@@ -710,6 +713,12 @@ static int os_validate_tables(const objstore_t *s, uint32_t *counts, char *msg, 
         refs += R[r].count;
         records++;
     }
+    /* The heads are 64-bit words: one whose high half was damaged must not pass for
+     * OS_NIL once truncated (the allocators compare all 64 bits). */
+    if (h->ref_free != OS_NIL && h->ref_free >= h->ref_fresh)
+        VFAIL("reference free list head %llu broken", (unsigned long long)h->ref_free);
+    if (h->entry_free != OS_NIL && h->entry_free >= h->entry_fresh)
+        VFAIL("entry free list head %llu broken", (unsigned long long)h->entry_free);
     for (uint32_t r = (uint32_t)h->ref_free; r != OS_NIL; r = R[r].next) {
         if (r >= h->ref_fresh || R[r].slot != OS_NIL || ++free_records > h->max_refs)
             VFAIL("reference free list broken at %u", r);
@@ -734,8 +743,8 @@ static int os_validate_tables(const objstore_t *s, uint32_t *counts, char *msg, 
             VFAIL("object %u: unsealed with no reference", e);
         if ((E[e].flags & OS_FLAG_DELETE_PENDING) && E[e].refcount == 0)
             VFAIL("object %u: delete pending with no reference", e);
-        if (E[e].block < h->heap_off || E[e].block >= h->heap_off + h->heap_size ||
-            os_block(s, E[e].block)->is_free || os_block(s, E[e].block)->entry != e)
+        if (E[e].block < h->heap_off || E[e].block + OS_BLOCK_HDR > h->committed ||
+            (E[e].block - h->heap_off) % OS_ALIGN != 0 || os_block(s, E[e].block)->is_free || os_block(s, E[e].block)->entry != e)
             VFAIL("object %u: block does not point back", e);
     }
     for (uint64_t b = 0; b < h->nbuckets; b++) {
@@ -783,6 +792,12 @@ objstore_status_t objstore_validate(objstore_t *s, char *msg, size_t msglen) {
     if (s == NULL) return OBJSTORE_E_INVALID;
     if (msg != NULL && msglen > 0) msg[0] = '\0';
     const os_header_t *h = os_hdr(s);
+    /* The layout never changes once published, but it lives in shared memory: damaged, the
+     * sizes below would be anything (checked without the lock, as nothing writes it). */
+    if (!os_layout_ok(h, s->size)) {
+        if (msg != NULL) snprintf(msg, msglen, "the region header's layout fields are damaged");
+        return OBJSTORE_E_CORRUPT;
+    }
     /* per-entry reference counts, then per-slot ones */
     uint32_t *counts = calloc(h->max_objects + h->max_slots, sizeof *counts);
     if (counts == NULL) return OBJSTORE_E_SYSTEM;

@@ -66,7 +66,9 @@ typedef enum {
     OBJSTORE_E_NO_REGION = 12,     /* no region with this name */
     OBJSTORE_E_BAD_REGION = 13,    /* not a region of this version, or never initialised */
     OBJSTORE_E_NO_SLOT = 14,       /* every process slot is taken by a live process */
-    OBJSTORE_E_CORRUPT = 15,       /* an invariant does not hold / the lock is unrecoverable */
+    OBJSTORE_E_CORRUPT = 15,       /* an invariant does not hold / the lock is unrecoverable /
+                                      the undo journal a dead holder left is damaged (never
+                                      replayed then: see os_journal.c) */
     OBJSTORE_E_FORKED = 16,        /* the handle was opened by another process (fork) */
     OBJSTORE_E_SYSTEM = 17         /* a system call failed: see objstore_last_errno */
 } objstore_status_t;
@@ -97,7 +99,10 @@ typedef enum {
 /* What the process does at a crash point. */
 typedef enum {
     OBJSTORE_CRASH_EXIT = 0, /* _exit(OBJSTORE_CRASH_EXIT_CODE) */
-    OBJSTORE_CRASH_STOP = 1  /* raise(SIGSTOP): the lock stays held until someone kills it */
+    OBJSTORE_CRASH_STOP = 1, /* raise(SIGSTOP): the lock stays held until someone kills it */
+    OBJSTORE_CRASH_THREAD_EXIT = 2 /* pthread_exit(): only the calling thread dies, holding
+                                      the lock, so the next locker in this very process gets
+                                      EOWNERDEAD and recovers (the fuzzer's in-process death) */
 } objstore_crash_action_t;
 
 typedef struct {
@@ -157,8 +162,10 @@ objstore_status_t objstore_create_region(const char *name, const objstore_option
 /*
  * objstore_attach: map the existing region `name` (looked up in /dev/shm, then in
  * fallback_dir if not NULL), reap the slots of dead processes, and take a slot.
- * Returns OK and *out, or: INVALID, NO_REGION, BAD_REGION (wrong version, or the creator
- * never finished initialising it within the lock timeout), NO_SLOT, LOCK_TIMEOUT, SYSTEM.
+ * Returns OK and *out, or: INVALID, NO_REGION, BAD_REGION (wrong version, a header whose
+ * layout does not add up or that claims more committed bytes than the file holds -- the
+ * region was damaged --, or the creator never finished initialising it within the lock
+ * timeout), NO_SLOT, LOCK_TIMEOUT, SYSTEM.
  */
 objstore_status_t objstore_attach(const char *name, const char *fallback_dir, objstore_t **out);
 
@@ -290,7 +297,10 @@ objstore_status_t objstore_reap(objstore_t *s, uint32_t *reaped);
 
 /* objstore_validate: walk the heap, free lists, index, reference table and slots and
  * check every cross-invariant. Returns OK or CORRUPT with a description in msg (may be
- * NULL), or LOCK_TIMEOUT, FORKED. */
+ * NULL), or LOCK_TIMEOUT, FORKED. Safe on a region that another process damaged (any byte
+ * of its metadata but the mutex): nothing read from the region is followed before it is
+ * bounded (native/fuzz holds it to that). The other calls trust the metadata; after
+ * damage, validate first. */
 objstore_status_t objstore_validate(objstore_t *s, char *msg, size_t msglen);
 
 /* objstore_set_lock_timeout: how long lock waits last for this handle (default 10000 ms;

@@ -194,9 +194,16 @@ int os_validate_heap(const objstore_t *s, char *msg, size_t msglen, uint64_t *us
     const os_entry_t *E = os_entries(s);
     uint64_t end = os_heap_end(s), prev_size = 0, used = 0, used_bytes = 0, nfree = 0;
     int prev_free = 0;
+    /* The region may be damaged: nothing read from it is used as an index or an offset
+     * before it is checked (a block header past the committed mark may lie past the end of
+     * the file, where a read is SIGBUS; os_validate_commitment checked the mark first). */
+    if (h->entry_fresh > h->max_objects) FAIL("entry fresh mark past the table");
     for (uint64_t off = h->heap_off; off < end;) {
-        const os_block_t *b = os_block(s, off);
         if (off % OS_ALIGN != 0) FAIL("block %llu misaligned", (unsigned long long)off);
+        if (off + OS_BLOCK_HDR > h->committed)
+            FAIL("block %llu lies past the committed mark %llu", (unsigned long long)off,
+                 (unsigned long long)h->committed);
+        const os_block_t *b = os_block(s, off);
         if (b->magic != OS_BLOCK_MAGIC) FAIL("block %llu: bad magic", (unsigned long long)off);
         if (b->size < OS_MIN_BLOCK || b->size % OS_ALIGN != 0 || b->size > end - off)
             FAIL("block %llu: bad size %llu", (unsigned long long)off,
@@ -232,7 +239,8 @@ int os_validate_heap(const objstore_t *s, char *msg, size_t msglen, uint64_t *us
     for (unsigned k = 0; k < OS_NCLASSES; k++) {
         uint64_t prev = 0;
         for (uint64_t off = h->free_head[k]; off != 0;) {
-            if (off < h->heap_off || off >= end || off % OS_ALIGN != 0)
+            if (off < h->heap_off || off >= end || off % OS_ALIGN != 0 ||
+                off + OS_BLOCK_HDR > h->committed)
                 FAIL("free list %u: bad offset %llu", k, (unsigned long long)off);
             const os_block_t *b = os_block(s, off);
             if (!b->is_free || b->magic != OS_BLOCK_MAGIC)

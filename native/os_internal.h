@@ -195,12 +195,16 @@ void os_j64(objstore_t *s, uint64_t *p, uint64_t v);
 void os_j32(objstore_t *s, uint32_t *p, uint32_t v);
 void os_begin(objstore_t *s, int op, const char *id);
 void os_commit(objstore_t *s);
-void os_rollback(objstore_t *s);
+int os_rollback(objstore_t *s);
 void os_crash(objstore_t *s, int point);
 
 /* lock (os_region.c): os_lock recovers a dead holder's update before returning OK */
 objstore_status_t os_lock(objstore_t *s);
 void os_unlock(objstore_t *s);
+
+/* layout check (os_region.c): 1 if the header's layout adds up (and the region is
+ * `size` bytes, unless 0) */
+int os_layout_ok(const os_header_t *h, uint64_t size);
 
 /* commitment (os_region.c): make the file hold at least `end` bytes; lock held */
 objstore_status_t os_commit_to(objstore_t *s, uint64_t end);

@@ -12,9 +12,12 @@
  * them). So only the compiler's order matters: a signal fence keeps "log the old value"
  * before "write the new one".
  */
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "os_internal.h"
@@ -65,15 +68,37 @@ void os_commit(objstore_t *s) {
     h->intent_op = OS_OP_NONE;
 }
 
+/* Whether undo record u can be one the library wrote: a 4- or 8-byte aligned word among
+ * the header's journaled fields (free_head .. committed) or in the tables and heap below
+ * the committed mark (`limit`). */
+static int os_undo_ok(const objstore_t *s, const os_undo_t *u, uint64_t limit) {
+    const os_header_t *h = os_hdr(s);
+    uint64_t lo = offsetof(os_header_t, free_head), hi = offsetof(os_header_t, undo);
+    if ((u->width != 4 && u->width != 8) || u->off % u->width != 0) return 0;
+    if (u->off >= lo && u->off <= hi - u->width) return 1;
+    return u->off >= h->slots_off && u->off < limit && u->width <= limit - u->off;
+}
+
 /* Undo the journaled writes, newest first. Idempotent: if the process doing it dies too,
- * the next one replays the same log to the same result. */
-void os_rollback(objstore_t *s) {
+ * the next one replays the same log to the same result.
+ *
+ * The log lives in shared memory that another process may have damaged, so it is checked
+ * whole before anything is written: the region's layout must add up and every record
+ * must name a word the library journals (os_undo_ok), below both the committed mark and
+ * the end of the file (a write past it would be SIGBUS). A log that fails is not replayed
+ * at all (half of it would be worse): returns -1 and the caller reports CORRUPT; else 0. */
+int os_rollback(objstore_t *s) {
     os_header_t *h = os_hdr(s);
     uint64_t n = h->undo_count;
-    if (n > OS_JOURNAL_CAP) n = OS_JOURNAL_CAP;
+    struct stat sb;
+    if (n > OS_JOURNAL_CAP || !os_layout_ok(h, s->size) || h->committed > s->size ||
+        fstat(s->fd, &sb) != 0)
+        return -1;
+    uint64_t limit = h->committed < (uint64_t)sb.st_size ? h->committed : (uint64_t)sb.st_size;
+    for (uint64_t i = 0; i < n; i++)
+        if (!os_undo_ok(s, &h->undo[i], limit)) return -1;
     while (n > 0) {
         os_undo_t *u = &h->undo[--n];
-        if (u->off + u->width > s->size) continue; /* cannot happen; never write outside */
         if (u->width == 8) *(uint64_t *)(s->base + u->off) = u->old;
         else *(uint32_t *)(s->base + u->off) = (uint32_t)u->old;
     }
@@ -81,6 +106,7 @@ void os_rollback(objstore_t *s) {
     h->undo_count = 0;
     OS_FENCE();
     h->intent_op = OS_OP_NONE;
+    return 0;
 }
 
 void os_crash(objstore_t *s, int point) {
@@ -94,6 +120,7 @@ void os_crash(objstore_t *s, int point) {
         raise(SIGSTOP);
         return;
     }
+    if (s->crash_action == OBJSTORE_CRASH_THREAD_EXIT) pthread_exit(NULL);
     _exit(OBJSTORE_CRASH_EXIT_CODE);
 }
 

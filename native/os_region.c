@@ -113,7 +113,13 @@ objstore_status_t os_lock(objstore_t *s) {
          * replays the same journal. */
         int64_t dead = h->holder_pid;
         uint64_t op = h->intent_op;
-        os_rollback(s);
+        if (os_rollback(s) != 0) {
+            /* A damaged journal: the half-done update cannot be undone. Unlocking without
+             * marking the mutex consistent makes it unrecoverable: every later call answers
+             * CORRUPT instead of working on a half-updated region. */
+            pthread_mutex_unlock(&h->mutex);
+            return OBJSTORE_E_CORRUPT;
+        }
         h->recoveries++;
         h->last_recovered_op = op;
         h->last_recovered_pid = (uint64_t)dead;
@@ -133,7 +139,12 @@ objstore_status_t os_lock(objstore_t *s) {
         return OBJSTORE_E_SYSTEM;
     }
     __atomic_store_n(&h->holder_pid, (int64_t)s->pid, __ATOMIC_RELAXED);
-    if (h->undo_count != 0) os_rollback(s); /* never expected; never leave a half update */
+    /* never expected; never leave a half update (nor act on a damaged journal) */
+    if (h->undo_count != 0 && os_rollback(s) != 0) {
+        __atomic_store_n(&h->holder_pid, 0, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&h->mutex);
+        return OBJSTORE_E_CORRUPT;
+    }
     return OBJSTORE_OK;
 }
 
@@ -253,6 +264,26 @@ static objstore_status_t os_layout(const objstore_options_t *o, os_header_t *L) 
     L->heap_size = cap;
     L->region_size = L->heap_off + cap;
     return OBJSTORE_OK;
+}
+
+/* Whether the layout fields of header `h` are the ones os_layout computes from its own
+ * capacity, max_objects and max_slots (all the layout follows from these three), and the
+ * region is `size` bytes (0: any). The header lives in shared memory that any process
+ * mapping it can damage; a layout that does not add up would send every table access
+ * outside the mapping, so attach and validate check it (it never changes). */
+int os_layout_ok(const os_header_t *h, uint64_t size) {
+    uint64_t nslots = h->max_slots, nobj = h->max_objects;
+    if (nslots == 0 || nslots > OS_MAX_SLOTS || nobj == 0 || nobj > (1u << 26)) return 0;
+    objstore_options_t o = {.capacity = h->heap_size, .max_objects = nobj,
+                            .max_processes = (uint32_t)nslots};
+    os_header_t L;
+    if (h->heap_size % OS_ALIGN != 0 || os_layout(&o, &L) != OBJSTORE_OK) return 0;
+    return L.region_size == h->region_size && L.slots_off == h->slots_off &&
+           L.entries_off == h->entries_off && L.buckets_off == h->buckets_off &&
+           L.refs_off == h->refs_off && L.ref_buckets_off == h->ref_buckets_off &&
+           L.heap_off == h->heap_off && L.heap_size == h->heap_size &&
+           L.nbuckets == h->nbuckets && L.max_refs == h->max_refs &&
+           L.nref_buckets == h->nref_buckets && (size == 0 || size == h->region_size);
 }
 
 static objstore_status_t os_init_region(objstore_t *s, const os_header_t *L, uint64_t first) {
@@ -492,9 +523,13 @@ static objstore_status_t os_map_existing(objstore_t *s) {
         os_nap();
     }
     if (st == OBJSTORE_OK) {
+        /* The layout must add up, and the file must hold the tables and every committed
+         * byte: the header is shared memory that another process may have damaged, and a
+         * table read past the end of the file would be SIGBUS. */
         size = h->region_size;
-        if (h->version != OS_VERSION || size < h->heap_off || h->heap_off < sizeof(os_header_t) ||
-            h->heap_off + h->heap_size != size || h->committed > size)
+        if (h->version != OS_VERSION || !os_layout_ok(h, 0) ||
+            h->committed < h->heap_off + OS_MIN_BLOCK || h->committed > size ||
+            fstat(s->fd, &sb) != 0 || (uint64_t)sb.st_size < h->committed)
             st = OBJSTORE_E_BAD_REGION;
     }
     munmap(m, sizeof(os_header_t));
