@@ -55,7 +55,7 @@ def cell(workers: int, stuck: int, steps: int, scenario: str) -> dict[str, Any]:
         number += 1
         return client_id << m.TASK_ID_BITS | number
 
-    gpu = {"gpu": 1.0} if scenario == "busy" else {}
+    gpu = {"gpu": 1.0, "mem": 1e6} if scenario == "busy" else {}
     peers = [b"w%d" % i for i in range(workers)]
     for peer in peers:
         core.handle(Received(peer, [hello(m.Role.WORKER, peer.decode(), 4, gpu, ["cpu"])], now))

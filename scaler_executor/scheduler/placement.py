@@ -21,8 +21,9 @@ number of such queues.  This module removes both factors:
   it joined, one of its tasks ended or was handed back (``_unassign``), a task of its
   seceded, or its timing (hence its prefetch window) changed.  The core reports those
   with :meth:`Placement.grew` (O(1), a set insertion); at the next dispatch,
-  :meth:`Placement.refresh` gives each stuck key that such a worker's profile fits that
-  worker as a *candidate*, and the key is tried on its candidates alone.  A stuck key
+  :meth:`Placement.refresh` gives each stuck key that such a worker's profile fits, and
+  whose tightest resource need it has free now (``_StuckKeys``: a bisection, not a walk
+  over the keys), that worker as a *candidate*; the key is tried on its candidates alone.  A stuck key
   with no candidate costs nothing per turn: the dispatch pass does not visit it.
 
 Exactness: a key is stuck only right after a pass over all of its fitting workers left
@@ -38,6 +39,7 @@ fitting workers; ``placement_retries``, passes over a stuck key's candidates alo
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 
 from scaler_executor.scheduler.state import ConstraintKey, WorkerRecord
@@ -63,6 +65,75 @@ def _joined(worker: WorkerRecord) -> int:
     return worker.worker_id
 
 
+class _StuckKeys:
+    """One profile's stuck keys, by what a worker of it must have free to take one.
+
+    A key with resource needs is filed under one of them, its *tightest* for this profile
+    (the largest share of what the profile declares), in a list sorted by that quantity; a
+    key with tags only is filed apart.  A worker that grew is a candidate for the keys
+    whose filed quantity it has free now, found by bisection: a worker whose GPU is still
+    held by a long task is not offered the keys that need a GPU, however many there are.
+    (Exact: a key whose tightest need exceeds the worker's free amount cannot fit it now,
+    and the worker is reported again once that resource is freed.)
+    """
+
+    __slots__ = ("anywhere", "needs")
+
+    def __init__(self) -> None:
+        self.anywhere: set[ConstraintKey] = set()  # tags only: any room will do
+        self.needs: dict[str, tuple[list[float], list[ConstraintKey]]] = {}  # name -> (quantities, keys), sorted
+
+    @staticmethod
+    def _filed(profile: Profile, key: ConstraintKey) -> tuple[str, float] | None:
+        if not key[0]:
+            return None
+        declared = dict(profile[0])
+        return max(key[0], key=lambda need: (need[1] / declared[need[0]] if declared.get(need[0]) else 0.0, need[0]))
+
+    def add(self, profile: Profile, key: ConstraintKey) -> None:
+        filed = self._filed(profile, key)
+        if filed is None:
+            self.anywhere.add(key)
+            return
+        quantities, keys = self.needs.setdefault(filed[0], ([], []))
+        at = bisect.bisect_right(quantities, filed[1])
+        quantities.insert(at, filed[1])
+        keys.insert(at, key)
+
+    def discard(self, profile: Profile, key: ConstraintKey) -> None:
+        filed = self._filed(profile, key)
+        if filed is None:
+            self.anywhere.discard(key)
+            return
+        entry = self.needs.get(filed[0])
+        if entry is None:
+            return
+        quantities, keys = entry
+        at = bisect.bisect_left(quantities, filed[1])
+        while at < len(keys) and quantities[at] == filed[1]:
+            if keys[at] == key:
+                del quantities[at], keys[at]
+                break
+            at += 1
+        if not keys:
+            del self.needs[filed[0]]
+
+    def __bool__(self) -> bool:
+        return bool(self.anywhere or self.needs)
+
+    def all(self) -> set[ConstraintKey]:
+        return self.anywhere.union(*(keys for _, keys in self.needs.values()))
+
+    def fitting_now(self, worker: WorkerRecord) -> list[ConstraintKey]:
+        """The keys whose filed need this worker has free now (the rest cannot fit it)."""
+        found = list(self.anywhere)
+        used = worker.used
+        for name, (quantities, keys) in self.needs.items():
+            free = worker.resources.get(name, 0.0) - used.get(name, 0.0)
+            found += keys[: bisect.bisect_right(quantities, free + 1e-9)]
+        return found
+
+
 class Placement:
     """Workers by profile and the stuck constraint keys (module doc)."""
 
@@ -72,7 +143,7 @@ class Placement:
         self._fitting: dict[ConstraintKey, list[Profile]] = {}  # cache; cleared when a profile comes or goes
         # key -> workers that may have room for it since it stuck (ordered set)
         self.stuck: dict[ConstraintKey, dict[bytes, None]] = {}
-        self._stuck_by_profile: dict[Profile, set[ConstraintKey]] = {}
+        self._stuck_by_profile: dict[Profile, _StuckKeys] = {}
         self.active: set[ConstraintKey] = set()  # keys the next dispatch pass tries
         self._grown: set[bytes] = set()  # workers that may have more room since the last refresh
         # Workers that may have room for a plain task (a superset: the dispatch pass drops
@@ -92,9 +163,12 @@ class Placement:
         if members is None:
             members = self.classes[profile] = {}
             self._fitting.clear()
-            keys = {key for key in self.stuck if profile_fits(profile, key)}
-            if keys:
-                self._stuck_by_profile[profile] = keys
+            filed = _StuckKeys()
+            for key in self.stuck:
+                if profile_fits(profile, key):
+                    filed.add(profile, key)
+            if filed:
+                self._stuck_by_profile[profile] = filed
         members[worker.peer] = worker
         self._grown.add(worker.peer)
         self.open[worker.peer] = worker
@@ -155,9 +229,9 @@ class Placement:
             by_profile = self._stuck_by_profile
             for peer in grown:
                 profile = profiles.get(peer)
-                keys = by_profile.get(profile) if profile is not None else None
-                if keys:
-                    for key in keys:
+                filed = by_profile.get(profile) if profile is not None else None
+                if filed:
+                    for key in filed.fitting_now(classes[profile][peer]):  # type: ignore[index]
                         stuck[key][peer] = None
                         active.add(key)
         grown.clear()
@@ -193,17 +267,20 @@ class Placement:
             return  # its candidates were taken by this pass; any added since are kept
         self.stuck[key] = {}
         for profile in self.fitting(key):
-            self._stuck_by_profile.setdefault(profile, set()).add(key)
+            filed = self._stuck_by_profile.get(profile)
+            if filed is None:
+                filed = self._stuck_by_profile[profile] = _StuckKeys()
+            filed.add(profile, key)
 
     def served(self, key: ConstraintKey) -> None:
         """``key``'s queue emptied (or went): forget it."""
         self.active.discard(key)
         if self.stuck.pop(key, None) is not None:
             for profile in self.fitting(key):
-                keys = self._stuck_by_profile.get(profile)
-                if keys is not None:
-                    keys.discard(key)
-                    if not keys:
+                filed = self._stuck_by_profile.get(profile)
+                if filed is not None:
+                    filed.discard(profile, key)
+                    if not filed:
                         del self._stuck_by_profile[profile]
 
     def statistics(self) -> dict[str, int]:
@@ -222,7 +299,11 @@ class Placement:
         assert self.active <= known, "an active key without a queue"
         for profile in self.classes:
             expected = {key for key in self.stuck if profile_fits(profile, key)}
-            assert self._stuck_by_profile.get(profile, set()) == expected, f"stuck keys of {profile} are off"
+            filed = self._stuck_by_profile.get(profile)
+            assert (filed.all() if filed is not None else set()) == expected, f"stuck keys of {profile} are off"
+            if filed is not None:
+                for quantities, keys in filed.needs.values():
+                    assert quantities == sorted(quantities) and len(quantities) == len(keys) > 0
         assert set(self._stuck_by_profile) <= set(self.classes)
         for key, candidates in self.stuck.items():
             assert not candidates or key in self.active, f"stuck key {key} has candidates but is not tried"
