@@ -550,10 +550,11 @@ def pin() -> tuple[list[str], bool]:
 
 
 class DaemonProcess:
-    def __init__(self, address: str, extra: list[str], prefix: list[str], log_path: str) -> None:
+    def __init__(self, address: str, extra: list[str], prefix: list[str], log_path: str, tree: str = "") -> None:
         self.log = open(log_path, "wb")  # noqa: SIM115  # closed by stop(), after the process
         cmd = [*prefix, sys.executable, "-m", "scaler_executor.cli.daemon", "--address", address, "--workers", "0", *extra]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        env = dict(os.environ, PYTHONPATH=tree) if tree else None  # another checkout's daemon (A/B)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         self.ps = psutil.Process(self.proc.pid)
         self.core = int(prefix[-1]) if prefix else None  # the CPU it is pinned to
 
@@ -590,6 +591,7 @@ class Size:
     transport: str = "ipc"
     insecure: bool = False
     timeout: float = 600.0
+    daemon_tree: str = ""  # run the daemon from this checkout (A/B of two versions); "" this one
 
 
 def _phase(sim: Sim, daemon: DaemonProcess, body: Callable[[], None]) -> dict[str, float]:
@@ -639,7 +641,7 @@ def run_size(size: Size, workdir: str, prefix: list[str] | None = None) -> dict[
                 directory.issue(f"sim-{role}", role, path)
                 credentials[role] = load_credential(path)
             extra += ["--security", keys]
-    daemon = DaemonProcess(address, extra, prefix, os.path.join(workdir, "daemon.log"))
+    daemon = DaemonProcess(address, extra, prefix, os.path.join(workdir, "daemon.log"), size.daemon_tree)
     peers = size.clients + 2 * size.workers + 1  # the pending phase adds the workers again; a monitor
     sim = Sim(address, credentials=credentials, duration=duration_sampler(size.duration), window=size.window, max_peers=peers)
     row: dict[str, Any] = {
@@ -770,6 +772,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--insecure", action="store_true", help="tcp without CURVE")
     p.add_argument("--repeat", type=int, default=1, help="runs of every size, alternated")
     p.add_argument("--json", help="append each row as a JSON line to this file")
+    p.add_argument("--daemon-trees", default="",
+                   help="comma-separated checkouts whose daemons to A/B, alternated within each size (default: this one)")
     p.add_argument("--graph", metavar="SHAPE:NODES,...",
                    help="graph mode (bench/scale_graph.py): e.g. tree:100000,shuffle:100000, per --workers and "
                         "--processors (no clients, load or idle phases)")
@@ -813,10 +817,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sizes = [Size(w, pr, c, args.tasks, args.window, args.idle, args.pending, args.duration, args.transport, args.insecure)
              for w in _ints(args.workers) for pr in _ints(args.processors) for c in _ints(args.clients)]
+    trees = [os.path.abspath(t) for t in args.daemon_trees.split(",")] if args.daemon_trees else [""]
     for rep in range(args.repeat):
-        for size in sizes:
+        for size, tree in [(s, t) for s in sizes for t in (trees if rep % 2 == 0 else trees[::-1])]:
+            size.daemon_tree = tree
             with tempfile.TemporaryDirectory(prefix="scale-") as workdir:
                 row = run_size(size, workdir, prefix)
+            row["daemon_tree"] = tree
             row["repeat"] = rep
             row["loadavg"] = os.getloadavg()[0]
             print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}), flush=True)

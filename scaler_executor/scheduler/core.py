@@ -1256,7 +1256,7 @@ class Scheduler:
         # draining leave the open set until they grow; the policy sees the rest, in join order.
         max_prefetch, placement = self.config.max_prefetch, self.placement
         workers, slots = [], []
-        for w in placement.open_workers():
+        for w in placement.open_workers(self.workers):
             slot = WorkerSlot(w.capacity, len(w.inflight) - len(w.seceded), w.mean_task_seconds)
             if w.broken is not None or w.draining or prefetch_window(slot, max_prefetch) <= slot.inflight:
                 placement.closed(w.peer)

@@ -240,11 +240,16 @@ class Placement:
         """This worker grew since the last refresh (the next dispatch pass will look at it)."""
         return peer in self._grown
 
-    def open_workers(self) -> list[WorkerRecord]:
-        """Every worker that may have room, in the order they joined (the policy's tie order)."""
-        workers = list(self.open.values())
-        workers.sort(key=_joined)
-        return workers
+    def open_workers(self, workers: dict[bytes, WorkerRecord]) -> list[WorkerRecord]:
+        """Every worker that may have room, in the order they joined (``workers``' order, the
+        policy's tie order): sorted when few; when most are open, simply every worker (the
+        pass closes those it finds full, as it would have skipped them anyway)."""
+        open_ = self.open
+        if 4 * len(open_) > len(workers):
+            return list(workers.values())
+        found = list(open_.values())
+        found.sort(key=_joined)
+        return found
 
     def closed(self, peer: bytes) -> None:
         """This worker has no room for a plain task now (until it grows)."""
