@@ -13,10 +13,16 @@ channels (protocol/channel.py: a ``StreamDealer`` per peer on ipc; on tcp one Ze
 DEALER per peer, all in one context, with the CURVE keys of a ``scaler-keys`` credential,
 because a ``DealerChannel`` per peer would start a ZeroMQ context and I/O thread each).
 
-* A simulated **worker** says ``Hello`` as a worker with P processors, sends a ``Heartbeat``
-  whenever it has been silent for the daemon's ``heartbeat_interval`` (from ``Welcome``),
-  and answers each dispatched task with ``TaskResults`` after a duration drawn from
-  ``--duration`` (``0``, ``fixed:S``, ``uniform:A:B``, ``exp:MEAN``), at most P at a time.
+* A simulated **worker** says ``Hello`` as a worker with P processors and answers each
+  dispatched task with ``TaskResults`` after a duration drawn from ``--duration`` (``0``,
+  ``fixed:S``, ``uniform:A:B``, ``exp:MEAN``), at most P at a time.  On the wire it does what
+  a real worker (worker/agent.py) does: each result carries ``TaskFacts`` with the task's
+  run time (the daemon sizes its prefetch windows from them), a ``Heartbeat`` goes every
+  ``heartbeat_interval`` (from ``Welcome``) beside results or alone after silence, and while
+  saturated (more tasks waiting than processors) results wait up to ``RESULT_LINGER`` or
+  ``RESULT_BATCH`` to travel together.  A task with dependencies gets their results as
+  ``DepValue`` s from the daemon; graph mode (``--graph``, bench/scale_graph.py) checks them.
+  ``Sim(faithful=False)`` keeps the first, simpler worker (bench/scale_validate.py's A/B).
 * A simulated **client** says ``Hello`` as a client and keeps up to ``--window`` no-op tasks
   outstanding (``TaskFlags.INLINE_FN``; the payload is the submit time, which the daemon
   never unpickles), counting the results.
@@ -66,6 +72,7 @@ from typing import Any
 import cloudpickle  # type: ignore[import-untyped]
 import psutil
 
+from bench.scale_zmq import SharedZmqDealer
 from scaler_executor._compat import python_version
 from scaler_executor._version import __version__
 from scaler_executor.protocol import channel, codec
@@ -125,51 +132,6 @@ def duration_sampler(text: str) -> Callable[[], float]:
 
 
 # --------------------------------------------------------------------------- transports
-
-
-class SharedZmqDealer:
-    """A tcp:// peer's socket in the harness's one ZeroMQ context (a channel's interface)."""
-
-    buffered = False
-
-    def __init__(self, context: Any, address: str, hwm: int, credential: Any) -> None:
-        import zmq
-
-        from scaler_executor.protocol import wire
-
-        self._wire = wire
-        self._again = zmq.Again
-        self.sock = context.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.SNDHWM, hwm)
-        self.sock.setsockopt(zmq.RCVHWM, hwm)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        if credential is not None:
-            self.sock.setsockopt(zmq.CURVE_SERVERKEY, credential.daemon_public_key.encode("ascii"))
-            self.sock.setsockopt(zmq.CURVE_PUBLICKEY, credential.public_key.encode("ascii"))
-            self.sock.setsockopt(zmq.CURVE_SECRETKEY, credential.secret_key.encode("ascii"))
-        self.sock.connect(address)
-        self.pollable = self.sock
-
-    def send(self, frames: list[Any]) -> None:
-        try:
-            self._wire.send(self.sock, frames)
-        except self._again:
-            raise channel.Again() from None
-
-    def readable(self) -> bool:
-        return bool(self._wire.readable(self.sock))
-
-    def recv(self) -> list[Any]:
-        try:
-            return list(self._wire.recv(self.sock))
-        except self._again:
-            raise channel.Again() from None
-
-    def poll_timeout(self, timeout_ms: float) -> float:
-        return timeout_ms
-
-    def close(self, linger: float | None = None) -> None:
-        self.sock.close(linger=0)
 
 
 # --------------------------------------------------------------------------- peers
