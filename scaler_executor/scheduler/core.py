@@ -1253,11 +1253,10 @@ class Scheduler:
     def _dispatch_ready(self, out: dict[bytes, tuple[list[m.FunctionBlob], list[m.TaskDispatch]]]) -> None:
         """Tasks any worker can run: the policy's share of each worker's free slots."""
         # Only the workers that may have room (placement.py): those found full, broken or
-        # draining leave the open set until they grow; the policy sees the rest (with a thin
-        # queue, only the least loaded of them, where it would put the tasks), in join order.
+        # draining leave the open set until they grow; the policy sees the rest, in join order.
         max_prefetch, placement = self.config.max_prefetch, self.placement
         workers, slots = [], []
-        for w in placement.least_loaded(self.ready.live, self.workers, max_prefetch):
+        for w in placement.open_workers(self.workers):
             slot = WorkerSlot(w.capacity, len(w.inflight) - len(w.seceded), w.mean_task_seconds)
             if w.broken is not None or w.draining or prefetch_window(slot, max_prefetch) <= slot.inflight:
                 placement.closed(w.peer)

@@ -14,10 +14,7 @@ number of such queues.  This module removes both factors:
   the workers that may have room, ``open``, not over every worker: a worker leaves the set
   when a dispatch pass finds it full (or broken, or draining) and comes back when it grows
   (below).  With a backlog, most workers are full and a pass costs what the few that
-  freed a slot cost.  With many idle workers and a thin queue (k ready tasks, k well below
-  the open workers), the policy is given only the k least loaded open workers with room,
-  from a heap by load: LeastLoaded would place the k tasks on those alone
-  (``least_loaded``), so a pass costs O(k log n), not O(n).
+  freed a slot cost; with idle workers and a thin queue it is still one entry per idle worker.
 * **Stuck keys.**  When a pass over a key's fitting workers leaves tasks in its queue, no
   worker can take one more of them *now* (its tasks all need the same): the key is *stuck*
   and is not tried again until a worker that could ever run it may have room for more:
@@ -43,10 +40,8 @@ fitting workers; ``placement_retries``, passes over a stuck key's candidates alo
 from __future__ import annotations
 
 import bisect
-import heapq
 from collections.abc import Iterable
 
-from scaler_executor.scheduler.policies import WorkerSlot, prefetch_window
 from scaler_executor.scheduler.state import ConstraintKey, WorkerRecord
 
 # What a worker declares: its resources (sorted) and tags.
@@ -68,11 +63,6 @@ def profile_fits(profile: Profile, key: ConstraintKey) -> bool:
 
 def _joined(worker: WorkerRecord) -> int:
     return worker.worker_id
-
-
-def _load(worker: WorkerRecord) -> float:
-    """What LeastLoaded orders workers by: tasks held (seceded ones excepted) per processor."""
-    return (len(worker.inflight) - len(worker.seceded)) / worker.capacity
 
 
 class _StuckKeys:
@@ -159,10 +149,6 @@ class Placement:
         # Workers that may have room for a plain task (a superset: the dispatch pass drops
         # those it finds full, broken or draining; refresh adds back those that grew).
         self.open: dict[bytes, WorkerRecord] = {}
-        # The open workers by (load, join order), lazily: an entry's load may be below the
-        # worker's (it took tasks since; corrected when popped), never above (a worker whose
-        # load fell grew, and refresh pushed it again).
-        self._loads: list[tuple[float, int, bytes]] = []
         self.scans = 0
         self.retries = 0
 
@@ -186,7 +172,6 @@ class Placement:
         members[worker.peer] = worker
         self._grown.add(worker.peer)
         self.open[worker.peer] = worker
-        heapq.heappush(self._loads, (_load(worker), worker.worker_id, worker.peer))
 
     def remove(self, worker: WorkerRecord) -> None:
         profile = self._profile.pop(worker.peer, None)
@@ -234,12 +219,11 @@ class Placement:
         grown = self._grown
         if not grown:
             return
-        profiles, classes, open_, loads = self._profile, self.classes, self.open, self._loads
+        profiles, classes, open_ = self._profile, self.classes, self.open
         for peer in grown:
             profile = profiles.get(peer)
             if profile is not None:
-                worker = open_[peer] = classes[profile][peer]
-                heapq.heappush(loads, (_load(worker), worker.worker_id, peer))
+                open_[peer] = classes[profile][peer]
         if self._stuck_by_profile:
             profiles, stuck, active = self._profile, self.stuck, self.active
             by_profile = self._stuck_by_profile
@@ -266,43 +250,6 @@ class Placement:
         found = list(open_.values())
         found.sort(key=_joined)
         return found
-
-    def least_loaded(self, count: int, workers: dict[bytes, WorkerRecord], max_prefetch: int) -> list[WorkerRecord]:
-        """The workers the allocation policy needs to place ``count`` plain tasks, in join order.
-
-        LeastLoaded gives each next task to the worker of lowest load with room, ties to
-        the earliest joined, so ``count`` tasks go only to the first ``count`` workers with
-        room in (load, join) order: any other loses to one of those that has had no task
-        yet.  They come from the heap of open workers by load, not from a walk over every
-        worker; when ``count`` is a fair share of the open set, every worker is returned
-        instead (``open_workers``).
-        """
-        open_ = self.open
-        if 4 * count >= len(open_):
-            return self.open_workers(workers)
-        heap = self._loads
-        if len(heap) > 4 * len(open_) + 1024:  # stale entries of closed or re-pushed workers
-            heap[:] = [(_load(w), w.worker_id, peer) for peer, w in open_.items()]
-            heapq.heapify(heap)
-        found: dict[bytes, WorkerRecord] = {}
-        while len(found) < count and heap:
-            load, joined, peer = heapq.heappop(heap)
-            worker = open_.get(peer)
-            if worker is None or peer in found:
-                continue  # closed (pushed again when it grows), or a second entry
-            held = len(worker.inflight) - len(worker.seceded)
-            now = held / worker.capacity
-            if now != load:
-                heapq.heappush(heap, (now, joined, peer))  # it took tasks since: in its place
-                continue
-            slot = WorkerSlot(worker.capacity, held, worker.mean_task_seconds)
-            if worker.broken is not None or worker.draining or prefetch_window(slot, max_prefetch) <= held:
-                del open_[peer]
-                continue
-            found[peer] = worker
-        for peer, worker in found.items():
-            heapq.heappush(heap, (_load(worker), worker.worker_id, peer))
-        return sorted(found.values(), key=_joined)
 
     def closed(self, peer: bytes) -> None:
         """This worker has no room for a plain task now (until it grows)."""
@@ -366,8 +313,3 @@ class Placement:
         for key, candidates in self.stuck.items():
             assert not candidates or key in self.active, f"stuck key {key} has candidates but is not tried"
         assert all(workers.get(peer) is w for peer, w in self.open.items()), "an open worker is not connected"
-        lowest: dict[bytes, float] = {}
-        for load, _, peer in self._loads:
-            lowest[peer] = min(load, lowest.get(peer, load))
-        for peer, worker in self.open.items():
-            assert peer in lowest and lowest[peer] <= _load(worker) + 1e-12, f"{worker!r} is open but not in the load heap"
