@@ -942,7 +942,7 @@ class Scheduler:
                 duration = result.facts.finished - result.facts.started
                 mean = worker.mean_task_seconds
                 worker.mean_task_seconds = duration if mean is None else mean + EWMA_WEIGHT * (duration - mean)
-                durations.append(duration)  # (its window may grow: _unassign told placement already)
+                durations.append(duration)
                 peak = result.facts.peak_memory or peak
             ok = result.status == Status.OK
             self.counters["finished" if ok else "failed"] += 1
