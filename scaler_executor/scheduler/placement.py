@@ -23,8 +23,9 @@ number of such queues.  This module removes both factors:
   with :meth:`Placement.grew` (O(1), a set insertion); at the next dispatch,
   :meth:`Placement.refresh` gives each stuck key that such a worker's profile fits, and
   whose tightest resource need it has free now (``_StuckKeys``: a bisection, not a walk
-  over the keys), that worker as a *candidate*; the key is tried on its candidates alone.  A stuck key
-  with no candidate costs nothing per turn: the dispatch pass does not visit it.
+  over the keys), that worker as a *candidate*; the key is tried on its candidates
+  alone.  A stuck key with no candidate costs nothing per turn: the dispatch pass does
+  not visit it.
 
 Exactness: a key is stuck only right after a pass over all of its fitting workers left
 tasks queued, and between then and now a worker that was not reported as grown can only
