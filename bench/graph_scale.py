@@ -33,9 +33,9 @@ growth it costs), and one ``ex.get`` is timed:
 * *daemon CPU*: CPU time of the daemon's process, all its threads (``schedstat``,
   nanoseconds, before/after the call; the worker's processes are not in it), per node; its inverse, nodes per
   second of daemon CPU, bounds what the daemon could schedule with workers that cost
-  it nothing (it is *not* a simulated-worker measurement: ``bench/scale.py``'s
-  simulated workers do not handle dependencies); *daemon USS*: peak growth over the
-  call, per node.
+  it nothing (it is *not* a simulated-worker measurement: that is ``bench/scale.py
+  --graph``, whose simulated workers handle dependencies); *daemon USS*: peak growth
+  over the call, per node.
 
 Peaks come from a sampler process (not a thread: the client holds the GIL while it
 pickles) reading both processes' ``smaps_rollup`` every 20 ms, so a shorter peak may

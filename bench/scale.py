@@ -13,10 +13,16 @@ channels (protocol/channel.py: a ``StreamDealer`` per peer on ipc; on tcp one Ze
 DEALER per peer, all in one context, with the CURVE keys of a ``scaler-keys`` credential,
 because a ``DealerChannel`` per peer would start a ZeroMQ context and I/O thread each).
 
-* A simulated **worker** says ``Hello`` as a worker with P processors, sends a ``Heartbeat``
-  whenever it has been silent for the daemon's ``heartbeat_interval`` (from ``Welcome``),
-  and answers each dispatched task with ``TaskResults`` after a duration drawn from
-  ``--duration`` (``0``, ``fixed:S``, ``uniform:A:B``, ``exp:MEAN``), at most P at a time.
+* A simulated **worker** says ``Hello`` as a worker with P processors and answers each
+  dispatched task with ``TaskResults`` after a duration drawn from ``--duration`` (``0``,
+  ``fixed:S``, ``uniform:A:B``, ``exp:MEAN``), at most P at a time.  On the wire it does what
+  a real worker (worker/agent.py) does: each result carries ``TaskFacts`` with the task's
+  run time (the daemon sizes its prefetch windows from them), a ``Heartbeat`` goes every
+  ``heartbeat_interval`` (from ``Welcome``) beside results or alone after silence, and while
+  saturated (more tasks waiting than processors) results wait up to ``RESULT_LINGER`` or
+  ``RESULT_BATCH`` to travel together.  A task with dependencies gets their results as
+  ``DepValue`` s from the daemon; graph mode (``--graph``, bench/scale_graph.py) checks them.
+  ``Sim(faithful=False)`` keeps the first, simpler worker (bench/scale_validate.py's A/B).
 * A simulated **client** says ``Hello`` as a client and keeps up to ``--window`` no-op tasks
   outstanding (``TaskFlags.INLINE_FN``; the payload is the submit time, which the daemon
   never unpickles), counting the results.
@@ -66,15 +72,18 @@ from typing import Any
 import cloudpickle  # type: ignore[import-untyped]
 import psutil
 
+from bench.scale_zmq import SharedZmqDealer
 from scaler_executor._compat import python_version
 from scaler_executor._version import __version__
 from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.rejoin import is_unknown_peer
 from scaler_executor.scheduler import turns
+from scaler_executor.worker.agent import RESULT_BATCH, RESULT_LINGER
 
 HARNESS_BOUND = 0.85  # share of a phase's wall time on a CPU above which the harness limited it
 _STAMP = struct.Struct("<d")
+_VALUE = struct.Struct("<q")  # a graph node's value (bench/scale_graph.py)
 
 
 def daemon_cpu(pid: int) -> float:
@@ -125,51 +134,6 @@ def duration_sampler(text: str) -> Callable[[], float]:
 # --------------------------------------------------------------------------- transports
 
 
-class SharedZmqDealer:
-    """A tcp:// peer's socket in the harness's one ZeroMQ context (a channel's interface)."""
-
-    buffered = False
-
-    def __init__(self, context: Any, address: str, hwm: int, credential: Any) -> None:
-        import zmq
-
-        from scaler_executor.protocol import wire
-
-        self._wire = wire
-        self._again = zmq.Again
-        self.sock = context.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.SNDHWM, hwm)
-        self.sock.setsockopt(zmq.RCVHWM, hwm)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        if credential is not None:
-            self.sock.setsockopt(zmq.CURVE_SERVERKEY, credential.daemon_public_key.encode("ascii"))
-            self.sock.setsockopt(zmq.CURVE_PUBLICKEY, credential.public_key.encode("ascii"))
-            self.sock.setsockopt(zmq.CURVE_SECRETKEY, credential.secret_key.encode("ascii"))
-        self.sock.connect(address)
-        self.pollable = self.sock
-
-    def send(self, frames: list[Any]) -> None:
-        try:
-            self._wire.send(self.sock, frames)
-        except self._again:
-            raise channel.Again() from None
-
-    def readable(self) -> bool:
-        return bool(self._wire.readable(self.sock))
-
-    def recv(self) -> list[Any]:
-        try:
-            return list(self._wire.recv(self.sock))
-        except self._again:
-            raise channel.Again() from None
-
-    def poll_timeout(self, timeout_ms: float) -> float:
-        return timeout_ms
-
-    def close(self, linger: float | None = None) -> None:
-        self.sock.close(linger=0)
-
-
 # --------------------------------------------------------------------------- peers
 
 
@@ -184,10 +148,14 @@ class Peer:
     refused: str = ""
     last_sent: float = 0.0
     out: list[Any] = field(default_factory=list)
+    frames: list[list[Any]] = field(default_factory=list)  # encoded already; go before ``out``
     hello: Any = None
     # worker
     running: int = 0
     held: deque[tuple[int, int, bytes]] = field(default_factory=deque)  # dispatched, not yet started
+    last_heartbeat: float = 0.0
+    finished: list[Any] = field(default_factory=list)  # results not sent yet (faithful: RESULT_LINGER)
+    finished_since: float = 0.0
     # client
     next_n: int = 1
     outstanding: int = 0
@@ -200,8 +168,19 @@ class Sim:
     """Every simulated peer, in one event loop."""
 
     def __init__(self, address: str, *, hwm: int = 100_000, credentials: dict[str, Any] | None = None,
-                 duration: Callable[[], float] = lambda: 0.0, window: int = 100, max_peers: int = 1024) -> None:
+                 duration: Callable[[], float] = lambda: 0.0, window: int = 100, max_peers: int = 1024,
+                 payload: bytes | None = None, faithful: bool = True, service: float = 0.0) -> None:
         self.address = address
+        # faithful: simulated workers send what real ones send (task facts with each result, a
+        # heartbeat every interval even beside results); False: the harness's first workers
+        # (no facts, heartbeats only after silence), kept for bench/scale_validate.py's A/B.
+        self.faithful = faithful
+        # A real worker's own time per task beyond the task's run (agent → processor → agent):
+        # added to each task's time at the worker, not to the run time its facts report.
+        self.service = service
+        # What each simulated task carries: None, its submit time (the simulated workers read it
+        # for submit→dispatch); or a fixed payload, e.g. a pickled no-op a real worker can run.
+        self.payload = payload
         # tcp: libzmq reads MAX_SOCKETS once, when the context makes its first socket, so
         # it is sized here, for every peer this Sim will ever make, not as peers are added.
         self.max_sockets = max(1024, max_peers + 64)
@@ -216,7 +195,8 @@ class Sim:
         self.clients: list[Peer] = []
         self.context: Any = None
         self.heartbeat_interval = 0.5
-        self.timers: list[tuple[float, int, Peer, int, int, bytes]] = []  # task completions
+        self.timers: list[tuple[float, int, Peer, int, int, bytes, float, float]] = []  # task completions
+        self._lingering = 0.0  # when the first held-back results are due (0: none)
         self._seq = 0
         self._made = 0
         self.dispatched: dict[int, int] = {}  # task id -> dispatches seen by workers
@@ -227,6 +207,15 @@ class Sim:
         self.rejoins = 0  # peers the daemon called unknown, which joined again
         self.daemon_heartbeats = 0
         self.stats: dict[str, Any] | None = None
+        # Graphs (bench/scale_graph.py): what each task depends on, and the values the
+        # requested ones must come back with.  A simulated worker computes a task's value as
+        # its payload's plus its dependencies' (each an 8-byte integer), from the DepValues
+        # the daemon sends with it, as a real worker hands them to the task's function.
+        self.stamped = payload is None  # payloads are submit times (not with graphs)
+        self.deps_of: dict[int, list[int]] = {}
+        self.expected: dict[int, int] = {}
+        self.dep_errors = 0  # dispatched without the dependencies (or the values) the client declared
+        self.values_wrong = 0  # requested results that came back with another value
 
     # ------------------------------------------------------------------ set-up
 
@@ -274,6 +263,10 @@ class Sim:
         wait = 50.0
         if self.timers:
             wait = min(wait, max(0.0, (self.timers[0][0] - now) * 1000))
+        if self._lingering:
+            wait = min(wait, max(0.0, (self._lingering - now) * 1000))
+        if wait < 1.0:
+            wait = 0.0  # epoll rounds a timeout up to whole ms: spin rather than oversleep a timer
         for peer in self.peers:
             if peer.chan.buffered:
                 wait = 0
@@ -289,18 +282,27 @@ class Sim:
                 self._drain(peer, now)
         timers = self.timers
         while timers and timers[0][0] <= now:
-            _, _, worker, task_id, attempt, payload = heapq.heappop(timers)
-            self._finish(worker, task_id, attempt, payload)
+            _, _, worker, task_id, attempt, payload, started, seconds = heapq.heappop(timers)
+            self._finish(worker, task_id, attempt, payload, started, seconds)
         interval = self.heartbeat_interval
         for peer in self.peers:
-            if peer.welcomed and not peer.out and now - peer.last_sent >= interval:
-                if peer.role == m.Role.WORKER:
-                    peer.out.append(m.Heartbeat(len(peer.held), peer.running))
-                else:
-                    peer.out.append(m.Heartbeat(0, 0))
+            if not peer.welcomed:
+                continue
+            if peer.role == m.Role.WORKER and self.faithful:
+                # As the real agent (worker/agent.py): a heartbeat every interval, beside its
+                # results when it has some (its load and memory reach the daemon while busy too),
+                # alone when it has been silent that long.
+                if now - peer.last_heartbeat >= interval and (peer.out or now - peer.last_sent >= interval):
+                    peer.last_heartbeat = now
+                    peer.out.append(m.Heartbeat(len(peer.held), peer.running, 0, 0, 0.0))
+                    self.heartbeats_sent += 1
+            elif not peer.out and now - peer.last_sent >= interval:
+                peer.out.append(m.Heartbeat(len(peer.held), peer.running))
                 self.heartbeats_sent += 1
         for client in self.clients:
             self._top_up(client)
+        if self.faithful:
+            self._send_results(now)
         self._flush(now)
 
     def _drain(self, peer: Peer, now: float) -> None:
@@ -317,15 +319,21 @@ class Sim:
     def _on(self, peer: Peer, message: Any, now: float) -> None:
         kind = type(message)
         if kind is m.DispatchTasks:
+            stamped = self.stamped
             for task in message.tasks:
                 self.dispatched[task.task_id] = self.dispatched.get(task.task_id, 0) + 1
-                self.submit_to_dispatch.append(now - _STAMP.unpack(task.payload)[0])
-                peer.held.append((task.task_id, task.attempt, task.payload))
+                if stamped:
+                    self.submit_to_dispatch.append(now - _STAMP.unpack(task.payload)[0])
+                payload = task.payload if not task.deps and task.task_id not in self.deps_of else self._evaluate(task)
+                peer.held.append((task.task_id, task.attempt, payload))
             self._start(peer, now)
         elif kind is m.TaskResults:
+            expected = self.expected
             for result in message.results:
                 if result.task_id >> m.TASK_ID_BITS != peer.peer_id:
                     self.wrong_client += 1
+                if expected and result.task_id in expected and _VALUE.unpack(result.payload)[0] != expected[result.task_id]:
+                    self.values_wrong += 1
                 self.result_ids[result.task_id] = self.result_ids.get(result.task_id, 0) + 1
                 peer.results += 1
                 peer.outstanding -= 1
@@ -352,33 +360,76 @@ class Sim:
             peer.refused = f"the daemon said goodbye: {message.reason}"
         # TasksRunning and the rest: nothing for a no-op peer to do
 
+    def _evaluate(self, task: m.TaskDispatch) -> bytes:
+        """A graph task's result: its own value plus its dependencies' (checked against the
+        dependencies its client declared)."""
+        declared = self.deps_of.get(task.task_id)
+        if declared is None or sorted(d.task_id for d in task.deps) != declared:
+            self.dep_errors += 1
+        value = _VALUE.unpack(task.payload)[0]
+        for dep in task.deps:
+            if len(dep.payload) != _VALUE.size:
+                self.dep_errors += 1
+                continue
+            value += _VALUE.unpack(dep.payload)[0]
+        return _VALUE.pack(value)
+
     def _start(self, worker: Peer, now: float) -> None:
         while worker.held and worker.running < worker.capacity:
             task_id, attempt, payload = worker.held.popleft()
             worker.running += 1
             seconds = self.duration()
-            if seconds <= 0:
-                self._finish(worker, task_id, attempt, payload)
+            started = time.time()
+            if seconds <= 0 and self.service <= 0:
+                self._finish(worker, task_id, attempt, payload, started, seconds)
             else:
                 self._seq += 1
-                heapq.heappush(self.timers, (now + seconds, self._seq, worker, task_id, attempt, payload))
+                heapq.heappush(self.timers, (now + seconds + self.service, self._seq, worker, task_id, attempt, payload,
+                                             started, seconds))
 
-    def _finish(self, worker: Peer, task_id: int, attempt: int, payload: bytes) -> None:
+    def _finish(self, worker: Peer, task_id: int, attempt: int, payload: bytes, started: float, seconds: float) -> None:
         worker.running -= 1
-        result = m.TaskResult(task_id, attempt, m.Status.OK, payload, m.NO_FACTS, m.NO_OBJECTS)
-        out = worker.out
-        if out and type(out[-1]) is m.TaskResults:
-            out[-1].results.append(result)
+        if not self.faithful:
+            result = m.TaskResult(task_id, attempt, m.Status.OK, payload, m.NO_FACTS, m.NO_OBJECTS)
+            out = worker.out
+            if out and type(out[-1]) is m.TaskResults:
+                out[-1].results.append(result)
+            else:
+                out.append(m.TaskResults([result]))
         else:
-            out.append(m.TaskResults([result]))
+            # Facts as a real processor reports them: the task's own run time (the daemon times
+            # tasks from them, which sizes its prefetch windows, and records each run).
+            facts = m.TaskFacts(worker.hello.name, started, started + max(seconds, 1e-6), 0)
+            if not worker.finished:
+                worker.finished_since = time.monotonic()
+            worker.finished.append(m.TaskResult(task_id, attempt, m.Status.OK, payload, facts, m.NO_OBJECTS))
         if worker.held:
             self._start(worker, time.monotonic())
+
+    def _send_results(self, now: float) -> None:
+        """Finished tasks' results go as a real agent sends them (worker/agent.py): at once
+        unless the worker is saturated (more tasks waiting than processors), then together,
+        after at most RESULT_LINGER or once there are RESULT_BATCH of them, or beside any
+        other message it sends."""
+        self._lingering = 0.0
+        for worker in self.workers:
+            results = worker.finished
+            if not results:
+                continue
+            if (worker.out or len(worker.held) < worker.capacity or len(results) >= RESULT_BATCH
+                    or now - worker.finished_since >= RESULT_LINGER):
+                worker.out.append(m.TaskResults(results))
+                worker.finished = []
+            else:
+                due = worker.finished_since + RESULT_LINGER
+                self._lingering = due if not self._lingering else min(self._lingering, due)
 
     def drop_workers(self) -> None:
         """Every worker says Goodbye and closes (none holds a task: call between phases)."""
         for worker in self.workers:
             assert not worker.held and not worker.running, "drop_workers with tasks at a worker"
-            worker.chan.send(codec.encode([*worker.out, m.Goodbye("harness: next phase")]))
+            left = [m.TaskResults(worker.finished)] if worker.finished else []
+            worker.chan.send(codec.encode([*worker.out, *left, m.Goodbye("harness: next phase")]))
             self.poller.unregister(worker.chan.pollable)
             del self.by_pollable[worker.chan.pollable]
             worker.chan.close(linger=1.0)
@@ -390,7 +441,7 @@ class Sim:
         room = min(self.window - client.outstanding, client.quota)
         if room <= 0 or not client.welcomed:
             return
-        stamp = _STAMP.pack(time.monotonic())
+        stamp = _STAMP.pack(time.monotonic()) if self.payload is None else self.payload
         base = client.peer_id << m.TASK_ID_BITS
         n = client.next_n
         specs = [m.TaskSpec(base | (n + i), 0, 0, m.TaskFlags.INLINE_FN, stamp, [], [], 0) for i in range(room)]
@@ -401,6 +452,15 @@ class Sim:
 
     def _flush(self, now: float) -> None:
         for peer in self.peers:
+            while peer.frames:
+                try:
+                    peer.chan.send(peer.frames[0])
+                except channel.Again:
+                    break
+                peer.frames.pop(0)
+                peer.last_sent = now
+            if peer.frames:
+                continue  # ``out`` goes after them
             if peer.out:
                 try:
                     peer.chan.send(codec.encode(peer.out))
@@ -452,10 +512,11 @@ def pin() -> tuple[list[str], bool]:
 
 
 class DaemonProcess:
-    def __init__(self, address: str, extra: list[str], prefix: list[str], log_path: str) -> None:
+    def __init__(self, address: str, extra: list[str], prefix: list[str], log_path: str, tree: str = "") -> None:
         self.log = open(log_path, "wb")  # noqa: SIM115  # closed by stop(), after the process
         cmd = [*prefix, sys.executable, "-m", "scaler_executor.cli.daemon", "--address", address, "--workers", "0", *extra]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        env = dict(os.environ, PYTHONPATH=tree) if tree else None  # another checkout's daemon (A/B)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         self.ps = psutil.Process(self.proc.pid)
         self.core = int(prefix[-1]) if prefix else None  # the CPU it is pinned to
 
@@ -492,6 +553,7 @@ class Size:
     transport: str = "ipc"
     insecure: bool = False
     timeout: float = 600.0
+    daemon_tree: str = ""  # run the daemon from this checkout (A/B of two versions); "" this one
 
 
 def _phase(sim: Sim, daemon: DaemonProcess, body: Callable[[], None]) -> dict[str, float]:
@@ -541,7 +603,7 @@ def run_size(size: Size, workdir: str, prefix: list[str] | None = None) -> dict[
                 directory.issue(f"sim-{role}", role, path)
                 credentials[role] = load_credential(path)
             extra += ["--security", keys]
-    daemon = DaemonProcess(address, extra, prefix, os.path.join(workdir, "daemon.log"))
+    daemon = DaemonProcess(address, extra, prefix, os.path.join(workdir, "daemon.log"), size.daemon_tree)
     peers = size.clients + 2 * size.workers + 1  # the pending phase adds the workers again; a monitor
     sim = Sim(address, credentials=credentials, duration=duration_sampler(size.duration), window=size.window, max_peers=peers)
     row: dict[str, Any] = {
@@ -672,13 +734,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--insecure", action="store_true", help="tcp without CURVE")
     p.add_argument("--repeat", type=int, default=1, help="runs of every size, alternated")
     p.add_argument("--json", help="append each row as a JSON line to this file")
+    p.add_argument("--daemon-trees", default="",
+                   help="comma-separated checkouts whose daemons to A/B, alternated within each size (default: this one)")
+    p.add_argument("--graph", metavar="SHAPE:NODES,...",
+                   help="graph mode (bench/scale_graph.py): e.g. tree:100000,shuffle:100000, per --workers and "
+                        "--processors (no clients, load or idle phases)")
     p.add_argument("--report", nargs="+", metavar="JSONL", help="print the rows of these --json files as tables, run nothing")
     args = p.parse_args(argv)
     if args.report:
+        from bench.scale_graph import GRAPH_COLUMNS
+
         rows = [json.loads(line) for path in args.report for line in open(path) if line.strip()]  # noqa: SIM115
+        graphs = [row for row in rows if "shape" in row]
+        rows = [row for row in rows if "shape" not in row]
         for row in rows:  # less what the idle phase's rate (heartbeats) would have cost meanwhile
             row["us_per_task_net"] = row["us_per_task"] - row["idle_core_pct"] / 100 * 1e6 / row["tasks_per_s"]
-        print(rst_table(rows, LOAD_COLUMNS), "", rst_table(rows, IDLE_COLUMNS), sep="\n")
+        if rows:
+            print(rst_table(rows, LOAD_COLUMNS), "", rst_table(rows, IDLE_COLUMNS), sep="\n")
+        if graphs:
+            print(rst_table(graphs, GRAPH_COLUMNS))
         return 0
     if args.insecure and args.transport != "tcp":
         p.error("--insecure applies to --transport tcp only; drop it or add --transport tcp")
@@ -686,12 +760,32 @@ def main(argv: list[str] | None = None) -> int:
     prefix, pinned = pin()
     print(f"# RLIMIT_NOFILE {nofile[0]}/{nofile[1]}; daemon {'pinned: ' + ' '.join(prefix) if pinned else 'NOT pinned (fewer than 2 CPUs or no taskset)'}; "
           f"harness on CPUs {sorted(os.sched_getaffinity(0))}; load average {os.getloadavg()[0]:.1f}", flush=True)
+    if args.graph:
+        from bench.scale_graph import parse, run_graph
+
+        cells = parse(args.graph)
+        for rep in range(args.repeat):
+            for shape, nodes in cells if rep % 2 == 0 else cells[::-1]:
+                for w in _ints(args.workers):
+                    for pr in _ints(args.processors):
+                        with tempfile.TemporaryDirectory(prefix="scale-") as workdir:
+                            row = run_graph(shape, nodes, w, pr, workdir, prefix, duration_sampler(args.duration))
+                        row["repeat"] = rep
+                        row["loadavg"] = os.getloadavg()[0]
+                        print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+                        if args.json:
+                            with open(args.json, "a") as f:
+                                f.write(json.dumps(row) + "\n")
+        return 0
     sizes = [Size(w, pr, c, args.tasks, args.window, args.idle, args.pending, args.duration, args.transport, args.insecure)
              for w in _ints(args.workers) for pr in _ints(args.processors) for c in _ints(args.clients)]
+    trees = [os.path.abspath(t) for t in args.daemon_trees.split(",")] if args.daemon_trees else [""]
     for rep in range(args.repeat):
-        for size in sizes:
+        for size, tree in [(s, t) for s in sizes for t in (trees if rep % 2 == 0 else trees[::-1])]:
+            size.daemon_tree = tree
             with tempfile.TemporaryDirectory(prefix="scale-") as workdir:
                 row = run_size(size, workdir, prefix)
+            row["daemon_tree"] = tree
             row["repeat"] = rep
             row["loadavg"] = os.getloadavg()[0]
             print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}), flush=True)

@@ -18,7 +18,7 @@ everything to do comes back as commands, so tests drive it with plain calls
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,7 @@ from scaler_executor.scheduler.history import History, history_message
 from scaler_executor.scheduler.managers import AdmitKeys, ManagerController, WithdrawKeys
 from scaler_executor.scheduler.no_worker import NoWorkerWatch
 from scaler_executor.scheduler.object_stream import CreditObjects, EndObjectSends
+from scaler_executor.scheduler.placement import Placement
 from scaler_executor.scheduler.policies import (
     LeastLoaded,
     ScalingView,
@@ -234,6 +235,7 @@ class Scheduler:
         self.state_counts: dict[TaskState, int] = {}  # tasks per state (TaskRecord.counts)
         self.ready = ReadyQueue()  # tasks any worker can run
         self.constrained: dict[ConstraintKey, ReadyQueue] = {}  # tasks that need resources or tags
+        self.placement = Placement()  # workers by profile, keys no worker can serve now (placement.py)
         # When each client last had a task dispatched (a running count): the ready queues
         # compete for the same workers' slots, and the one whose next client has waited
         # longest is served first (_dispatch), so rotation holds across queues too.
@@ -538,6 +540,7 @@ class Scheduler:
                 host=hello.host,
                 idle_since=self._now,
             )
+            self.placement.add(self.workers[peer])
             log.info("worker %r joined with %d processors (pid %d on %s)", hello.name, hello.capacity, hello.pid, hello.host)
             self.history.gauge(self._now, len(self.workers), self._memory_total)
             self.managers.worker_joined(self.workers[peer])
@@ -772,7 +775,7 @@ class Scheduler:
             return True
         if self.managers.can_fit(key):
             return True
-        return any(w.fits_ever(key) for w in self.workers.values() if w.broken is None)
+        return self.placement.satisfiable(key)
 
     def _unsatisfiable_text(self, key: ConstraintKey) -> str:
         have = "; ".join(
@@ -1060,6 +1063,7 @@ class Scheduler:
             duration = message.seconds / ended
             mean = worker.mean_task_seconds
             worker.mean_task_seconds = duration if mean is None else mean + EWMA_WEIGHT * (duration - mean)
+            self.placement.grew(peer)  # its prefetch window may have grown
         for task_id in message.announced:
             task = self.tasks.get(task_id)
             if task is None or not task.flags & TaskFlags.ON_LANE or task.worker != peer:
@@ -1073,6 +1077,7 @@ class Scheduler:
         for task_id in message.task_ids:
             if task_id in worker.inflight:
                 worker.seceded.add(task_id)
+                self.placement.grew(peer)  # a seceded task is not counted as load
 
     def _on_worker_draining(self, peer: bytes, message: m.WorkerDraining) -> None:
         """The worker drains (SIGTERM with ``--drain-seconds``: its job ends soon): nothing
@@ -1142,6 +1147,7 @@ class Scheduler:
         failed: list[tuple[int, int]] = []  # its report, if it comes later, says what ended them
         self.recorder.peak_memory.pop(worker.peer, None)
         del self.workers[worker.peer]
+        self.placement.remove(worker)
         self._memory_total -= worker.memory
         self.history.gauge(self._now, len(self.workers), self._memory_total)
         self.managers.worker_left(worker)
@@ -1241,6 +1247,7 @@ class Scheduler:
         if not self.workers:
             return
         out: dict[bytes, tuple[list[m.FunctionBlob], list[m.TaskDispatch]]] = {}
+        self.placement.refresh()
         if not self.constrained:
             if self.ready.live:
                 self._dispatch_ready(out)
@@ -1251,13 +1258,18 @@ class Scheduler:
             # rotation between clients whole: one client's backlog of tagged tasks cannot
             # starve another client's plain ones, nor the other way round.  Within a queue
             # the rotation is ReadyQueue's; priority breaks ties (one client's own order).
+            # Only the constrained queues some worker may serve now are visited (placement.py:
+            # a stuck key waits, at no cost per turn, until a worker that fits it has room).
             served = self._served
             order: list[tuple[int, int, ConstraintKey | None]] = []
             if self.ready.live:
                 order.append((served.get(self.ready.next_client() or b"", -1), -self.ready.head_priority(), None))
-            for key, queue in list(self.constrained.items()):
+            placement = self.placement
+            for key in list(placement.active):
+                queue = self.constrained[key]
                 if not queue.live:
                     del self.constrained[key]
+                    placement.served(key)
                     continue
                 order.append((served.get(queue.next_client() or b"", -1), -queue.head_priority(), key))
             order.sort(key=lambda entry: entry[:2])
@@ -1271,8 +1283,17 @@ class Scheduler:
 
     def _dispatch_ready(self, out: dict[bytes, tuple[list[m.FunctionBlob], list[m.TaskDispatch]]]) -> None:
         """Tasks any worker can run: the policy's share of each worker's free slots."""
-        workers = [w for w in self.workers.values() if w.broken is None and not w.draining]
-        slots = [WorkerSlot(w.capacity, len(w.inflight) - len(w.seceded), w.mean_task_seconds) for w in workers]
+        # Only the workers that may have room (placement.py): those found full, broken or
+        # draining leave the open set until they grow; the policy sees the rest, in join order.
+        max_prefetch, placement = self.config.max_prefetch, self.placement
+        workers, slots = [], []
+        for w in placement.open_workers(self.workers):
+            slot = WorkerSlot(w.capacity, len(w.inflight) - len(w.seceded), w.mean_task_seconds)
+            if w.broken is not None or w.draining or prefetch_window(slot, max_prefetch) <= slot.inflight:
+                placement.closed(w.peer)
+                continue
+            workers.append(w)
+            slots.append(slot)
         counts = self.policy.allocate(self.ready.live, slots)  # one per slot, same order
         for worker, count in zip(workers, counts, strict=False):
             for _ in range(count):
@@ -1292,8 +1313,15 @@ class Scheduler:
         """
         max_prefetch = self.config.max_prefetch
         queue = self.constrained[key]
-        for worker in self.workers.values():
-            if worker.broken is not None or worker.draining or not worker.fits_ever(key):
+        placement = self.placement
+        candidates = placement.candidates(key)
+        if candidates is None:  # not stuck: every worker that could ever run it
+            workers: Iterable[WorkerRecord] = placement.workers_for(key)
+        else:  # stuck: only those that may have room since (every other one still has none)
+            present = self.workers
+            workers = [w for peer in candidates if (w := present.get(peer)) is not None]
+        for worker in workers:
+            if worker.broken is not None or worker.draining:
                 continue
             window = prefetch_window(WorkerSlot(worker.capacity, 0, worker.mean_task_seconds), max_prefetch)
             while queue.live and len(worker.inflight) - len(worker.seceded) < window and worker.fits_now(key):
@@ -1303,6 +1331,11 @@ class Scheduler:
                 self._assign(worker, task, out)
             if not queue.live:
                 break
+        if queue.live:
+            placement.stick(key)  # no worker can take one more of these now
+        else:
+            del self.constrained[key]
+            placement.served(key)
 
     def _assign(
         self,
@@ -1352,6 +1385,7 @@ class Scheduler:
     def _unassign(self, worker: WorkerRecord, task: TaskRecord) -> None:
         del worker.inflight[task.task_id]
         worker.seceded.discard(task.task_id)
+        self.placement.grew(worker.peer)
         if not worker.inflight:
             worker.idle_since = self._now
         task.worker = None
@@ -1372,6 +1406,7 @@ class Scheduler:
         queue = self.constrained.get(key)
         if queue is None:
             queue = self.constrained[key] = ReadyQueue()
+            self.placement.queued(key)
         queue.push(task, front=front)
 
     def _unqueue(self, task: TaskRecord) -> None:
@@ -1384,7 +1419,12 @@ class Scheduler:
     def _expire_unsatisfiable(self, now: float) -> None:
         timeout = self.config.unsatisfiable_timeout
         for key, queue in list(self.constrained.items()):
-            if not queue.live or self._satisfiable(key):
+            if not queue.live:
+                if key not in self.placement.active:  # a stuck key's tasks all went (cancelled): drop it
+                    del self.constrained[key]
+                    self.placement.served(key)
+                continue
+            if self._satisfiable(key):
                 continue
             if key not in self._warned:
                 self._warned.add(key)
@@ -1657,6 +1697,30 @@ class Scheduler:
             for task_id in client.tasks:
                 assert self.tasks[task_id].client == client.peer, f"{client!r} owns stray task {task_id:#x}"
         self.managers.validate()
+        self.placement.validate(self.workers, self.constrained)
+        for key, queue in self.constrained.items():
+            if queue.live:
+                assert key in self.placement.active or key in self.placement.stuck, f"queue {key} is never tried"
+        # Exactness of the index (placement.py): a worker with room is open (or about to be
+        # looked at), and, in full where it is cheap, a stuck key with no candidate has no
+        # worker that could take one more of its tasks now.
+        placement = self.placement
+        for worker in self.workers.values():
+            if worker.broken is None and not worker.draining and not placement.pending(worker.peer):
+                slot = WorkerSlot(worker.capacity, len(worker.inflight) - len(worker.seceded), worker.mean_task_seconds)
+                if prefetch_window(slot, self.config.max_prefetch) > slot.inflight:
+                    assert worker.peer in placement.open, f"{worker!r} has room but is not open"
+        if len(placement.stuck) * len(self.workers) <= 50_000:
+            for key, candidates in placement.stuck.items():
+                if candidates or not self.constrained[key].live:
+                    continue
+                for worker in self.workers.values():
+                    if placement.pending(worker.peer):
+                        continue
+                    if worker.broken is None and not worker.draining and worker.fits_ever(key):
+                        window = prefetch_window(WorkerSlot(worker.capacity, 0, worker.mean_task_seconds), self.config.max_prefetch)
+                        room = len(worker.inflight) - len(worker.seceded) < window
+                        assert not (room and worker.fits_now(key)), f"stuck key {describe_key(key)} fits {worker!r} now"
 
 
 def _figure(value: int) -> int:

@@ -173,6 +173,7 @@ def stats_message(core: Scheduler) -> m.Stats:
     counters["objects"] = len(core.object_holds)
     counters["monitors"] = len(core._monitors)
     counters.update(core.no_worker.statistics(core.workers.values()))
+    counters.update(core.placement.statistics())
     if core.managers.managers or core.managers.workers or core.managers.ended or core.managers.interrupted:
         counters.update(core.managers.statistics())
     counters.update(core.turns.snapshot())
@@ -373,8 +374,10 @@ class Statistics(Mapping[str, Any]):
     (present while non-zero), ``workers``, ``processors``, ``clients``, ``functions``,
     ``submitted``, ``finished``, ``failed``, ``cancelled``, ``retried``, ``workers_lost``,
     ``clients_lost``, ``clients_left``, ``refused``, ``dropped_messages``, ``lane``,
-    ``delivered_direct``, the network object counters, with managers ``managers`` and
-    ``managed_<state>``, and, with security on, the ``security_refused_*`` counters.
+    ``delivered_direct``, the network object counters, the placement counters
+    (``placement_scans``, ``placement_retries``, ``placement_stuck``: scheduler/placement.py),
+    with managers ``managers`` and ``managed_<state>``, and, with security on, the
+    ``security_refused_*`` counters.
     """
 
     counters: Mapping[str, int | float | str]

@@ -68,3 +68,28 @@ def test_duration_spelling_is_checked() -> None:
         scale.duration_sampler("normal:1")
     assert scale.duration_sampler("fixed:0.25")() == 0.25
     assert 1.0 <= scale.duration_sampler("uniform:1:2")() <= 2.0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shape", ["tree", "shuffle"])
+def test_graph_mode_every_node_dispatched_once_with_its_dependencies(tmp_path: Path, shape: str) -> None:
+    """Simulated workers handle dependencies (bench/scale_graph.py): every node is dispatched
+    once, with the dependencies (and their values) its client declared, and every requested
+    result reaches the client with the value a local evaluation gives."""
+    from bench import scale_graph
+
+    row = scale_graph.run_graph(shape, 600, 4, 2, str(tmp_path), duration=scale.duration_sampler("uniform:0:0.002"), timeout=90)
+    for check in ("dispatched_more_than_once", "never_dispatched", "dep_errors", "values_wrong", "results_missing",
+                  "results_duplicated", "results_to_wrong_client"):
+        assert row[check] == 0, (check, row)
+    assert row["nodes"] >= 600 and row["daemon_finished"] == row["nodes"], row
+    assert row["daemon_tasks_left"] == 0, row  # every kept result released once its dependents ran
+
+
+def test_graph_cells_are_checked() -> None:
+    from bench import scale_graph
+
+    with pytest.raises(SystemExit, match="bad --graph cell 'ring:10'"):
+        scale_graph.parse("ring:10")
+    deps, values, wanted = scale_graph.tree(8)
+    assert len(deps) == 7 and wanted == [6] and scale_graph.evaluate(deps, values)[6] == sum(range(4))

@@ -38,7 +38,15 @@ After every step it checks:
    gets two per processor too).  A worker that is full by count, but not by resources,
    takes nothing more; a plain task needs no resource, so it waits only while every
    worker's window is full.  Nothing else (no seceded, draining or broken workers here)
-   keeps a fitting task from a worker with room.
+   keeps a fitting task from a worker with room.  One variant adds seceded tasks (a task
+   waiting on sub-tasks, ``Seceded``: not counted in the window, so its worker has room
+   again) and draws its workers from a few *profiles* (resources and tags), as real
+   clusters are started alike, so that the core's index of workers by profile and its
+   stuck keys (scheduler/placement.py) see classes of many workers.
+
+The core's ``validate()`` runs after every step too; besides its own records it checks
+the placement index: every worker with room is open to plain tasks, and a stuck key with
+no candidate fits no worker with room now.
 """
 
 from __future__ import annotations
@@ -178,6 +186,11 @@ needs = st.builds(
 class RefWorker:
     spec: WorkerSpec
     inflight: dict[int, int] = field(default_factory=dict)  # task id -> attempt, in order
+    seceded: set[int] = field(default_factory=set)  # of inflight: waiting on sub-tasks, not load
+
+    @property
+    def load(self) -> int:
+        return len(self.inflight) - len(self.seceded)
 
 
 @dataclass
@@ -284,11 +297,24 @@ class Placement:
             done = self.rng.sample(held, self.rng.randint(1, len(held)))
             for task_id, _ in done:
                 del worker.inflight[task_id]  # freed before the step: its dispatches see it so
+                worker.seceded.discard(task_id)
                 task = self.tasks[task_id]
                 task.state, task.where = "done", None
                 self.unanswered.add(task_id)
             events.append(Received(peer, [m.TaskResults([result(t, a) for t, a in done])], self.cluster.now))
         self.step(*events)
+
+    def secede(self) -> None:
+        """A busy worker says some of its tasks wait on sub-tasks: they stop counting as load."""
+        busy = [p for p, w in self.workers.items() if len(w.inflight) > len(w.seceded)]
+        if not busy:
+            return
+        peer = self.rng.choice(busy)
+        worker = self.workers[peer]
+        open_ = [t for t in worker.inflight if t not in worker.seceded]
+        chosen = self.rng.sample(open_, self.rng.randint(1, len(open_)))
+        worker.seceded.update(chosen)
+        self.step(Received(peer, [m.Seceded(chosen)], self.cluster.now))
 
     def leave(self, peer: bytes) -> None:
         """The worker leaves in an orderly way, handing back part of what it holds as
@@ -343,7 +369,7 @@ class Placement:
                     f"step {self.steps}: {peer!r} over-committed: its tasks hold {name}={held / UNIT[name]:g}"
                     f" of {declared / UNIT[name]:g} ({worker.spec}; {[self.tasks[t].need for t in worker.inflight]})"
                 )
-            assert len(worker.inflight) <= self.window(worker), (peer, worker, self.window(worker))
+            assert worker.load <= self.window(worker), (peer, worker, self.window(worker))
 
     def check(self) -> None:
         # What every result step must have answered: results travel in the step they end.
@@ -366,7 +392,7 @@ class Placement:
         free = np.array(
             [[w.spec.amount(n) - self.held(w, n) for n in RESOURCES] for w in workers], dtype=np.int64
         )
-        room = np.array([len(w.inflight) < self.window(w) for w in workers])
+        room = np.array([w.load < self.window(w) for w in workers])
         worker_tags = np.array([mask(w.spec.tags) for w in workers], dtype=np.int64)
         ids = sorted(queued)
         need = np.array([[self.tasks[t].need.amount(n) for n in RESOURCES] for t in ids], dtype=np.int64)
@@ -382,7 +408,7 @@ class Placement:
             raise AssertionError(
                 f"step {self.steps}: task {ids[i]:#x} needs {task.need} and waits, but {peers[j]!r}"
                 f" ({worker.spec}) has it free: {dict(zip(RESOURCES, free[j].tolist(), strict=True))},"
-                f" {len(worker.inflight)} of a window of {self.window(worker)}"
+                f" {worker.load} of a window of {self.window(worker)}"
             )
 
     # -------------------------------------------------------------- the end
@@ -453,6 +479,7 @@ def run(
     config: ClusterConfig,
     churn: float,
     make_worker: Any = None,
+    secede: float = 0.0,
 ) -> Placement:
     p = Placement(config, rng)
     peers = [b"c%d" % i for i in range(1, clients + 1)]
@@ -470,6 +497,8 @@ def run(
                 p.join_worker(spec)
         for _ in range(3):
             p.results(0.2)
+            if secede and rng.random() < secede:
+                p.secede()
             if churn and rng.random() < churn * 5:
                 p.leave(rng.choice(list(p.workers)))
                 p.join_worker(make_worker(rng) if make_worker else rng.choice(workers))
@@ -525,3 +554,74 @@ def test_placement_matches_the_reference(
 ) -> None:
     config = BASE.replace(max_prefetch=max_prefetch, unsatisfiable_timeout=0 if reject_at_once else None)
     run(caplog, random.Random(seed), workers, tasks, clients, waves, config, churn)
+
+
+def test_placement_with_few_profiles_and_seceded_tasks_matches_the_reference(caplog: pytest.LogCaptureFixture) -> None:
+    """1,000 workers of 8 profiles (capacities still random), tasks seceding now and then."""
+    rng = random.Random(2612)
+    profiles = [random_worker(rng) for _ in range(8)]
+
+    def make_worker(r: random.Random) -> WorkerSpec:
+        base = r.choice(profiles)
+        return WorkerSpec(r.randint(1, 4), base.resources, base.tags, base.declare_zero)
+
+    workers = [make_worker(rng) for _ in range(1000)]
+    tasks = [random_need(rng) for _ in range(3000)]
+    p = run(caplog, rng, workers, tasks, 3, 4, BASE.replace(max_prefetch=2), 0.05, make_worker, secede=0.5)
+    assert sum(len(t.dispatches) for t in p.tasks.values()) >= len(tasks)
+    assert p.cluster.scheduler.statistics()["placement_retries"] > 0  # stuck keys were retried on candidates
+
+
+def _answer(p: Placement, peer: bytes, count: int | None = None) -> Out:
+    """The worker answers its oldest ``count`` tasks (all by default)."""
+    worker = p.workers[peer]
+    done = list(worker.inflight.items())[:count]
+    for task_id, _ in done:
+        del worker.inflight[task_id]
+        p.tasks[task_id].state, p.tasks[task_id].where = "done", None
+        p.unanswered.add(task_id)
+    return p.step(Received(peer, [m.TaskResults([result(t, a) for t, a in done])], p.cluster.now))
+
+
+def _counts(p: Placement) -> tuple[int, int, int]:
+    stats = p.cluster.scheduler.statistics()
+    return stats["placement_scans"], stats["placement_retries"], stats["placement_stuck"]
+
+
+def test_a_stuck_key_is_not_tried_again_until_a_worker_that_fits_it_has_room(caplog: pytest.LogCaptureFixture) -> None:
+    """Through the daemon's statistics: keys nobody can serve cost no pass while nothing
+    that could serve them changes; a freed slot retries only the keys its worker fits."""
+    p = Placement(BASE.replace(max_prefetch=1), random.Random(1))
+    p.join_client(b"c1")
+    x_worker = WorkerSpec(1, (("mem", 80),), frozenset({"ssd"}))
+    peers = [p.join_worker(x_worker) for _ in range(20)]  # one profile; a window of 2 tasks each
+    never = [Need((("mem", 10 * (i + 1)),), frozenset({NOWHERE})) for i in range(30)]  # 30 keys, no worker has the tag
+    plenty = [Need((("mem", 10),), frozenset({"ssd"}))] * 50  # one key: 40 fit the windows, 10 wait
+    p.submit(b"c1", never + plenty)
+    scans, retries, stuck = _counts(p)
+    assert stuck == 31 and scans == 31 and retries == 0, (scans, retries, stuck)
+    assert len(p.queued()) == 40
+
+    # Nothing that could serve them changes: heartbeats, ticks, plain tasks on other workers.
+    plain = p.join_worker(WorkerSpec(2, (), frozenset()))
+    for _ in range(5):
+        p.step(*(Received(peer, [m.Heartbeat(1, 1)], p.cluster.now) for peer in peers))
+        p.cluster.now += 0.1
+        p.step(Tick(p.cluster.now))
+        p.submit(b"c1", [Need((), frozenset())])
+        assert p.workers[plain].inflight  # the only worker with room for it
+        _answer(p, plain)
+    scans1, retries1, stuck1 = _counts(p)
+    # The plain worker's profile fits none of the stuck keys (no ssd, no mem): no pass at all.
+    assert (scans1, retries1, stuck1) == (scans, retries, stuck), ((scans1, retries1, stuck1), (scans, retries, stuck))
+
+    # One ssd worker frees a slot: the ssd key alone is tried, on that worker alone.
+    peer = peers[0]
+    out = _answer(p, peer, 1)
+    assert len(out.dispatched(peer)) == 1 and len(p.queued()) == 39
+    assert _counts(p) == (scans, retries + 1, stuck)
+
+    # A worker with the missing tag joins: the 30 keys are tried on it, and run there.
+    p.join_worker(WorkerSpec(40, (("mem", 5000),), frozenset({NOWHERE})))
+    assert _counts(p) == (scans, retries + 31, 1)
+    assert len(p.queued()) == 9
