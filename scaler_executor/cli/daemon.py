@@ -217,6 +217,12 @@ def main(argv: list[str] | None = None) -> int:
             manager.stop()
         if dashboard is not None:
             dashboard.stop()
+        from scaler_executor.scheduler.journal import JournalError
+
+        if isinstance(exc, JournalError):  # its message names the journal and the fix
+            from scaler_executor.cli.common import fail
+
+            fail("scaler-daemon", f"cannot use the journal: {exc}")
         bind_failure("scaler-daemon", config.address, exc)
         raise
     daemon.install_signal_handlers()

@@ -90,7 +90,7 @@ WorkerId = NewType("WorkerId", int)
 TaskId = NewType("TaskId", int)
 FunctionId = NewType("FunctionId", int)
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: a journaled daemon's Welcome fields and the resume messages (46-50)
 TASK_ID_BITS = 40  # 10^12 tasks per client before ids wrap
 
 
@@ -263,6 +263,11 @@ class Welcome(NamedTuple):
     heartbeat_interval: float
     heartbeat_liveness: int
     object_store: str  # name of the daemon host's shared-memory region, "" if none
+    # A daemon with a journal (docs/durability.rst) survives its own restart: a peer then
+    # waits up to ``grace`` seconds for it and resumes with ``Resume(peer_id, token)``.
+    journal: bool = False
+    grace: float = 0.0
+    token: bytes = b""  # this peer's secret for Resume (random, journaled with the peer)
 
 
 class Refused(NamedTuple):
@@ -591,6 +596,48 @@ class ScaleWorkers(NamedTuple):
     stop: list[str]  # these workers (drained: they hold no task, or never ran)
 
 
+class Resume(NamedTuple):
+    """P→D, first message on a new connection to a daemon restarted on its journal: "I am
+    the peer you welcomed as ``peer_id``" (``token`` from that Welcome proves it).  Answered
+    with a Welcome; then the peer sends its report (ClientReport / WorkerReport)."""
+
+    peer_id: int
+    token: bytes
+
+
+class ClientReport(NamedTuple):
+    """C→D after a resumed Welcome: what the client still awaits, and everything the daemon
+    may not have journaled: its live callables and options, and every task it submitted
+    that was never acknowledged (SubmitAck), in order.  The daemon ignores what it knows."""
+
+    awaiting: list[int]  # task ids whose futures are pending
+    functions: list[FunctionBlob]
+    options: list[RegisterOptions]
+    tasks: list[TaskSpec]
+
+
+class WorkerReport(NamedTuple):
+    """W→D after a resumed Welcome: the tasks it holds (queued or running) and those it
+    finished whose results the daemon has not acknowledged; those results follow, sent again."""
+
+    holding: list[TaskAttempt]
+    finished: list[TaskAttempt]
+
+
+class ResultsAck(NamedTuple):
+    """C→D: TaskResults messages received since the last Welcome (cumulative): the daemon
+    forgets the results it kept for redelivery across a restart."""
+
+    count: int
+
+
+class ResultsJournaled(NamedTuple):
+    """D→W: TaskResults messages from this worker journaled since its last Welcome
+    (cumulative): the worker forgets the results it kept to send again after a restart."""
+
+    count: int
+
+
 # Tags on the wire.  Append only: a tag is never reused for another message.
 MESSAGE_TAGS: dict[type, int] = {
     Hello: 1,
@@ -629,6 +676,11 @@ MESSAGE_TAGS: dict[type, int] = {
     HistoryRequest: 43,
     History: 44,
     WorkerDraining: 45,
+    Resume: 46,
+    ClientReport: 47,
+    WorkerReport: 48,
+    ResultsAck: 49,
+    ResultsJournaled: 50,
 }
 
 # Which roles may send which messages to the daemon.
@@ -648,6 +700,8 @@ ACCEPTED_FROM: dict[str, frozenset[type]] = {
             ObjectChunk,
             StatsRequest,
             HistoryRequest,
+            ClientReport,
+            ResultsAck,
         }
     ),
     Role.WORKER: frozenset(
@@ -662,6 +716,7 @@ ACCEPTED_FROM: dict[str, frozenset[type]] = {
             LaneDone,
             LaneStarted,
             WorkerDraining,
+            WorkerReport,
         }
     ),
     Role.MONITOR: frozenset({Heartbeat, Goodbye, StatsRequest, HistoryRequest}),

@@ -540,9 +540,11 @@ class Scheduler:
                 limit = max(limit, self.config.client_timeout)
             self._liveness.add(peer, self._now + limit)
         self._quiet.add(peer, self._now + self.config.heartbeat_interval)
-        self._send(
-            peer, m.Welcome(peer_id, self.config.heartbeat_interval, self.config.heartbeat_liveness, self.object_store)
-        )
+        self._send(peer, self._welcome(peer, peer_id))
+
+    def _welcome(self, peer: bytes, peer_id: int) -> m.Welcome:
+        """The answer to an accepted Hello (a journaled daemon adds its fields: durable.py)."""
+        return m.Welcome(peer_id, self.config.heartbeat_interval, self.config.heartbeat_liveness, self.object_store)
 
     def _on_heartbeat(self, peer: bytes, message: m.Heartbeat) -> None:
         worker = self.workers.get(peer)

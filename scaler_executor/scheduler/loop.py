@@ -50,6 +50,7 @@ from scaler_executor.scheduler.core import (
     Wake,
     WorkerExited,
 )
+from scaler_executor.scheduler.durable import JournalWrite
 from scaler_executor.scheduler.managers import AdmitKeys, WithdrawKeys
 
 log = logging.getLogger("scaler_executor.daemon")
@@ -62,6 +63,14 @@ BACKLOG_RETRY_MS = 5
 # travels with it): larger ones are dropped undecoded, so a flood before the handshake
 # costs the daemon no memory (one 40 MB batch of 8 M heartbeats once grew it by 2 GB).
 MAX_HANDSHAKE_BYTES = 64 * 1024
+
+
+def journal_version() -> str:
+    """What a journal must have been written by: this package's version and the durable
+    core's record layout (scheduler/durable.py); any other is refused at start."""
+    from scaler_executor._version import __version__
+
+    return f"{__version__}/records-1"
 
 
 def daemon_limits(config: ClusterConfig, address: str) -> codec.Limits:
@@ -118,8 +127,26 @@ class Daemon:
         self.address = address
         from scaler_executor.scheduler.objects import HostStore
 
+        self.journal: Any = None
+        live: dict[bytes, bytes] = {}
+        if config.journal:
+            from scaler_executor.scheduler.journal import open_journal
+
+            # First: a journal that cannot be used (locked, corrupt, another version) stops
+            # the daemon before it binds or makes a store region.
+            self.journal, live = open_journal(
+                config.journal, package_version=journal_version(), policy=config.journal_fsync,
+                interval=config.journal_fsync_interval, log=log,
+            )
         self.objects = HostStore(config)
-        self.core = Scheduler(config, self.objects.name)
+        if self.journal is not None:
+            from scaler_executor.scheduler.durable import DurableScheduler
+
+            self.core: Scheduler = DurableScheduler(config, self.objects.name)
+            if live:
+                self.core.restore(live, time.monotonic())
+        else:
+            self.core = Scheduler(config, self.objects.name)
         self.core.store_stats = self.objects.figures
         self.lifeline_fd = lifeline_fd
         self.manager = manager
@@ -135,6 +162,8 @@ class Daemon:
             )
         except BaseException:  # the address is taken, say: the store region must not outlive us
             self.objects.close()
+            if self.journal is not None:
+                self.journal.close()
             raise
         self.backlog = Backlogs(MAX_BACKLOG, config.max_backlog_bytes)  # sends to peers that do not read
         self.unreachable: list[PeerUnreachable] = []
@@ -330,6 +359,11 @@ class Daemon:
     def _execute(self, commands: list[core.Command], now: float) -> None:
         # Chunks first: a result sent this turn may refer to the object they complete (a
         # worker on another host streams a large result before the result itself).
+        if commands and type(commands[0]) is JournalWrite:
+            # Written before anything of the turn is sent: a daemon killed at any point never
+            # said what its journal does not hold (scheduler/durable.py).
+            self.journal.append(commands[0].entries)
+            commands = commands[1:]
         for command in commands:
             if type(command) is StoreChunk:
                 self._store_chunk(command.peer, command.object_id, command.offset, command.total, now)
@@ -408,12 +442,17 @@ class Daemon:
     # ------------------------------------------------------------------ stop
 
     def _shutdown(self) -> None:
-        goodbye = codec.encode([m.Goodbye("daemon stopping")])
-        for peer in [*self.core.clients, *self.core.workers]:
-            try:
-                self.sock.send([peer, *goodbye])
-            except channel.SendError:
-                pass
+        if self.journal is None:
+            goodbye = codec.encode([m.Goodbye("daemon stopping")])
+            for peer in [*self.core.clients, *self.core.workers]:
+                try:
+                    self.sock.send([peer, *goodbye])
+                except channel.SendError:
+                    pass
+        else:
+            # With a journal a stop is a pause: peers wait for a restart (up to its grace
+            # period, docs/durability.rst) and resume; nothing of theirs is forgotten.
+            self.journal.close()
         if self.manager is not None:
             self.manager.stop()
         if self.security is not None:
