@@ -628,14 +628,14 @@ class ResultsAck(NamedTuple):
     """C→D: TaskResults messages received since the last Welcome (cumulative): the daemon
     forgets the results it kept for redelivery across a restart."""
 
-    count: int
+    received: int
 
 
 class ResultsJournaled(NamedTuple):
     """D→W: TaskResults messages from this worker journaled since its last Welcome
     (cumulative): the worker forgets the results it kept to send again after a restart."""
 
-    count: int
+    journaled: int
 
 
 # Tags on the wire.  Append only: a tag is never reused for another message.

@@ -39,7 +39,6 @@ waits up to ``restart_grace`` for the workers it had, and every peer resumes:
 
 from __future__ import annotations
 
-import dataclasses
 import hmac
 import logging
 import os
@@ -337,7 +336,7 @@ class DurableScheduler(Scheduler):
         if ledger is None:
             return
         batches, kept, entries = ledger.batches, ledger.kept, self._entries
-        while batches and batches[0][0] <= message.count:
+        while batches and batches[0][0] <= message.received:
             for task_id in batches.popleft()[1]:
                 if kept.pop(task_id, None) is not None:
                     entries.append((_key(b"k", task_id), None))
@@ -461,12 +460,15 @@ class DurableScheduler(Scheduler):
         for command in commands:
             kind = type(command)
             if kind is Send or kind is SendObjects:
-                peer = command.peer  # type: ignore[union-attr]
+                peer = command.peer  # type: ignore[union-attr]  # (Send or SendObjects)
                 if peer.startswith(LOGICAL):
                     conn = conn_of.get(peer)
                     if conn is None:
                         continue  # not back yet: what matters is kept and sent on its report
-                    command = dataclasses.replace(command, peer=conn)  # type: ignore[type-var]
+                    if type(command) is Send:
+                        command = Send(conn, command.messages)
+                    elif type(command) is SendObjects:
+                        command = SendObjects(conn, command.object_ids)
             out.append(command)
         return out
 
@@ -553,8 +555,8 @@ class DurableScheduler(Scheduler):
                 continue
             self.functions[fn_id] = value
             client.functions.add(fn_id)
-        dispatched = {task_id: value for task_id, value in by_kind.get(b"d", [])}
-        finished = {task_id: value for task_id, value in by_kind.get(b"r", [])}
+        dispatched = dict(by_kind.get(b"d", []))
+        finished = dict(by_kind.get(b"r", []))
         for task_id, value in by_kind.get(b"t", []):
             self._restore_task(task_id, value, dispatched, finished, garbage)
         for task_id in dispatched:

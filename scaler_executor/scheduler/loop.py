@@ -27,6 +27,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from scaler_executor.config import ClusterConfig
@@ -356,7 +357,7 @@ class Daemon:
             self.core.counters["objects_received"] += 1
         self._send(peer, codec.encode([m.ObjectStored(object_id, error)]), now)
 
-    def _execute(self, commands: list[core.Command], now: float) -> None:
+    def _execute(self, commands: Sequence[core.Command | JournalWrite], now: float) -> None:
         # Chunks first: a result sent this turn may refer to the object they complete (a
         # worker on another host streams a large result before the result itself).
         if commands and type(commands[0]) is JournalWrite:

@@ -135,7 +135,7 @@ class WorkerModel:
             for task_id in message.task_ids:
                 self.held.pop(task_id, None)
         elif kind is m.ResultsJournaled:
-            while message.count > self.acked:
+            while message.journaled > self.acked:
                 self.unacked.popleft()
                 self.acked += 1
         elif kind is m.Refused:
