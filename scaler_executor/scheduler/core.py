@@ -31,7 +31,7 @@ from scaler_executor.config import ClusterConfig, parse_resources, parse_tags
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS as DEFAULT
 from scaler_executor.protocol.messages import Role, Status, TaskFlags
-from scaler_executor.protocol.rejoin import UNKNOWN_PEER
+from scaler_executor.protocol.rejoin import NOT_RESUMABLE, UNKNOWN_PEER
 from scaler_executor.scheduler.deadlines import DeadlineQueue
 from scaler_executor.scheduler.history import History, history_message
 from scaler_executor.scheduler.managers import AdmitKeys, ManagerController, WithdrawKeys
@@ -357,7 +357,9 @@ class Scheduler:
         if role_record is None and not self._is_monitor(peer):
             first = messages[0] if messages else None
             if type(first) is not m.Hello:
-                if type(first) is not m.Goodbye:
+                if type(first) is m.Resume:  # (a journaled daemon's peers: scheduler/durable.py)
+                    self._send(peer, m.Refused(f"{UNKNOWN_PEER}: {NOT_RESUMABLE}: this daemon has no journal"))
+                elif type(first) is not m.Goodbye:
                     self._send(peer, m.Refused(f"{UNKNOWN_PEER}: send Hello first (was the daemon restarted?)"))
                 self.counters["dropped_messages"] += len(messages)
                 return

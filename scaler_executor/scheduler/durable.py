@@ -52,7 +52,7 @@ import msgpack
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS, Role, Status
-from scaler_executor.protocol.rejoin import UNKNOWN_PEER
+from scaler_executor.protocol.rejoin import NOT_RESUMABLE, UNKNOWN_PEER
 from scaler_executor.scheduler.core import (
     NONE,
     Command,
@@ -168,8 +168,12 @@ class DurableScheduler(Scheduler):
         peer = self._logical.get(conn)
         first = type(messages[0]) if messages else None
         if peer is not None:
+            if first is m.Resume:  # resumed already on this connection (its Resume was repeated)
+                messages = messages[1:]
+                first = type(messages[0]) if messages else None
             if first is not m.Hello:
-                super()._on_received(Received(peer, messages, event.now))
+                if messages:
+                    super()._on_received(Received(peer, messages, event.now))
                 return
             # Joining afresh on this connection: the old peer is gone, a new one joins.
             self._on_goodbye(peer, m.Goodbye("joined again"))
@@ -235,7 +239,7 @@ class DurableScheduler(Scheduler):
         if record is None or token is None or not hmac.compare_digest(token, message.token):
             self.counters["dropped_messages"] += 1
             self._out.setdefault(conn, []).append(m.Refused(
-                f"{UNKNOWN_PEER}: peer {message.peer_id} is not in this daemon's journal (it was forgotten, "
+                f"{UNKNOWN_PEER}: {NOT_RESUMABLE}: peer {message.peer_id} is not in this daemon's journal (it was forgotten, "
                 "or the daemon restarted without its journal)"
             ))
             return

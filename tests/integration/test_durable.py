@@ -1,0 +1,197 @@
+"""A daemon that can die (docs/durability.rst): SIGKILLed with work in flight and restarted on
+its journal, its clients' pending futures complete, exactly once, with the right value.
+
+Tasks record each run in a file (durable_tasks.record, O_APPEND): no id may appear twice
+unless its worker died too.  Waits are bounds, never assertions on timing.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from concurrent.futures import wait
+
+import psutil
+import pytest
+from durable_tasks import add, record, runs
+from scaler_testing import FAST, child_env, wait_until
+
+from scaler_executor import ScalerExecutor
+from scaler_executor.exceptions import WorkerLost
+
+pytestmark = pytest.mark.timeout(300)
+
+GRACE = "60"  # restart_grace: generous, so that a slow machine still gets everyone back
+CLIENT = FAST.replace(daemon_loss_timeout=10.0)
+
+
+class Cluster:
+    """A standalone ``scaler-daemon --journal`` and its ``scaler-worker``s; always cleaned up."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="sxj-")
+        self.sock_path = os.path.join(self.dir, "d.sock")
+        self.address = f"ipc://{self.sock_path}"
+        self.journal = os.path.join(self.dir, "journal")
+        self.runs = os.path.join(self.dir, "runs")
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.seen: set[int] = set()
+        self.log = open(os.path.join(self.dir, "log"), "wb")  # noqa: SIM115 - closed in close()
+
+    def start(self, *args: str, module: str) -> subprocess.Popen[bytes]:
+        flags = ["--heartbeat-interval", "0.1", "--heartbeat-liveness", "20"]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args, *flags], env=child_env(), stdout=self.log, stderr=subprocess.STDOUT
+        )
+        self.procs.append(proc)
+        return proc
+
+    def daemon(self, *args: str) -> subprocess.Popen[bytes]:
+        if os.path.exists(self.sock_path):
+            os.unlink(self.sock_path)  # a SIGKILLed daemon leaves its socket file
+        proc = self.start(
+            "--address", self.address, "--journal", self.journal, "--restart-grace", GRACE, *args,
+            module="scaler_executor.cli.daemon",
+        )
+        assert wait_until(lambda: os.path.exists(self.sock_path) or proc.poll() is not None, timeout=60)
+        assert proc.poll() is None, f"the daemon exited with {proc.returncode}: {self.text()}"
+        return proc
+
+    def worker(self, processors: int = 2) -> subprocess.Popen[bytes]:
+        return self.start(self.address, "--processors", str(processors), module="scaler_executor.cli.worker")
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def text(self) -> str:
+        self.log.flush()
+        with open(self.log.name, errors="replace") as f:
+            return f.read()[-5000:]
+
+    def close(self) -> None:
+        for proc in self.procs:
+            try:
+                self.seen.update(c.pid for c in psutil.Process(proc.pid).children(recursive=True))
+            except psutil.NoSuchProcess:
+                pass
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for pid in self.seen:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    c = Cluster()
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _twice(path: str) -> dict[int, int]:
+    return {i: n for i, n in collections.Counter(runs(path)).items() if n > 1}
+
+
+def test_pending_running_and_finished_futures_survive_a_sigkilled_daemon(cluster: Cluster) -> None:
+    daemon = cluster.daemon()
+    cluster.worker()
+    cluster.worker()
+    n = 10_000
+    with ScalerExecutor(address=cluster.address, config=CLIENT) as ex:
+        futures = [ex.submit(record, i, cluster.runs, 0.0005) for i in range(n)]
+        # Some done, some running, many pending: the daemon dies now.
+        assert wait_until(lambda: len(runs(cluster.runs)) >= n // 4, timeout=120), cluster.text()
+        cluster.kill(daemon)
+        done_at_kill = sum(f.done() for f in futures)
+        assert done_at_kill < n, "everything finished before the kill: the test proved nothing"
+        cluster.daemon()
+        finished, pending = wait(futures, timeout=240)
+        assert not pending, f"{len(pending)} futures never completed; log: {cluster.text()}"
+        assert [f.result() for f in futures] == [2 * i for i in range(n)]
+        print(f"{done_at_kill} of {n} futures done at the kill")
+    assert cluster.text().count("resumed with the daemon") == 2, cluster.text()  # both workers, no rejoin
+    assert _twice(cluster.runs) == {}, "tasks ran twice though no worker died"
+    assert sorted(set(runs(cluster.runs))) == list(range(n))
+
+
+def test_a_worker_that_never_returns_has_its_tasks_retried_elsewhere(cluster: Cluster) -> None:
+    daemon = cluster.daemon("--restart-grace", "3")
+    doomed = cluster.worker(processors=1)
+    with ScalerExecutor(address=cluster.address, config=CLIENT) as ex:
+        futures = [ex.submit(record, i, cluster.runs, 0.2) for i in range(6)]
+        assert wait_until(lambda: len(runs(cluster.runs)) >= 1, timeout=60), cluster.text()
+        cluster.kill(daemon)
+        for p in psutil.Process(doomed.pid).children(recursive=True):
+            p.kill()
+        cluster.kill(doomed)  # it never comes back
+        cluster.daemon("--restart-grace", "3")
+        cluster.worker(processors=2)
+        finished, pending = wait(futures, timeout=120)
+        assert not pending, cluster.text()
+        assert [f.result() for f in futures] == [2 * i for i in range(6)]
+
+
+def test_at_most_once_tasks_that_may_have_started_fail_clearly_across_a_restart(cluster: Cluster) -> None:
+    daemon = cluster.daemon("--restart-grace", "3")
+    doomed = cluster.worker(processors=1)
+    with ScalerExecutor(address=cluster.address, config=CLIENT) as ex:
+        future = ex.options(max_retries=0).submit(record, 7, cluster.runs, 30)
+        assert wait_until(lambda: runs(cluster.runs) == [7], timeout=60), cluster.text()
+        cluster.kill(daemon)
+        for p in psutil.Process(doomed.pid).children(recursive=True):
+            p.kill()
+        cluster.kill(doomed)
+        cluster.daemon("--restart-grace", "3")
+        cluster.worker(processors=1)
+        with pytest.raises(WorkerLost, match="max_retries=0 lets a task run at most once"):
+            future.result(timeout=120)
+    assert runs(cluster.runs) == [7]
+
+
+def test_a_graph_in_flight_survives_a_restart(cluster: Cluster) -> None:
+    daemon = cluster.daemon()
+    cluster.worker()
+    with ScalerExecutor(address=cluster.address, config=CLIENT) as ex:
+        first = ex.submit(record, 1, cluster.runs, 1.0)
+        second = ex.submit(add, first, 10)
+        third = ex.submit(add, second, first)
+        assert wait_until(lambda: runs(cluster.runs) == [1], timeout=60), cluster.text()
+        cluster.kill(daemon)
+        cluster.daemon()
+        assert third.result(timeout=120) == (2 + 10) + 2
+        assert second.result() == 12
+    assert runs(cluster.runs) == [1]
+
+
+def test_a_journal_of_another_version_is_refused(cluster: Cluster) -> None:
+    from scaler_executor.scheduler.journal import open_journal
+
+    writer, _ = open_journal(cluster.journal, package_version="0.0.0-elsewhere")
+    writer.append([(b"n", (5).to_bytes(8, "big"))])
+    writer.close()
+    proc = cluster.start(
+        "--address", cluster.address, "--journal", cluster.journal, module="scaler_executor.cli.daemon"
+    )
+    assert proc.wait(60) != 0
+    text = cluster.text()
+    assert cluster.journal in text and "0.0.0-elsewhere" in text, text
