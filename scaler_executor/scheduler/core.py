@@ -317,6 +317,10 @@ class Scheduler:
             m.ManagerOffer: lambda peer, message: self.managers.on_offer(peer, message),
             m.WorkerStates: lambda peer, message: self.managers.on_changes(peer, message),
             m.WorkerKeys: lambda peer, message: self.managers.on_keys(peer, message),
+            # A journaled daemon's (scheduler/durable.py); this one has no journal.
+            m.ClientReport: self._no_journal,
+            m.WorkerReport: self._no_journal,
+            m.ResultsAck: self._no_journal,
         }
         self._event_handlers: dict[type, Callable[[Any], None]] = {
             Received: self._on_received,
@@ -582,6 +586,9 @@ class Scheduler:
             return
         self.functions[fn_id] = message.payload
         client.functions.add(fn_id)
+
+    def _no_journal(self, peer: bytes, message: Any) -> None:
+        self._refuse(peer, type(message).__name__, "this daemon has no journal (scaler-daemon --journal)")
 
     def _refuse(self, peer: bytes, what: str, why: str) -> None:
         """A message not acted upon because it is not the sender's to send: counted always,
