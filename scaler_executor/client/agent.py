@@ -797,6 +797,13 @@ class ClientAgent:
     def _check_daemon(self, now: float) -> None:
         if self.cluster is not None:
             how = self.cluster.exit_status()
+            if how is not None and self.config.journal and not self.shutdown_requested:
+                refused = self.cluster.restart(now)  # its workers wait for it (client/cluster.py)
+                if refused is None:
+                    log.warning("client: the embedded scaler-daemon exited (%s); restarted it on its journal", how)
+                    return
+                self.break_with(DaemonLost(f"the embedded scaler-daemon exited ({how}): {refused}"))
+                return
             if how is not None:
                 self.break_with(DaemonLost(f"the embedded scaler-daemon exited unexpectedly ({how})"))
                 return

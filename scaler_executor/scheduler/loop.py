@@ -177,6 +177,11 @@ class Daemon:
         os.set_blocking(self._signal_r, False)
         os.set_blocking(self._signal_w, False)
 
+    def restored_local_pids(self) -> list[int]:
+        """The pids of this host's workers the journal named (a restarted daemon's local
+        manager keeps those still running instead of starting others: manager/adopted.py)."""
+        return [w.pid for w in self.core.workers.values() if w.host == self.host and w.pid > 0]
+
     def install_signal_handlers(self) -> None:
         signal.set_wakeup_fd(self._signal_w)
         for sig in (signal.SIGINT, signal.SIGTERM):

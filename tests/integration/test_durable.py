@@ -195,3 +195,63 @@ def test_a_journal_of_another_version_is_refused(cluster: Cluster) -> None:
     assert proc.wait(60) != 0
     text = cluster.text()
     assert cluster.journal in text and "0.0.0-elsewhere" in text, text
+
+
+# --------------------------------------------------------------------------- the embedded cluster
+
+
+def _embedded_daemon(ex: ScalerExecutor) -> psutil.Process:
+    directory = os.path.dirname(ex.address[len("ipc://") :])
+    for p in psutil.Process().children():
+        try:
+            if "scaler_executor.cli.daemon" in p.cmdline() and any(directory in part for part in p.cmdline()):
+                return p
+        except psutil.NoSuchProcess:
+            continue
+    raise AssertionError("no embedded daemon")
+
+
+
+
+# --------------------------------------------------------------------------- the embedded cluster
+
+
+def _embedded_daemon(ex: ScalerExecutor) -> psutil.Process:
+    directory = os.path.dirname(ex._address[len("ipc://") :])
+    for p in psutil.Process().children():
+        try:
+            if "scaler_executor.cli.daemon" in p.cmdline() and any(directory in part for part in p.cmdline()):
+                return p
+        except psutil.NoSuchProcess:
+            continue
+    raise AssertionError("no embedded daemon")
+
+
+def _local_workers(daemon: psutil.Process) -> set[int]:
+    return {c.pid for c in daemon.children() if "scaler_executor.cli.worker" in c.cmdline()}
+
+
+def test_the_embedded_cluster_restarts_its_sigkilled_daemon_and_futures_complete(tmp_path) -> None:
+    path = str(tmp_path / "runs")
+    n = 10_000
+    with ScalerExecutor(max_workers=2, journal=tmp_path / "journal", config=CLIENT) as ex:
+        futures = [ex.submit(record, i, path, 0.0005) for i in range(n)]
+        assert wait_until(lambda: len(runs(path)) >= n // 4, timeout=120)
+        daemon = _embedded_daemon(ex)
+        workers = _local_workers(daemon)
+        assert workers
+        daemon.kill()
+        daemon.wait(30)
+        done_at_kill = sum(f.done() for f in futures)
+        assert done_at_kill < n, "everything finished before the kill: the test proved nothing"
+        finished, pending = wait(futures, timeout=240)
+        assert not pending, f"{len(pending)} futures never completed"
+        assert [f.result() for f in futures] == [2 * i for i in range(n)]
+        restarted = _embedded_daemon(ex)
+        assert restarted.pid != daemon.pid
+        # Its workers outlived the daemon and were kept: none was started in their place.
+        assert all(psutil.pid_exists(pid) for pid in workers)
+        assert not _local_workers(restarted)
+    assert _twice(path) == {}, "tasks ran twice though no worker died"
+    assert sorted(set(runs(path))) == list(range(n))
+    assert wait_until(lambda: not any(psutil.pid_exists(pid) for pid in workers), timeout=60), "workers outlived the executor"
