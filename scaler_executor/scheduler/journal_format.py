@@ -33,6 +33,7 @@ so a torn tail in them is corruption, not a crash.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import re
 import struct
@@ -167,9 +168,12 @@ def _apply(live: dict[bytes, bytes], payload: bytes, path: str, offset: int) -> 
 
 def _check_header(path: str, data: bytes, package_version: str, last: bool) -> int | None:
     """The header's length, or None for a torn header (only allowed in the last segment)."""
+    ours = header_bytes(package_version)
+    if last and len(data) < len(ours) and ours.startswith(data):
+        # Torn while the segment was being created: a prefix of the very header we write (a
+        # damaged header whose version length runs past the file's end is corruption, not this).
+        return None
     if len(data) < _FIXED.size:
-        if last and MAGIC.startswith(data[: len(MAGIC)]):
-            return None
         raise JournalCorrupt(path, 0, f"file too short for a journal header ({len(data)} bytes)")
     magic, fmt, vlen = _FIXED.unpack_from(data)
     if magic != MAGIC:
@@ -182,8 +186,6 @@ def _check_header(path: str, data: bytes, package_version: str, last: bool) -> i
         )
     end: int = _FIXED.size + vlen + 4
     if len(data) < end:
-        if last:
-            return None
         raise JournalCorrupt(path, 0, "file too short for its journal header")
     crc: int = _U32.unpack_from(data, end - 4)[0]
     if crc != zlib.crc32(data[: end - 4]):
@@ -207,22 +209,28 @@ def read_file(
     (0, 0, 0).  Raises JournalCorrupt / JournalVersionMismatch.
     """
     with open(path, "rb") as f:
-        data = f.read()
-    start = _check_header(path, data, package_version, last)
-    if start is None:
-        return 0, 0, 0
-    offset, size, records = start, len(data), 0
-    while offset < size:
-        torn = _record_end(path, data, offset, last)
-        if torn is None:
-            return offset, offset, records
-        _apply(live, data[offset + RECORD_HEADER : torn], path, offset)
-        offset = torn
-        records += 1
-    return offset, None, records
+        size = os.fstat(f.fileno()).st_size
+        # Mapped, not read: a large base is not held twice (its bytes and the map built from them).
+        data: bytes | mmap.mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    try:
+        start = _check_header(path, data[: _FIXED.size + 0xFFFF + 4], package_version, last)
+        if start is None:
+            return 0, 0, 0
+        offset, records = start, 0
+        while offset < size:
+            torn = _record_end(path, data, offset, last)
+            if torn is None:
+                return offset, offset, records
+            _apply(live, data[offset + RECORD_HEADER : torn], path, offset)
+            offset = torn
+            records += 1
+        return offset, None, records
+    finally:
+        if isinstance(data, mmap.mmap):
+            data.close()
 
 
-def _record_end(path: str, data: bytes, offset: int, last: bool) -> int | None:
+def _record_end(path: str, data: bytes | mmap.mmap, offset: int, last: bool) -> int | None:
     """The end of the record at ``offset``, or None when it is a torn tail (last segment only)."""
     size = len(data)
 
@@ -241,7 +249,7 @@ def _record_end(path: str, data: bytes, offset: int, last: bool) -> int | None:
     bad = length_crc != zlib.crc32(data[offset : offset + 4]) or length > MAX_RECORD or end > size
     # Counted only for a bad header (for every record it would be quadratic): a power loss may
     # leave the file extended by zero bytes after its last complete record.
-    if bad and data.count(0, offset) == size - offset:
+    if bad and data[offset:].count(0) == size - offset:
         return torn("a tail of zero bytes")
     if length_crc != zlib.crc32(data[offset : offset + 4]):
         raise JournalCorrupt(path, offset, "record length checksum mismatch")
@@ -294,8 +302,8 @@ def read_journal(path: str, *, package_version: str, log: logging.Logger | None 
             out.torn = (name, torn)
             out.torn_header = valid == 0
             (log or logging.getLogger(__name__)).warning(
-                "journal: dropped a torn last record in %s at offset %d (%d bytes: the process "
-                "writing it died mid-write; the file is truncated there when the journal is opened)",
-                full, torn, os.path.getsize(full) - torn,
+                "journal: dropped a torn %s in %s at offset %d (%d bytes: the process writing it "
+                "died mid-write; the file is truncated there when the journal is opened)",
+                "header" if valid == 0 else "last record", full, torn, os.path.getsize(full) - torn,
             )
     return out
