@@ -74,6 +74,12 @@ def journal_version() -> str:
     return f"{__version__}/records-1"
 
 
+def _journal_error(exc: BaseException) -> bool:
+    from scaler_executor.scheduler.journal import JournalError
+
+    return isinstance(exc, JournalError)
+
+
 def daemon_limits(config: ClusterConfig, address: str) -> codec.Limits:
     """What one transmission from a peer may decode to (codec.Limits): over a cap, it is
     dropped like any malformed one.  Arrays may hold as many items as a client may have
@@ -153,6 +159,7 @@ class Daemon:
         self.manager = manager
         self.host = socket.gethostname()
         self.stopping = False
+        self.exit_code = 0
         self.security = security
         self.report = report
         if security is not None:
@@ -250,7 +257,18 @@ class Daemon:
                     except Exception:  # a bug in the core must not take the cluster down
                         log.exception("daemon: the core failed to handle %d events", len(events))
                         continue
-                    self._execute(commands, now)
+                    try:
+                        self._execute(commands, now)
+                    except Exception as exc:
+                        if not _journal_error(exc):
+                            raise
+                        # Nothing of this turn was sent: the journal holds all that peers heard.
+                        log.error(
+                            "daemon: cannot write its journal: %s; stopping (peers wait for a restart "
+                            "on the journal once the cause is fixed)", exc,
+                        )
+                        self.exit_code = 3
+                        break
                     self.core.turns.record(time.perf_counter_ns() - turn_started)
                 self.chunks.clear()  # those the core refused (a peer not allowed to put)
                 if self.backlog:
@@ -261,7 +279,7 @@ class Daemon:
             if self.report is not None:
                 self._write_report(self.report)
             self._shutdown()
-        return 0
+        return self.exit_code
 
     def _write_report(self, path: str) -> None:
         try:
