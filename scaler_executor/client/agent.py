@@ -667,6 +667,8 @@ class ClientAgent:
 
     def _on_results(self, message: m.TaskResults, _buffers: list[Any]) -> None:
         self.resume.received += 1
+        if self.core.sent_unacked is not None:
+            self.resume.refused(self.core, message.results)  # (a journaled daemon's full disk)
         self._take_results(message.results)
 
     def _on_running(self, message: m.TasksRunning, _buffers: list[Any]) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from scaler_executor.protocol import messages as m
+from scaler_executor.protocol.rejoin import JOURNAL_FULL
 
 if TYPE_CHECKING:
     from scaler_executor.client.state import ClientCore
@@ -69,6 +70,20 @@ class ClientResume:
     def ack(self, now: float) -> m.ResultsAck:
         self.acked, self.acked_at = self.received, now
         return m.ResultsAck(self.received)
+
+    def refused(self, core: ClientCore, results: list[m.TaskResult]) -> None:
+        """Submissions the daemon refused because its journal could not be written: never
+        acknowledged, they leave what we keep to send again (their futures fail)."""
+        gone = {
+            r.task_id for r in results
+            if r.status == m.Status.REJECTED and r.payload.startswith(JOURNAL_FULL.encode())
+        }
+        retained = core.sent_unacked
+        if gone and retained is not None:
+            kept = [spec for spec in retained if spec.task_id not in gone]
+            core.unacked -= len(retained) - len(kept)
+            retained.clear()
+            retained.extend(kept)
 
     def silence_limit(self, heartbeat_interval: float) -> float:
         """How long a journaled daemon may be silent, or refuse connections, before its

@@ -17,8 +17,9 @@ import time
 WORKER_MODULE = b"scaler_executor.cli.worker"
 
 
-def _runs_a_worker(pid: int) -> bool:
-    """Whether ``pid`` is a live (not zombie) worker agent of this user's (Linux /proc)."""
+def _runs_a_worker(pid: int, address: str = "") -> bool:
+    """Whether ``pid`` is a live (not zombie) worker agent of this user's, of the daemon at
+    ``address`` if given (Linux /proc)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmdline = f.read()
@@ -27,7 +28,9 @@ def _runs_a_worker(pid: int) -> bool:
         owner = os.stat(f"/proc/{pid}").st_uid
     except OSError:
         return False
-    return WORKER_MODULE in cmdline and state != b"Z" and owner == os.getuid()
+    parts = cmdline.split(b"\0")
+    mine = not address or os.fsencode(address) in parts
+    return WORKER_MODULE in parts and mine and state != b"Z" and owner == os.getuid()
 
 
 class AdoptedWorker:
@@ -39,9 +42,9 @@ class AdoptedWorker:
         self.returncode: int | None = None
 
     @classmethod
-    def find(cls, pid: int) -> AdoptedWorker | None:
-        """The worker agent ``pid`` if it still runs, else None."""
-        return cls(pid) if _runs_a_worker(pid) else None
+    def find(cls, pid: int, address: str) -> AdoptedWorker | None:
+        """The worker agent ``pid`` of the daemon at ``address`` if it still runs, else None."""
+        return cls(pid) if _runs_a_worker(pid, address) else None
 
     def poll(self) -> int | None:
         if self.returncode is None and not _runs_a_worker(self.pid):

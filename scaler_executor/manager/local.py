@@ -86,7 +86,7 @@ class LocalWorkerManager:
         now = time.monotonic()
         adopted = 0
         for pid in pids:
-            worker = AdoptedWorker.find(pid)
+            worker = AdoptedWorker.find(pid, self.address)
             if worker is not None and pid not in self.workers:
                 self.workers[pid] = (worker, now)
                 adopted += 1

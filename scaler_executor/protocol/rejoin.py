@@ -46,6 +46,11 @@ UNKNOWN_PEER = "unknown peer"
 NOT_RESUMABLE = "not resumable"
 
 
+# How a journaled daemon's refusal of a submission starts when its journal cannot be written
+# (a full disk): the task was never written nor acknowledged, and will not be sent again.
+JOURNAL_FULL = "journal full"
+
+
 def is_unknown_peer(reason: str) -> bool:
     return reason.startswith(UNKNOWN_PEER)
 

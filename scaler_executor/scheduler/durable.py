@@ -52,7 +52,7 @@ import msgpack
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS, Role, Status
-from scaler_executor.protocol.rejoin import NOT_RESUMABLE, UNKNOWN_PEER
+from scaler_executor.protocol.rejoin import JOURNAL_FULL, NOT_RESUMABLE, UNKNOWN_PEER
 from scaler_executor.scheduler.core import (
     NONE,
     Command,
@@ -79,6 +79,15 @@ LOGICAL = b"\xffP"  # a journaled peer's id in the core; no transport identity s
 NEXT_PEER = b"n"
 
 Entries = list[tuple[bytes, bytes | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class SendNow:
+    """Send at once, even while the loop holds the turns its journal could not write yet
+    (the refusals of submissions while the journal is full: they change no journaled state)."""
+
+    peer: bytes
+    messages: list[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +137,8 @@ class DurableScheduler(Scheduler):
         self._entries: Entries = []
         self._dirty: set[int] = set()  # tasks whose records may have changed this turn
         self._jt: dict[int, int] = {}  # task id -> the attempt its ``t`` record says
-        self._jd: dict[int, bytes] = {}  # task id -> its ``d`` record
+        self._jd: dict[int, bytes] = {}  # task id -> the dispatch journaled (in its ``t`` or ``d`` record)
+        self._dkeys: set[int] = set()  # tasks with a ``d`` record of their own
         self._jr: set[int] = set()  # tasks with an ``r`` record
         self._conn_of: dict[bytes, bytes] = {}  # logical id -> its connection now
         self._logical: dict[bytes, bytes] = {}  # connection -> logical id
@@ -141,6 +151,8 @@ class DurableScheduler(Scheduler):
         self._ack_due: set[bytes] = set()
         self.recovering_until: float | None = None
         self.restored = False
+        self.journal_full: str | None = None  # why the journal cannot be written (the loop says)
+        self._refusals: dict[bytes, list[m.TaskResult]] = {}
         self._handlers[m.ClientReport] = self._on_client_report
         self._handlers[m.WorkerReport] = self._on_worker_report
         self._handlers[m.ResultsAck] = self._on_results_ack
@@ -347,7 +359,26 @@ class DurableScheduler(Scheduler):
 
     # ------------------------------------------------------------------ hooks on the core's paths
 
+    def set_journal_full(self, reason: str | None) -> None:
+        """(The loop) the journal cannot be written (a full disk), or can again (None).
+        Meanwhile new submissions are refused at once, naming ``reason``; the loop holds
+        every turn's sends until their entries are written."""
+        if reason is not None and self.journal_full is None:
+            log.error("daemon: %s; refusing new submissions until it can be written again", reason)
+        elif reason is None and self.journal_full is not None:
+            log.warning("daemon: the journal can be written again; accepting submissions")
+        self.journal_full = reason
+
     def _on_submit(self, peer: bytes, message: m.SubmitTasks) -> None:
+        if self.journal_full is not None:
+            # Neither recorded nor acknowledged: the client drops these from what it keeps
+            # to send again (client/resume.py), and its futures fail with the reason.
+            text = f"{JOURNAL_FULL}: {self.journal_full}; the task was not accepted".encode()
+            refused = self._refusals.setdefault(peer, [])
+            for spec in message.tasks:
+                refused.append(m.TaskResult(spec.task_id, 0, Status.REJECTED, text, m.NO_FACTS, m.NO_OBJECTS))
+            self.counters["failed"] += len(message.tasks)
+            return
         super()._on_submit(peer, message)
         self._dirty.update(spec.task_id for spec in message.tasks)
 
@@ -461,6 +492,12 @@ class DurableScheduler(Scheduler):
         if self._entries:
             out.append(JournalWrite(self._entries))  # type: ignore[arg-type]  # the loop knows it
             self._entries = []
+        if self._refusals:
+            for peer, refused in self._refusals.items():
+                conn = conn_of.get(peer)
+                if conn is not None:
+                    out.append(SendNow(conn, [m.TaskResults(refused)]))  # type: ignore[arg-type]
+            self._refusals = {}
         for command in commands:
             kind = type(command)
             if kind is Send or kind is SendObjects:
@@ -477,35 +514,52 @@ class DurableScheduler(Scheduler):
         return out
 
     def _journal_tasks(self) -> None:
+        """The records of the tasks this turn touched, from their state.  A task's dispatch
+        travels in its ``t`` record when both are written in one turn (submitted and
+        dispatched at once: the common case), else in a ``d`` record of its own; a task
+        leaves a worker other than by ending only with a new attempt, which rewrites ``t``."""
         entries, tasks, clients = self._entries, self.tasks, self.clients
-        jt, jd, jr = self._jt, self._jd, self._jr
+        jt, jd, jr, dkeys = self._jt, self._jd, self._jr, self._dkeys
         for task_id in self._dirty:
             task = tasks.get(task_id)
             if task is None or task.client not in clients:
                 if jt.pop(task_id, None) is not None:
                     entries.append((_key(b"t", task_id), None))
-                if jd.pop(task_id, None) is not None:
+                jd.pop(task_id, None)
+                if task_id in dkeys:
+                    dkeys.discard(task_id)
                     entries.append((_key(b"d", task_id), None))
                 if task_id in jr:
                     jr.discard(task_id)
                     entries.append((_key(b"r", task_id), None))
                 continue
+            state = task.state
+            dispatch = b""
+            if state in AT_WORKER_STATES:
+                assert task.worker is not None
+                dispatch = self.workers[task.worker].worker_id.to_bytes(8, "big") + task.attempt.to_bytes(4, "big")
             if jt.get(task_id) != task.attempt:
                 jt[task_id] = task.attempt
                 options = None if task.options is DEFAULT_OPTIONS else list(task.options)
                 entries.append((_key(b"t", task_id), _pack([
                     task.fn_id, task.flags, task.payload, list(task.deps), list(task.objects), task.parent,
-                    options, task.attempt, task.failures,
+                    options, task.attempt, task.failures, dispatch,
                 ])))
-            state = task.state
-            if state in AT_WORKER_STATES:
-                assert task.worker is not None
-                dispatch = self.workers[task.worker].worker_id.to_bytes(8, "big") + task.attempt.to_bytes(4, "big")
+                if dispatch:
+                    jd[task_id] = dispatch
+                else:
+                    jd.pop(task_id, None)
+                if task_id in dkeys:  # an earlier attempt's
+                    dkeys.discard(task_id)
+                    entries.append((_key(b"d", task_id), None))
+            elif dispatch:
                 if jd.get(task_id) != dispatch:
                     jd[task_id] = dispatch
+                    dkeys.add(task_id)
                     entries.append((_key(b"d", task_id), dispatch))
-            elif task_id in jd:
-                del jd[task_id]
+            elif task_id in dkeys:
+                dkeys.discard(task_id)
+                jd.pop(task_id, None)
                 entries.append((_key(b"d", task_id), None))
             if state is TaskState.FINISHED and task_id not in jr:
                 jr.add(task_id)
@@ -564,7 +618,7 @@ class DurableScheduler(Scheduler):
         for task_id, value in by_kind.get(b"t", []):
             self._restore_task(task_id, value, dispatched, finished, garbage)
         for task_id in dispatched:
-            if task_id not in self._jd:
+            if task_id not in self._dkeys:
                 garbage.append(_key(b"d", task_id))
         for task_id in finished:
             if task_id not in self._jr:
@@ -592,7 +646,7 @@ class DurableScheduler(Scheduler):
     ) -> None:
         peer = logical(task_id >> m.TASK_ID_BITS)
         client = self.clients.get(peer)
-        fn_id, flags, payload, deps, objects, parent, options, attempt, failures = _unpack(value)
+        fn_id, flags, payload, deps, objects, parent, options, attempt, failures, in_t = _unpack(value)
         if client is None or (fn_id and fn_id not in self.functions):
             garbage.append(_key(b"t", task_id))
             return
@@ -625,8 +679,8 @@ class DurableScheduler(Scheduler):
             return
         key = constraint_key(task_options.resources, task_options.tags) if task_options is not DEFAULT_OPTIONS else None
         task.queue_key = key
-        record = dispatched.get(task_id)
-        if record is not None:
+        record = dispatched.get(task_id) or in_t
+        if record:
             worker = self.workers.get(logical(int.from_bytes(record[:8], "big")))
             if worker is not None and int.from_bytes(record[8:], "big") == attempt:
                 task.transition("dispatch")
@@ -636,6 +690,8 @@ class DurableScheduler(Scheduler):
                     for name, quantity in key[0]:
                         worker.used[name] = worker.used.get(name, 0.0) + quantity
                 self._jd[task_id] = record
+                if task_id in dispatched:
+                    self._dkeys.add(task_id)
                 return
         task.queued_at = self._now
         self._queue(task)

@@ -160,6 +160,9 @@ class Daemon:
         self.host = socket.gethostname()
         self.stopping = False
         self.exit_code = 0
+        # A turn the journal could not write (a full disk): its entries and commands, with
+        # every later turn's, held until a write succeeds (_journaled).
+        self.held: tuple[list[Any], list[Any]] | None = None
         self.security = security
         self.report = report
         if security is not None:
@@ -219,7 +222,7 @@ class Daemon:
                 deadline = next_tick if wakeup is None else min(next_tick, wakeup)
                 # Rounded up to whole milliseconds: a 0 would spin.
                 timeout = math.ceil(max(0.0, deadline - now) * 1000)
-                if self.backlog:
+                if self.backlog or self.held is not None:
                     timeout = min(timeout, BACKLOG_RETRY_MS)
                 ready = poller.poll(self.sock.poll_timeout(timeout))
                 turn_started = time.perf_counter_ns()
@@ -251,6 +254,8 @@ class Daemon:
                     self.unreachable = []
                 if not events and wakeup is not None and now >= wakeup:
                     events.append(Wake(now))
+                if not events and self.held is not None:
+                    events.append(Wake(now))  # try the held journal write again
                 if events:
                     try:
                         commands = self.core.handle(*events)
@@ -380,14 +385,14 @@ class Daemon:
             self.core.counters["objects_received"] += 1
         self._send(peer, codec.encode([m.ObjectStored(object_id, error)]), now)
 
-    def _execute(self, commands: Sequence[core.Command | JournalWrite], now: float) -> None:
+    def _execute(self, commands: Sequence[Any], now: float) -> None:  # core.Command, JournalWrite, SendNow
         # Chunks first: a result sent this turn may refer to the object they complete (a
         # worker on another host streams a large result before the result itself).
-        if commands and type(commands[0]) is JournalWrite:
-            # Written before anything of the turn is sent: a daemon killed at any point never
-            # said what its journal does not hold (scheduler/durable.py).
-            self.journal.append(commands[0].entries)
-            commands = commands[1:]
+        if self.journal is not None:
+            written = self._journaled(commands, now)
+            if written is None:
+                return
+            commands = written
         for command in commands:
             if type(command) is StoreChunk:
                 self._store_chunk(command.peer, command.object_id, command.offset, command.total, now)
@@ -426,6 +431,38 @@ class Daemon:
                         self.security.forget(self.core.knows)
                 case _:
                     raise TypeError(f"daemon loop cannot execute unknown command {command!r}")
+
+    def _journaled(self, commands: Sequence[Any], now: float) -> Sequence[Any] | None:
+        """Write the turn's journal entries before anything of it is sent (scheduler/durable.py):
+        a daemon killed at any point never said what its journal does not hold.  A full disk
+        (JournalFull) holds the turn, and every later one, until a write succeeds (retried
+        every turn); meanwhile the core refuses new submissions (sent at once: SendNow)."""
+        from scaler_executor.scheduler.durable import SendNow
+        from scaler_executor.scheduler.journal import JournalFull
+
+        now_sends = [c for c in commands if type(c) is SendNow]
+        for command in now_sends:
+            self._send(command.peer, codec.encode(command.messages), now)
+        entries = commands[0].entries if commands and type(commands[0]) is JournalWrite else []
+        rest = [c for c in commands if type(c) is not JournalWrite and type(c) is not SendNow]
+        if self.held is not None:
+            self.held[0].extend(entries)
+            self.held[1].extend(rest)
+            entries, rest = self.held
+        if not entries:
+            self.held = None
+            return rest
+        try:
+            self.journal.append(entries)
+        except JournalFull as exc:
+            if self.held is None:
+                self.held = (list(entries), list(rest))
+            self.core.set_journal_full(str(exc))  # type: ignore[attr-defined]  # a DurableScheduler
+            return None
+        if self.held is not None:
+            self.held = None
+            self.core.set_journal_full(None)  # type: ignore[attr-defined]
+        return rest
 
     def _send(self, peer: bytes, frames: list[Any], now: float) -> None:
         if peer in self.backlog:

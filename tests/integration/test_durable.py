@@ -255,3 +255,67 @@ def test_the_embedded_cluster_restarts_its_sigkilled_daemon_and_futures_complete
     assert _twice(path) == {}, "tasks ran twice though no worker died"
     assert sorted(set(runs(path))) == list(range(n))
     assert wait_until(lambda: not any(psutil.pid_exists(pid) for pid in workers), timeout=60), "workers outlived the executor"
+
+
+# --------------------------------------------------------------------------- a full disk
+
+
+@pytest.fixture
+def tiny_disk() -> Iterator[str]:
+    """A 2 MiB tmpfs for the journal, unmounted (and its mount point removed) on every exit path."""
+    from scaler_testing import requires_system
+
+    where = tempfile.mkdtemp(prefix="scaler-durable-tmpfs-")
+    try:
+        if os.geteuid() != 0:
+            requires_system("needs root to mount a tmpfs (a real full disk for the journal)")
+        run = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs", where],
+                             capture_output=True, text=True, timeout=30)
+        if run.returncode != 0:
+            requires_system(f"mount -t tmpfs is not permitted here ({run.stderr.strip()})")
+        try:
+            yield where
+        finally:
+            subprocess.run(["umount", "-l", where], check=True, timeout=30)
+    finally:
+        os.rmdir(where)
+
+
+def test_a_full_journal_refuses_new_submissions_clearly_and_loses_nothing(cluster: Cluster, tiny_disk: str) -> None:
+    from scaler_executor.exceptions import TaskError
+
+    cluster.journal = os.path.join(tiny_disk, "journal")
+    cluster.daemon()
+    cluster.worker(processors=1)
+    filler = os.path.join(tiny_disk, "filler")
+    with ScalerExecutor(address=cluster.address, config=CLIENT) as ex:
+        assert ex.submit(add, 1, 2).result(timeout=60) == 3
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            for size in (65536, 4096, 1):  # to the last byte: the disk is full now
+                try:
+                    while True:
+                        os.write(fd, b"\0" * size)
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
+        held = []
+        refused = None
+        for i in range(2000):  # bounded: the daemon learns at its next write that it is full
+            future = ex.submit(add, i, 1)
+            try:
+                error = future.exception(timeout=0.05)
+            except TimeoutError:
+                held.append((i, future))  # accepted before the daemon found its journal full
+                continue
+            if error is None:
+                continue  # a write that still fitted
+            refused = future
+            break
+        assert refused is not None, "no submission was refused on a full disk"
+        with pytest.raises(TaskError, match=r"journal full: journal .* is full"):
+            refused.result()
+        os.unlink(filler)  # room again: what was held is written and runs, new work is accepted
+        assert [f.result(timeout=60) for _, f in held] == [i + 1 for i, _ in held]
+        assert ex.submit(add, 5, 5).result(timeout=60) == 10
