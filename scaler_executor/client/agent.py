@@ -669,6 +669,9 @@ class ClientAgent:
         self.resume.received += 1
         if self.core.sent_unacked is not None:
             self.resume.refused(self.core, message.results)  # (a journaled daemon's full disk)
+            for result in message.results:
+                if result.objects and not result.delivered:  # held for us until we read it
+                    self.core.count_holds(result.objects, 1)
         self._take_results(message.results)
 
     def _on_running(self, message: m.TasksRunning, _buffers: list[Any]) -> None:

@@ -99,4 +99,5 @@ class ClientResume:
         functions = [m.FunctionBlob(base | fn_id, payload) for fn_id, payload in core.fn_payloads.items()]
         options = [m.RegisterOptions(options_id, options) for options_id, options in core.option_records.items()]
         tasks = list(core.sent_unacked or ())
-        return m.ClientReport(awaiting, functions, options, tasks)
+        objects = [object_id for object_id, count in core.holds.items() for _ in range(count)]
+        return m.ClientReport(awaiting, functions, options, tasks, objects)

@@ -143,6 +143,9 @@ class ClientCore:
         # Under a journaled daemon (client/resume.py): every task sent and not yet acknowledged
         # (SubmitAck), in order, to send again if the daemon restarts before it wrote them.
         self.sent_unacked: deque[m.TaskSpec] | None = None
+        # ... and the store objects it holds at the daemon (pins sent, results with objects
+        # received, minus releases sent): a restarted daemon may not have written them all.
+        self.holds: dict[bytes, int] = {}
         self.pending: PendingLimit | None = None  # frees a charged task as its record leaves
 
     def _left(self, record: TaskRecord) -> None:
@@ -321,6 +324,8 @@ class ClientCore:
             elif kind == SUBMIT_BATCH:
                 batch.append(self._graph(data))
             else:
+                if retained is not None and kind in (PIN_OBJECTS, RELEASE_OBJECTS):
+                    self.count_holds(data, 1 if kind == PIN_OBJECTS else -1)
                 batch.append(_MESSAGE[kind](base, data))
         if specs:
             batch.append(m.SubmitTasks(specs))
@@ -343,6 +348,15 @@ class ClientCore:
         if self.sent_unacked is not None:
             self.sent_unacked.extend(specs)
         return m.SubmitTasks(specs)
+
+    def count_holds(self, object_ids: list[bytes], delta: int) -> None:
+        holds = self.holds
+        for object_id in object_ids:
+            left = holds.get(object_id, 0) + delta
+            if left > 0:
+                holds[object_id] = left
+            else:
+                holds.pop(object_id, None)
 
     def acknowledged(self, count: int) -> None:
         self.unacked -= count

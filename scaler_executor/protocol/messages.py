@@ -614,6 +614,7 @@ class ClientReport(NamedTuple):
     functions: list[FunctionBlob]
     options: list[RegisterOptions]
     tasks: list[TaskSpec]
+    objects: list[bytes]  # the store objects it holds (pins, results not read yet), once per hold
 
 
 class WorkerReport(NamedTuple):

@@ -77,6 +77,7 @@ log = logging.getLogger("scaler_executor.daemon")
 
 LOGICAL = b"\xffP"  # a journaled peer's id in the core; no transport identity starts so
 NEXT_PEER = b"n"
+STORE = b"s"  # the host's store region: kept by a restarted daemon (scheduler/objects.py)
 
 Entries = list[tuple[bytes, bytes | None]]
 
@@ -88,6 +89,12 @@ class SendNow:
 
     peer: bytes
     messages: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SweepStore:
+    """Every peer the journal knew has reported or is gone: delete the objects the adopted
+    store region held at the restart that nobody holds (HostStore.sweep)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +160,11 @@ class DurableScheduler(Scheduler):
         self.restored = False
         self.journal_full: str | None = None  # why the journal cannot be written (the loop says)
         self._refusals: dict[bytes, list[m.TaskResult]] = {}
+        self._jo: dict[tuple[bytes, bytes], int] = {}  # (client, object id) -> hold count journaled
+        self._odirty: set[tuple[bytes, bytes]] = set()
+        self._sweep = False  # a SweepStore is due once the journaled clients are back or gone
+        if object_store:
+            self._entries.append((STORE, object_store.encode()))
         self._handlers[m.ClientReport] = self._on_client_report
         self._handlers[m.WorkerReport] = self._on_worker_report
         self._handlers[m.ResultsAck] = self._on_results_ack
@@ -303,6 +315,14 @@ class DurableScheduler(Scheduler):
         again = [result for task_id, result in ledger.kept.items() if task_id in awaiting]
         if again:
             self._results.setdefault(peer, [])[:0] = again
+        # Its holds are what it says (a pin sent to the dead daemon may never have been
+        # written), plus the objects of the results it gets again (held until read).
+        old = client.objects
+        client.objects = {}
+        self._client_holds(peer, list(message.objects) + [o for result in again for o in result.objects])
+        for object_id, count in old.items():
+            self._drop([object_id] * count)
+            self._odirty.add((peer, object_id))
         lost = [t for t in message.awaiting if t not in self.tasks and t not in ledger.kept]
         for task_id in lost:
             text = (
@@ -407,6 +427,14 @@ class DurableScheduler(Scheduler):
         self._results_in[peer] = self._results_in.get(peer, 0) + 1
         self._ack_due.add(peer)
 
+    def _client_holds(self, peer: bytes, object_ids: list[bytes]) -> None:
+        super()._client_holds(peer, object_ids)
+        self._odirty.update((peer, object_id) for object_id in object_ids)
+
+    def _on_release_objects(self, peer: bytes, message: m.ReleaseObjects) -> None:
+        super()._on_release_objects(peer, message)
+        self._odirty.update((peer, object_id) for object_id in message.object_ids)
+
     def _on_register_function(self, peer: bytes, message: m.RegisterFunction) -> None:
         had = message.fn_id in self.functions
         super()._on_register_function(peer, message)
@@ -420,8 +448,9 @@ class DurableScheduler(Scheduler):
             self._entries.append((_key(b"f", fn_id), None))
 
     def _lose_client(self, client: ClientRecord, why: str, clean: bool = False) -> None:
-        super()._lose_client(client, why, clean)
         peer = client.peer
+        self._odirty.update((peer, object_id) for object_id in client.objects)
+        super()._lose_client(client, why, clean)
         ledger = self._ledgers.pop(peer, None)
         if ledger is not None:
             self._entries.extend((_key(b"k", task_id), None) for task_id in ledger.kept)
@@ -487,6 +516,11 @@ class DurableScheduler(Scheduler):
         commands = super()._flush()
         if self._dirty:
             self._journal_tasks()
+        if self._odirty:
+            self._journal_holds()
+        if self._sweep and not any(p in self.clients for p in self.absent | self._unreported):
+            self._sweep = False
+            commands.append(SweepStore())  # type: ignore[arg-type]  # the loop knows it
         conn_of = self._conn_of
         out: list[Command] = []
         if self._entries:
@@ -566,6 +600,24 @@ class DurableScheduler(Scheduler):
                 entries.append((_key(b"r", task_id), _pack([task.result, task.result_objects or []])))
         self._dirty.clear()
 
+    def _journal_holds(self) -> None:
+        """The store objects each client holds, as counts (``o`` + client id + object id)."""
+        entries, clients, jo = self._entries, self.clients, self._jo
+        for peer, object_id in self._odirty:
+            client = clients.get(peer)
+            count = client.objects.get(object_id, 0) if client is not None else 0
+            key = (peer, object_id)
+            if jo.get(key, 0) == count:
+                continue
+            record = b"o" + peer[len(LOGICAL):] + object_id
+            if count:
+                jo[key] = count
+                entries.append((record, count.to_bytes(8, "big")))
+            else:
+                del jo[key]
+                entries.append((record, None))
+        self._odirty.clear()
+
     # ------------------------------------------------------------------ restore
 
     def restore(self, live: dict[bytes, bytes], now: float) -> None:
@@ -575,10 +627,15 @@ class DurableScheduler(Scheduler):
         self.restored = True
         grace_end = now + self.grace
         garbage: list[bytes] = []
+        holds: list[tuple[bytes, bytes]] = []
         by_kind: dict[bytes, list[tuple[int, bytes]]] = {}
         for key, value in live.items():
             if key == NEXT_PEER:
                 self._next_peer_id = max(self._next_peer_id, int.from_bytes(value, "big"))
+            elif key == STORE:
+                self._sweep = self.object_store == value.decode()  # the loop kept that region
+            elif key[:1] == b"o" and len(key) > 9:
+                holds.append((key, value))
             elif len(key) == 9 and key[:1] in b"cwftdrk":
                 by_kind.setdefault(key[:1], []).append((int.from_bytes(key[1:], "big"), value))
             else:
@@ -606,6 +663,16 @@ class DurableScheduler(Scheduler):
             self._held_back.add(peer)
             self._liveness.add(peer, grace_end + liveness)
             self._next_peer_id = max(self._next_peer_id, peer_id + 1)
+        for key, value in holds:
+            peer = LOGICAL + key[1:9]
+            client = self.clients.get(peer)
+            if client is None:
+                garbage.append(key)
+                continue
+            object_id, count = key[9:], int.from_bytes(value, "big")
+            client.objects[object_id] = count
+            self._hold([object_id] * count)
+            self._jo[(peer, object_id)] = count
         for fn_id, value in by_kind.get(b"f", []):
             client = self.clients.get(logical(fn_id >> m.TASK_ID_BITS))
             if client is None:

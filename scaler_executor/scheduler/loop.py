@@ -51,7 +51,7 @@ from scaler_executor.scheduler.core import (
     Wake,
     WorkerExited,
 )
-from scaler_executor.scheduler.durable import JournalWrite
+from scaler_executor.scheduler.durable import JournalWrite, SweepStore
 from scaler_executor.scheduler.managers import AdmitKeys, WithdrawKeys
 
 log = logging.getLogger("scaler_executor.daemon")
@@ -145,7 +145,8 @@ class Daemon:
                 config.journal, package_version=journal_version(), policy=config.journal_fsync,
                 interval=config.journal_fsync_interval, log=log,
             )
-        self.objects = HostStore(config)
+        adopt = live.get(b"s", b"").decode()  # the store region of the previous run (durable.py)
+        self.objects = HostStore(config, adopt=adopt)
         if self.journal is not None:
             from scaler_executor.scheduler.durable import DurableScheduler
 
@@ -415,6 +416,10 @@ class Daemon:
                     self._send(peer, codec.encode([m.ObjectData(list(object_ids), found)], buffers), now)
                 case StoreChunk():
                     pass  # written above, before any send
+                case SweepStore():
+                    swept = self.objects.sweep(self.core.object_holds)
+                    if swept:
+                        log.info("daemon: deleted %d objects of the previous run that nobody holds", swept)
                 case AdmitKeys(manager, keys):
                     # A manager's workers' keys (scheduler/managers.py); none on an insecure daemon.
                     if self.security is not None:

@@ -486,6 +486,7 @@ class WorkerAgent:
             self.resume.silence_limit(message.heartbeat_interval, message.heartbeat_liveness),
         )
         if resumed:
+            self.orphaned = False  # its region is the restarted daemon's now: not ours to remove
             log.warning("worker %s resumed with the daemon at %s after its restart", self.name, self.address)
             holding = [m.TaskAttempt(task_id, task.attempt) for task_id, task in self.held.items()]
             self._send_now(self.resume.report(holding, self.results))

@@ -125,7 +125,7 @@ def test_pending_running_and_finished_futures_survive_a_sigkilled_daemon(cluster
         done_at_kill = sum(f.done() for f in futures)
         assert done_at_kill < n, "everything finished before the kill: the test proved nothing"
         cluster.daemon()
-        finished, pending = wait(futures, timeout=240)
+        _finished, pending = wait(futures, timeout=240)
         assert not pending, f"{len(pending)} futures never completed; log: {cluster.text()}"
         assert [f.result() for f in futures] == [2 * i for i in range(n)]
         print(f"{done_at_kill} of {n} futures done at the kill")
@@ -146,7 +146,7 @@ def test_a_worker_that_never_returns_has_its_tasks_retried_elsewhere(cluster: Cl
         cluster.kill(doomed)  # it never comes back
         cluster.daemon("--restart-grace", "3")
         cluster.worker(processors=2)
-        finished, pending = wait(futures, timeout=120)
+        _finished, pending = wait(futures, timeout=120)
         assert not pending, cluster.text()
         assert [f.result() for f in futures] == [2 * i for i in range(6)]
 
@@ -244,7 +244,7 @@ def test_the_embedded_cluster_restarts_its_sigkilled_daemon_and_futures_complete
         daemon.wait(30)
         done_at_kill = sum(f.done() for f in futures)
         assert done_at_kill < n, "everything finished before the kill: the test proved nothing"
-        finished, pending = wait(futures, timeout=240)
+        _finished, pending = wait(futures, timeout=240)
         assert not pending, f"{len(pending)} futures never completed"
         assert [f.result() for f in futures] == [2 * i for i in range(n)]
         restarted = _embedded_daemon(ex)
@@ -319,3 +319,35 @@ def test_a_full_journal_refuses_new_submissions_clearly_and_loses_nothing(cluste
         os.unlink(filler)  # room again: what was held is written and runs, new work is accepted
         assert [f.result(timeout=60) for _, f in held] == [i + 1 for i, _ in held]
         assert ex.submit(add, 5, 5).result(timeout=60) == 10
+
+
+# --------------------------------------------------------------------------- objects
+
+
+def test_objects_put_by_the_client_survive_a_restart_and_go_when_released(cluster: Cluster) -> None:
+    import gc
+
+    import numpy as np
+    from durable_tasks import total
+
+    daemon = cluster.daemon()
+    cluster.worker()
+    with ScalerExecutor(address=cluster.address, config=CLIENT) as ex:
+        values = np.arange(1_000_000, dtype=np.int64)  # 8 MB: in the host's store
+        ref = ex.put(values)
+        object_ids = list(ref.object_ids)
+        assert object_ids, "the value did not go to the store"
+        store = ex._agent.packer.store
+        region = store.name
+        futures = [ex.submit(total, ref, i, cluster.runs, 0.05) for i in range(40)]
+        assert wait_until(lambda: len(runs(cluster.runs)) >= 3, timeout=60), cluster.text()
+        cluster.kill(daemon)
+        cluster.daemon()
+        expected = int(values.sum())
+        assert [f.result(timeout=120) for f in futures] == [expected + i for i in range(40)]
+        assert ex._agent.packer.store.name == region  # the restarted daemon kept the region
+        assert ex.submit(total, ref, 100, cluster.runs).result(timeout=60) == expected + 100
+        del ref, futures
+        gc.collect()
+        assert wait_until(lambda: not set(object_ids) & set(store.list_ids()), timeout=60), "released objects stayed"
+    assert _twice(cluster.runs) == {}

@@ -68,6 +68,7 @@ class ClientModel:
         self.got: dict[int, list[m.TaskResult]] = {}
         self.received = 0  # TaskResults messages since the last Welcome
         self.resuming = False
+        self.pins: list[bytes] = []  # store objects it holds
 
     def on(self, message: Any) -> list[Any]:
         kind = type(message)
@@ -77,7 +78,7 @@ class ClientModel:
                 self.resuming = False
                 return [m.ClientReport(
                     sorted(self.awaiting), [m.FunctionBlob(f, p) for f, p in self.functions.items()],
-                    [m.RegisterOptions(i, o) for i, o in self.options.items()], list(self.unacked),
+                    [m.RegisterOptions(i, o) for i, o in self.options.items()], list(self.unacked), list(self.pins),
                 )]
             self.peer_id, self.token = message.peer_id, message.token
         elif kind is m.SubmitAck:
@@ -285,7 +286,7 @@ def check_every_crash_point(world: World, *, runs_at_most_once: bool = True) -> 
         after.core.validate()
         # Nothing is left journaled for a run that is over (but the peers themselves).
         left = {key[:1] for key in live_map(after.records)}
-        assert left <= {b"n", b"c", b"w", b"f"}, left
+        assert left <= {b"n", b"c", b"w", b"f", b"o"}, left  # (o: a pin the client still holds)
         checked += 1
     return checked
 
@@ -379,6 +380,30 @@ def test_a_task_whose_dispatch_never_reached_the_worker_runs_there_after_its_rep
     client = find(after, ClientModel)
     finish(after, client)
     check_exactly_once(client)  # max_retries=0, yet it never started: it runs, once
+
+
+def test_objects_a_client_holds_and_tasks_use_are_held_across_every_crash_point() -> None:
+    world = World()
+    client = world.join_client()
+    worker = world.join_worker(b"\x00W1", capacity=1)
+    obj = b"O" * 16
+    client.pins.append(obj)
+    world.send(client.conn, [m.PinObjects([obj])])
+    spec = m.TaskSpec(client.tid(1), 0, 0, TaskFlags.INLINE_FN, b"o", [], [obj], 0)
+    world.send(client.conn, [client.submit([spec])])
+    world.run_worker(worker)
+    world.ack(client)
+    assert world.core.object_holds == {obj: 1}  # the client's pin; the task's hold ended with it
+    for point in world.crash_points:
+        after = restart(world, point)
+        after.core.validate()
+        model = find(after, ClientModel)
+        if not model.peer_id:
+            continue  # killed before its Welcome went out: that client is still waiting for one
+        finish(after, model)
+        expected = {obj: 1} if model.pins else {}  # pinned before the crash point, or not yet
+        assert after.core.object_holds == expected, (point[0], after.core.object_holds)
+    assert check_every_crash_point(world) == len(world.records)
 
 
 def test_an_unknown_resume_is_refused_as_unknown_peer() -> None:
