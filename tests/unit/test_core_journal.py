@@ -374,7 +374,7 @@ def test_a_task_whose_dispatch_never_reached_the_worker_runs_there_after_its_rep
     spec = m.TaskSpec(client.tid(1), 0, 1, TaskFlags.INLINE_FN, b"x", [], [], 0)
     world.send(client.conn, [client.submit([spec])])
     count, peers, now = world.crash_points[-1]
-    held = [p for p in peers.values() if isinstance(p, WorkerModel)][0]
+    held = next(p for p in peers.values() if isinstance(p, WorkerModel))
     assert held.held == {}  # killed after writing the dispatch, before sending it
     after = restart(world, (count, peers, now))
     client = find(after, ClientModel)
