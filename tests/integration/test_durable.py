@@ -11,6 +11,7 @@ import collections
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -52,19 +53,37 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
+    def use_tcp(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self.address = f"tcp://127.0.0.1:{self.port}"
+        self.insecure = ["--insecure"]
+
+    insecure: list[str] = []  # noqa: RUF012 - replaced per instance (use_tcp)
+    port = 0
+
+    def listening(self) -> bool:
+        if not self.port:
+            return os.path.exists(self.sock_path)
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
+
     def daemon(self, *args: str) -> subprocess.Popen[bytes]:
         if os.path.exists(self.sock_path):
             os.unlink(self.sock_path)  # a SIGKILLed daemon leaves its socket file
         proc = self.start(
-            "--address", self.address, "--journal", self.journal, "--restart-grace", GRACE, *args,
+            "--address", self.address, "--journal", self.journal, "--restart-grace", GRACE, *self.insecure, *args,
             module="scaler_executor.cli.daemon",
         )
-        assert wait_until(lambda: os.path.exists(self.sock_path) or proc.poll() is not None, timeout=60)
+        assert wait_until(lambda: self.listening() or proc.poll() is not None, timeout=60)
         assert proc.poll() is None, f"the daemon exited with {proc.returncode}: {self.text()}"
         return proc
 
     def worker(self, processors: int = 2) -> subprocess.Popen[bytes]:
-        return self.start(self.address, "--processors", str(processors), module="scaler_executor.cli.worker")
+        return self.start(
+            self.address, "--processors", str(processors), *self.insecure, module="scaler_executor.cli.worker"
+        )
 
     def kill(self, proc: subprocess.Popen[bytes]) -> None:
         proc.send_signal(signal.SIGKILL)
@@ -350,4 +369,24 @@ def test_objects_put_by_the_client_survive_a_restart_and_go_when_released(cluste
         del ref, futures
         gc.collect()
         assert wait_until(lambda: not set(object_ids) & set(store.list_ids()), timeout=60), "released objects stayed"
+    assert _twice(cluster.runs) == {}
+
+
+def test_a_tcp_daemon_resumes_its_peers_on_new_connections(cluster: Cluster) -> None:
+    """Over ZeroMQ each reconnection has a new routing id: the Resume's token, not the
+    connection, tells the restarted daemon who is back."""
+    cluster.use_tcp()
+    daemon = cluster.daemon()
+    cluster.worker()
+    n = 2000
+    with ScalerExecutor(address=cluster.address, config=CLIENT.replace(insecure=True)) as ex:
+        futures = [ex.submit(record, i, cluster.runs, 0.002) for i in range(n)]
+        assert wait_until(lambda: len(runs(cluster.runs)) >= n // 4, timeout=120), cluster.text()
+        cluster.kill(daemon)
+        assert sum(f.done() for f in futures) < n
+        cluster.daemon()
+        _done, pending = wait(futures, timeout=240)
+        assert not pending, cluster.text()
+        assert [f.result() for f in futures] == [2 * i for i in range(n)]
+    assert "resumed with the daemon" in cluster.text()
     assert _twice(cluster.runs) == {}
