@@ -109,7 +109,10 @@ os.register_at_fork(after_in_child=_close_locks_in_child)
 
 def _lock(path: str) -> int:
     lock_path = os.path.join(path, jf.LOCK_NAME)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise JournalError(f"cannot open the journal's lock file {lock_path}: {exc.strerror}; check the path's permissions") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -236,6 +239,7 @@ class JournalWriter:
         self._fsync_errors = 0
         self._compacting = False
         self._compact_floor = 0  # after a failed compaction: wait until the files exceed this
+        self._cut_at: int | None = None  # a failed write's partial record not yet cut off
         if loaded.segments:
             self._seg = loaded.segments[-1]
             name = jf.seg_name(self._seg)
@@ -275,6 +279,13 @@ class JournalWriter:
                 raise JournalError(f"journal {self.path} is closed")
             name = jf.seg_name(self._seg)
             start = self._sizes[name]
+            if self._cut_at is not None:
+                self._undo(name, start)
+                if self._cut_at is not None:
+                    raise JournalError(
+                        f"journal {self.path}: {name} still ends in a partial record that cannot be cut off; "
+                        "this batch was not journaled (check the disk; restarting the daemon repairs the file)"
+                    )
             try:
                 _write_all(self._fd, record)
                 if self.policy == "turn":
@@ -317,7 +328,11 @@ class JournalWriter:
         """Cut a partly written record off the end of the file (under ``_lock``)."""
         try:
             os.ftruncate(self._fd, start)
-        except OSError as exc:  # the record's tail stays: the reader drops it as a torn last record
+            self._cut_at = None
+        except OSError as exc:
+            # Nothing may follow the partial record (the reader would refuse the garbage in the
+            # middle): every append tries the cut again first, and fails until it succeeds.
+            self._cut_at = start
             self._log.error("journal: could not truncate %s back to %d after a failed write: %s", name, start, exc)
 
     def _fsync_fd(self, fd: int) -> None:
@@ -527,8 +542,9 @@ class JournalWriter:
 
     def stats(self) -> dict[str, int | float]:
         """Counters since the writer opened: bytes_written, records, fsyncs, compactions,
-        size_on_disk, live_bytes (keys + values), live_keys, last_fsync_seconds, and fsync_errors
-        (failed fsyncs of the interval thread, which are logged; policy 'turn' raises instead)."""
+        size_on_disk, live_bytes (keys + values), live_keys, last_fsync_seconds, fsync_errors
+        (failed fsyncs of the interval thread, which are logged; policy 'turn' raises instead),
+        and compacting (1 while a compaction is due or running)."""
         with self._lock:
             return {
                 "bytes_written": self._bytes_written,
@@ -540,4 +556,5 @@ class JournalWriter:
                 "live_keys": len(self._live),
                 "last_fsync_seconds": self._last_fsync,
                 "fsync_errors": self._fsync_errors,
+                "compacting": int(self._compacting),
             }

@@ -4,7 +4,7 @@ journal (JournalCorrupt / JournalVersionMismatch) or returns the live map of a p
 batches written, in the right order — never a wrong map, never another exception.  Pure
 truncations of the last segment give exactly the prefix of the records that are complete.
 
-Also replays the committed corpus (tests/fuzz/journal_corpus/, made by
+``SCALER_JOURNAL_FUZZ_EXAMPLES=5000`` makes a longer pass.  Also replays the committed corpus (tests/fuzz/journal_corpus/, made by
 tests/fuzz/make_journal_corpus.py): each case's expected outcome is in its expect.json.
 """
 
@@ -38,7 +38,9 @@ Batch = list[tuple[bytes, bytes | None]]
 keys = st.sampled_from([b"a", b"b", b"c", b"d", b"key-e", b""])
 values = st.one_of(st.none(), st.binary(max_size=40))
 batches_st = st.lists(st.lists(st.tuples(keys, values), max_size=5), min_size=1, max_size=8)
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# SCALER_JOURNAL_FUZZ_EXAMPLES raises the examples per test for a longer fuzz pass (300: ~10 s each).
+FUZZ = settings(max_examples=int(os.environ.get("SCALER_JOURNAL_FUZZ_EXAMPLES", "300")), deadline=None,
+                suppress_health_check=[HealthCheck.too_slow])
 
 
 def prefixes(batches: list[Batch]) -> list[list[tuple[bytes, bytes]]]:
