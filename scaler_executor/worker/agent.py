@@ -489,7 +489,9 @@ class WorkerAgent:
             self.orphaned = False  # its region is the restarted daemon's now: not ours to remove
             log.warning("worker %s resumed with the daemon at %s after its restart", self.name, self.address)
             holding = [m.TaskAttempt(task_id, task.attempt) for task_id, task in self.held.items()]
-            self._send_now(self.resume.report(holding, self.results))
+            # Finished and not sent yet: in the outbox (made while we waited) or still collecting.
+            waiting = [r for message in self.outbox if type(message) is m.TaskResults for r in message.results]
+            self._send_now(self.resume.report(holding, waiting + self.results))
             return
         log.info("worker %s joined the daemon at %s as worker %d", self.name, self.address, message.peer_id)
 

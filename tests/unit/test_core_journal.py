@@ -412,3 +412,16 @@ def test_an_unknown_resume_is_refused_as_unknown_peer() -> None:
     world.step(Received(b"\x00X", [m.Resume(99, b"forged")], world.now))
     core = world.core
     assert not core.knows(b"\x00X")
+
+
+def test_a_daemon_without_a_journal_refuses_a_resume_as_not_resumable() -> None:
+    from scaler_executor.protocol.rejoin import is_not_resumable
+    from scaler_executor.scheduler.core import Scheduler
+
+    plain = Scheduler(CONFIG)
+    commands = plain.handle(Received(b"\x00X", [m.Resume(3, b"t")], T0))
+    (refusal,) = [msg for c in commands if isinstance(c, Send) for msg in c.messages]
+    assert type(refusal) is m.Refused and is_not_resumable(refusal.reason)
+    durable = World()
+    durable.step(Received(b"\x00Y", [m.Resume(3, b"forged")], T0))
+    assert not durable.core.knows(b"\x00Y")
