@@ -107,6 +107,13 @@ typedef struct {
     uint64_t committed;
 } objstore_stats_t;
 
+typedef struct {
+    uint64_t capacity;
+    uint64_t in_use;
+    uint64_t data_bytes;
+    uint64_t objects;
+} objstore_usage_t;
+
 objstore_status_t objstore_create_region(const char *name, const objstore_options_t *opts,
                                          objstore_t **out);
 objstore_status_t objstore_attach(const char *name, const char *fallback_dir, objstore_t **out);
@@ -148,6 +155,7 @@ objstore_status_t objstore_privatize(objstore_t *s);
 void objstore_np_stats(const void *handler, uint64_t out[4]);
 
 objstore_status_t objstore_stats(objstore_t *s, objstore_stats_t *out);
+objstore_status_t objstore_usage(const objstore_t *s, objstore_usage_t *out);
 objstore_status_t objstore_reap(objstore_t *s, uint32_t *reaped);
 objstore_status_t objstore_validate(objstore_t *s, char *msg, size_t msglen);
 void objstore_set_lock_timeout(objstore_t *s, uint32_t ms);

@@ -665,6 +665,18 @@ objstore_status_t objstore_stats(objstore_t *s, objstore_stats_t *out) {
     return st;
 }
 
+objstore_status_t objstore_usage(const objstore_t *s, objstore_usage_t *out) {
+    if (s == NULL || out == NULL) return OBJSTORE_E_INVALID;
+    const os_header_t *h = os_hdr(s);
+    /* Relaxed atomic loads of counters that writers update under the lock: no lock here
+     * (see the header), and no torn value on any platform with 64-bit loads. */
+    out->capacity = h->heap_size; /* layout: written once at creation */
+    out->in_use = __atomic_load_n(&h->in_use, __ATOMIC_RELAXED);
+    out->data_bytes = __atomic_load_n(&h->data_bytes, __ATOMIC_RELAXED);
+    out->objects = __atomic_load_n(&h->objects, __ATOMIC_RELAXED);
+    return OBJSTORE_OK;
+}
+
 #define VFAIL(...)                                            \
     do {                                                      \
         if (msg != NULL) snprintf(msg, msglen, __VA_ARGS__);  \

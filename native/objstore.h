@@ -129,6 +129,13 @@ typedef struct {
     uint64_t committed;      /* bytes of the region backed by memory (or disk) so far */
 } objstore_stats_t;
 
+typedef struct {
+    uint64_t capacity;       /* heap bytes */
+    uint64_t in_use;         /* bytes of allocated blocks (64-byte headers included) */
+    uint64_t data_bytes;     /* sum of object sizes */
+    uint64_t objects;        /* objects in the index (any state) */
+} objstore_usage_t;
+
 /* ---------------------------------------------------------------- regions */
 
 /*
@@ -266,6 +273,14 @@ objstore_status_t objstore_list(objstore_t *s, char *ids, uint64_t max, uint64_t
 
 /* objstore_stats: a consistent snapshot (taken under the lock). */
 objstore_status_t objstore_stats(objstore_t *s, objstore_stats_t *out);
+
+/* objstore_usage: capacity, allocated bytes, object bytes and objects, read WITHOUT the
+ * lock: O(1), and it never waits, not even while a stopped or dying process holds the lock
+ * (objstore_stats walks the free lists under it). Each figure is one aligned 64-bit load,
+ * so none is torn, but an update in progress (or being rolled back) may show in some
+ * figures and not yet in others: for monitoring (a worker's heartbeat reads it), not for
+ * accounting. Works in a forked child too. Returns OK, or INVALID for a NULL argument. */
+objstore_status_t objstore_usage(const objstore_t *s, objstore_usage_t *out);
 
 /* objstore_reap: check every slot; for each process that is gone (no such pid, a zombie,
  * or a different start time) release its references, abort its unsealed objects and free

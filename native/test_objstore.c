@@ -152,6 +152,11 @@ static void test_lifecycle(void) {
     CHECK_ST(objstore_stats(s, &st), OBJSTORE_OK);
     CHECK(st.objects == 1 && st.sealed == 1 && st.references == 1 && st.data_bytes == 5);
     CHECK(st.capacity == (1 << 20) && st.processes == 1 && st.in_use == 128);
+    objstore_usage_t use; /* the lock-free figures agree with the locked snapshot at rest */
+    CHECK_ST(objstore_usage(s, &use), OBJSTORE_OK);
+    CHECK(use.capacity == st.capacity && use.in_use == st.in_use && use.data_bytes == 5 && use.objects == 1);
+    CHECK_ST(objstore_usage(NULL, &use), OBJSTORE_E_INVALID);
+    CHECK_ST(objstore_usage(s, NULL), OBJSTORE_E_INVALID);
     CHECK_ST(objstore_release(s, other), OBJSTORE_OK);
     CHECK_ST(objstore_delete(s, other, NULL), OBJSTORE_OK);
     CHECK_ST(objstore_stats(s, &st), OBJSTORE_OK);
@@ -621,6 +626,10 @@ static void test_lock_timeout(void) {
     uint64_t size;
     CHECK_ST(objstore_get(s, id, &r, &size), OBJSTORE_E_LOCK_TIMEOUT);
     CHECK(objstore_last_holder_pid(s) == pid);
+    /* usage never waits for the lock: it answers while the stopped child holds it */
+    objstore_usage_t use;
+    CHECK_ST(objstore_usage(s, &use), OBJSTORE_OK);
+    CHECK(use.objects == 1 && use.data_bytes == 1 && use.capacity == (1 << 20));
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
     objstore_set_lock_timeout(s, 0);

@@ -41,8 +41,10 @@ if TYPE_CHECKING:
     from scaler_executor.objstore.errors import ObjectStoreFull
     from scaler_executor.scheduler.stats import (
         ClientStatistics,
+        ManagerStatistics,
         RecentEvent,
         Statistics,
+        StoreUse,
         TaskDurations,
         TaskWindow,
         WorkerStatistics,
@@ -60,7 +62,10 @@ _LAZY = {
     "task_info": "scaler_executor.client.executor",
     "get_executor": "scaler_executor.client.executor",
     **dict.fromkeys(
-        ("Statistics", "WorkerStatistics", "ClientStatistics", "TaskDurations", "TaskWindow", "RecentEvent"),
+        (
+            "Statistics", "WorkerStatistics", "ClientStatistics", "TaskDurations", "TaskWindow", "RecentEvent",
+            "StoreUse", "ManagerStatistics",
+        ),
         "scaler_executor.scheduler.stats",
     ),
     **dict.fromkeys(
@@ -108,6 +113,7 @@ __all__ = [
     "ClusterConfig",
     "DaemonLost",
     "InitializerFailed",
+    "ManagerStatistics",
     "NoWorkerWarning",
     "ObjectRef",
     "ObjectStoreFull",
@@ -118,6 +124,7 @@ __all__ = [
     "ResultUnreadable",
     "ScalerExecutor",
     "Statistics",
+    "StoreUse",
     "TaskCancelled",
     "TaskDurations",
     "TaskError",

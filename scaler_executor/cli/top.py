@@ -35,6 +35,18 @@ def _mib(n: int | None) -> str:
     return f"{n / 2**20:.1f}M" if n < 2**30 else f"{n / 2**30:.2f}G"
 
 
+def _short(n: int | None) -> str:
+    """Bytes in at most 4 characters (``512B``, ``8.0M``, ``123M``, ``1.5G``), for a narrow column."""
+    if n is None:
+        return "-"
+    value, unit = float(n), "B"
+    for unit in "BKMGTP":
+        if value < 1000 or unit == "P":
+            break
+        value /= 1024
+    return f"{value:.0f}{unit}" if unit == "B" or value >= 10 else f"{value:.1f}{unit}"
+
+
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.1f}"
 
@@ -42,16 +54,18 @@ def _ms(seconds: float | None) -> str:
 # (key, heading, width, sort key, cell)
 Column = tuple[str, str, int, Callable[[WorkerStatistics], Any], Callable[[WorkerStatistics], str]]
 COLUMNS: list[Column] = [  # 79 characters in all: an 80-column terminal shows every column
-    ("n", "NAME", 13, lambda w: w.name, lambda w: w.name[:13]),
-    ("h", "HOST", 8, lambda w: w.host, lambda w: w.host[:8]),
+    ("n", "NAME", 12, lambda w: w.name, lambda w: w.name[:12]),
+    ("h", "HOST", 7, lambda w: w.host, lambda w: w.host[:7]),
     ("p", "PROCS", 5, lambda w: w.processors, lambda w: str(w.processors)),
     ("t", "TASKS", 5, lambda w: w.tasks, lambda w: str(w.tasks)),
     ("l", "LOAD", 5, lambda w: w.load, lambda w: f"{w.load:.2f}"),
-    ("u", "QUEUED", 6, lambda w: w.queued, lambda w: str(w.queued)),
+    ("u", "QUEUE", 5, lambda w: w.queued, lambda w: str(w.queued)),
     ("r", "RUN", 4, lambda w: w.running, lambda w: str(w.running)),
     ("c", "CPU", 4, lambda w: w.cpu or 0.0, lambda w: "-" if w.cpu is None else f"{w.cpu:.1f}"),
-    ("e", "MEANMS", 7, lambda w: w.mean_task_seconds or 0.0, lambda w: _ms(w.mean_task_seconds)),
-    ("m", "MEM", 7, lambda w: w.memory or 0, lambda w: _mib(w.memory)),
+    ("e", "MEANMS", 6, lambda w: w.mean_task_seconds or 0.0, lambda w: _ms(w.mean_task_seconds)[:6]),
+    ("m", "MEM", 5, lambda w: w.memory or 0, lambda w: _short(w.memory)),
+    # Bytes in use in the host store the worker maps: shared by the workers of its host.
+    ("o", "STORE", 5, lambda w: w.store_bytes or 0, lambda w: _short(w.store_bytes)),
     ("s", "HEARD", 5, lambda w: w.last_heard, lambda w: f"{w.last_heard:.1f}"),
 ]
 SORT_KEYS = {c[0]: c for c in COLUMNS}
@@ -78,10 +92,11 @@ def render(stats: Statistics, address: str, sort: str = "n", reverse: bool = Fal
     lines.append("total: " + " ".join(totals))
     lost = [f"{k} {c.get(k, 0)}" for k in ("workers_lost", "clients_lost", "refused", "dropped_messages")]
     lines.append("       " + " ".join(lost))
-    if stats.store:
+    for store in stats.stores:  # each once, however many workers (the STORE column) map it
+        whose = "the daemon's" if store.daemon else ", ".join(store.hosts)[:20]
         lines.append(
-            f"store: {_mib(stats.store.get('in_use', 0))} of {_mib(stats.store.get('capacity', 0))} in use, "
-            f"{stats.store.get('objects', 0)} objects"
+            f"store ({whose}): {_mib(store.bytes)} of {_mib(store.capacity)} in use, {store.objects} objects, "
+            f"{len(store.workers)} worker(s) map it"
         )
     lines.append(error)
     column = SORT_KEYS.get(sort, COLUMNS[0])
@@ -90,6 +105,23 @@ def render(stats: Statistics, address: str, sort: str = "n", reverse: bool = Fal
     lines.append(_row(headings, widths))
     for w in sorted(stats.workers, key=column[3], reverse=reverse):
         lines.append(_row([col[4](w) for col in COLUMNS], widths))
+    if stats.managers:
+        lines.append("")
+        lines.append("managers:")
+        for g in stats.managers:
+            lines.append(
+                f"  {g.name[:16]} {g.kind[:8] or '-'}{'' if g.connected else ' (gone)'}: workers requested "
+                f"{g.requested} starting {g.starting} running {g.running} draining {g.draining}"
+            )
+            if g.failed or g.infrastructure_ends or g.interrupted_tasks:
+                lines.append(
+                    f"    failed {g.failed}, ended by the infrastructure {g.infrastructure_ends}, "
+                    f"tasks interrupted {g.interrupted_tasks}"
+                )
+            if g.pending_reason:
+                lines.append(f"    waiting: {g.pending_reason}")
+            if g.last_error:
+                lines.append(f"    last error {g.last_error_ago or 0.0:.0f}s ago: {g.last_error.splitlines()[0]}")
     failures = stats.failures[-5:]
     if failures:
         lines.append("")

@@ -129,7 +129,8 @@ def snapshot_json(stats: Statistics) -> dict[str, Any]:
                 "name": w.name, "host": w.host, "pid": w.pid, "processors": w.processors, "tasks": w.tasks,
                 "queued": w.queued, "running": w.running, "load": w.load, "mean_task_seconds": w.mean_task_seconds,
                 "peak_memory": w.peak_memory, "last_heard": w.last_heard, "draining": w.draining, "broken": w.broken,
-                "memory": w.memory, "memory_limit": w.memory_limit, "cpu": w.cpu,
+                "memory": w.memory, "memory_limit": w.memory_limit, "cpu": w.cpu, "store": w.store,
+                "store_bytes": w.store_bytes, "store_capacity": w.store_capacity, "store_objects": w.store_objects,
             }
             for w in stats.workers
         ],
@@ -144,6 +145,19 @@ def snapshot_json(stats: Statistics) -> dict[str, Any]:
             for e in stats.failures
         ],
         "store": dict(stats.store),
+        "stores": [
+            {"name": u.name, "bytes": u.bytes, "capacity": u.capacity, "objects": u.objects, "workers": len(u.workers),
+             "hosts": list(u.hosts), "daemon": u.daemon}
+            for u in stats.stores
+        ],
+        "managers": [
+            {"name": g.name, "kind": g.kind, "connected": g.connected, "max_workers": g.max_workers,
+             "requested": g.requested, "starting": g.starting, "running": g.running, "draining": g.draining,
+             "failed": g.failed, "pending_keys": g.pending_keys, "pending_reason": g.pending_reason,
+             "last_error": g.last_error, "last_error_ago": g.last_error_ago,
+             "infrastructure_ends": g.infrastructure_ends, "interrupted_tasks": g.interrupted_tasks}
+            for g in stats.managers
+        ],
     }
 
 

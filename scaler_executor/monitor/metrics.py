@@ -116,4 +116,64 @@ def render(stats: Statistics) -> str:
     for name, kind, text, value in per_worker:
         samples = [(_label(worker=w.name, host=w.host), v) for w in workers if (v := value(w)) is not None]
         _family(out, name, kind, text, samples)
+    _stores(out, stats, workers)
+    _managers(out, stats)
     return "\n".join(out) + "\n"
+
+
+SHARED = " Workers on one host share one store, so each of them reports the same store: sum scaler_store_* for a total, never these."
+
+
+def _stores(out: list[str], stats: Statistics, workers: list[WorkerStatistics]) -> None:
+    """Each worker's host store (labelled with the store), then each store once (``stores``)."""
+    per_worker: tuple[tuple[str, str, Callable[[WorkerStatistics], int | None]], ...] = (
+        ("scaler_worker_store_bytes", "Bytes allocated in the object store the worker maps (absent: it maps none).", lambda w: w.store_bytes),
+        ("scaler_worker_store_capacity_bytes", "Capacity of the object store the worker maps, in bytes.", lambda w: w.store_capacity),
+        ("scaler_worker_store_objects", "Objects in the object store the worker maps.", lambda w: w.store_objects),
+    )  # fmt: skip
+    for name, text, value in per_worker:
+        samples = [
+            (_label(worker=w.name, host=w.host, store=w.store), v) for w in workers if w.store and (v := value(w)) is not None
+        ]
+        _family(out, name, "gauge", text + SHARED, samples)
+    stores = stats.stores
+    per_store = (
+        ("scaler_store_bytes", "Bytes allocated in each object store, counted once however many workers map it.", "bytes"),
+        ("scaler_store_capacity_bytes", "Capacity of each object store in bytes, counted once.", "capacity"),
+        ("scaler_store_objects", "Objects in each object store, counted once.", "objects"),
+        ("scaler_store_workers", "Workers that map each object store.", ""),
+    )
+    for name, text, field in per_store:
+        samples = [(_label(store=u.name), getattr(u, field) if field else len(u.workers)) for u in stores]
+        _family(out, name, "gauge", text, samples)
+
+
+MANAGED_STATES = ("requested", "starting", "running", "draining")
+
+
+def _managers(out: list[str], stats: Statistics) -> None:
+    """Each worker manager the snapshot lists (``Statistics.managers``), labelled by its name."""
+    managers = stats.managers
+    _family(
+        out, "scaler_manager_connected", "gauge", "1 while the worker manager is connected, 0 after it left (kept while its counts are).",
+        ((_label(manager=s.name, kind=s.kind), int(s.connected)) for s in managers),
+    )  # fmt: skip
+    _family(
+        out, "scaler_manager_max_workers", "gauge", "Workers the manager offers at most (its last offer).",
+        ((_label(manager=s.name), s.max_workers) for s in managers),
+    )  # fmt: skip
+    _family(
+        out, "scaler_manager_workers", "gauge", "The manager's workers by state: requested, starting (pending), running, draining.",
+        ((_label(manager=s.name, state=state), getattr(s, state)) for s in managers for state in MANAGED_STATES),
+    )  # fmt: skip
+    _family(
+        out, "scaler_manager_pending_keys", "gauge", "Worker keys admitted for the manager whose worker has not joined.",
+        ((_label(manager=s.name), s.pending_keys) for s in managers),
+    )  # fmt: skip
+    counters = (
+        ("scaler_manager_workers_failed_total", "Workers that ended without being asked to stop, not by the infrastructure.", "failed"),
+        ("scaler_manager_infrastructure_ends_total", "Workers ended by the infrastructure (preemption, walltime, scancel).", "infrastructure_ends"),
+        ("scaler_manager_interrupted_tasks_total", "Tasks interrupted on the manager's workers and run again at no charge.", "interrupted_tasks"),
+    )  # fmt: skip
+    for name, text, field in counters:
+        _family(out, name, "counter", text, ((_label(manager=s.name), getattr(s, field)) for s in managers))

@@ -570,6 +570,14 @@ class ObjectStore:
         values["file_backed"] = bool(values["file_backed"])
         return ObjectStoreStats(**values)
 
+    def usage(self) -> tuple[int, int, int, int]:
+        """(capacity, bytes allocated, bytes of object data, objects), read without the store's
+        lock: O(1) and never waits (a heartbeat reads it), but not one consistent snapshot
+        (an update in progress may show in some figures only); ``stats`` is consistent."""
+        out = ffi.new("objstore_usage_t *")
+        self._check(self._call(lib.objstore_usage, out), "usage")
+        return int(out.capacity), int(out.in_use), int(out.data_bytes), int(out.objects)
+
     def reap(self) -> int:
         """Return the references and slots of processes that are gone; how many were."""
         out = ffi.new("uint32_t *")

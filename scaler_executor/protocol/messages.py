@@ -283,6 +283,13 @@ class Heartbeat(NamedTuple):
     memory: int = 0
     memory_limit: int = 0
     cpu: float = 0.0
+    # A worker's only: the host store it maps ("" for none) and that store's figures, read
+    # without its lock (ObjectStore.usage): bytes allocated, capacity, objects.  Every worker
+    # mapping one store reports the same store: see scheduler/stats.py Statistics.stores.
+    store: str = ""
+    store_bytes: int = 0
+    store_capacity: int = 0
+    store_objects: int = 0
 
 
 class TaskAttempt(NamedTuple):
@@ -460,6 +467,10 @@ class WorkerStat(NamedTuple):
     memory: int = 0  # its processors' private memory now, bytes (its last heartbeat)
     memory_limit: int = 0  # 0: none
     cpu: float = 0.0  # cores its processors kept busy between its last two heartbeats
+    store: str = ""  # the host store it maps ("" none), and its figures (its last heartbeat)
+    store_bytes: int = 0
+    store_capacity: int = 0
+    store_objects: int = 0
 
 
 class ClientStat(NamedTuple):
@@ -493,6 +504,26 @@ class StatWindow(NamedTuple):
     max_seconds: float
 
 
+class ManagerStat(NamedTuple):
+    """One worker manager as the daemon sees it (in Stats; see scheduler/stats.py)."""
+
+    name: str
+    kind: str  # its adapter ("local", "slurm", ...), "" before its first offer
+    connected: bool
+    max_workers: int
+    requested: int  # workers asked for, not started yet (not named, or named and not queued)
+    starting: int  # workers pending: submitted, waiting for resources or starting
+    running: int
+    draining: int
+    failed: int  # workers that ended without being asked to stop, not by the infrastructure
+    pending_keys: int  # worker keys admitted whose worker has not joined yet
+    pending_reason: str  # why its pending workers wait ("Resources", ...), "" for none
+    last_error: str  # its last refusal or failed worker, "" for none
+    last_error_ago: float  # seconds before the snapshot, -1.0 for none
+    infrastructure_ends: int  # workers ended by the infrastructure (preemption, walltime)
+    interrupted_tasks: int  # tasks interrupted on its workers and run again at no charge
+
+
 class Stats(NamedTuple):
     snapshot: dict[str, int | float | str]  # the counters (keys of ex.statistics()[...])
     uptime: float = 0.0
@@ -505,6 +536,8 @@ class Stats(NamedTuple):
     # scheduler/stats.py DURATION_BOUNDS (the last one past the largest bound), and their sum.
     durations: list[int] = []  # noqa: RUF012
     duration_sum: float = 0.0
+    store_name: str = ""  # the host store's name (workers that map it report it by this name)
+    managers: list[ManagerStat] = []  # noqa: RUF012
 
 
 class HistoryRequest(NamedTuple):

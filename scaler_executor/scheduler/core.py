@@ -62,6 +62,9 @@ log = logging.getLogger("scaler_executor.daemon")
 
 EWMA_WEIGHT = 0.2  # weight of the newest task duration in a worker's mean
 NOTICE_DELAY = 0.002  # longest a submit ack or running notice waits to travel with results
+# Most a peer's reported figure (a count, bytes, seconds) may be: thousands of them still sum
+# within msgpack's 64-bit integers, which the snapshot is encoded in.
+MAX_FIGURE = 2**52
 MAX_NAME = 256  # characters of a peer's name or host in its Hello: they reach logs and Refused
 ID_MASK = (1 << m.TASK_ID_BITS) - 1  # the per-client part of a task or function id
 # Monitors share one snapshot built at most this often, however many watch or however often
@@ -555,9 +558,16 @@ class Scheduler:
     def _on_heartbeat(self, peer: bytes, message: m.Heartbeat) -> None:
         worker = self.workers.get(peer)
         if worker is not None:
-            worker.queued, worker.running = message.queued, message.running
-            self._memory_total += message.memory - worker.memory
-            worker.memory, worker.memory_limit, worker.cpu = message.memory, message.memory_limit, message.cpu
+            # A worker's own figures, clamped: they reach sums and the snapshot's encoding.
+            worker.queued, worker.running = _figure(message.queued), _figure(message.running)
+            memory = _figure(message.memory)
+            self._memory_total += memory - worker.memory
+            worker.memory, worker.memory_limit = memory, _figure(message.memory_limit)
+            worker.cpu = message.cpu if 0.0 <= message.cpu <= MAX_FIGURE else 0.0  # NaN fails both
+            worker.store = (
+                message.store[:MAX_NAME], _figure(message.store_bytes), _figure(message.store_capacity),
+                _figure(message.store_objects),
+            )
             self.history.gauge(self._now, len(self.workers), self._memory_total)
 
     def _on_goodbye(self, peer: bytes, message: m.Goodbye) -> None:
@@ -1021,6 +1031,10 @@ class Scheduler:
         """Lane tasks that ended: counted as if submitted here (a retried one is submitted
         here again by its client, and counted then); the records of announced ones go."""
         worker = self.workers[peer]
+        counts = (message.finished, message.failed, message.retried, message.delivered)
+        if not all(0 <= n <= MAX_FIGURE for n in counts) or not 0.0 <= message.seconds <= MAX_FIGURE:
+            self._refuse(peer, "lane-done", f"LaneDone counts out of range: {counts!r}, {message.seconds!r} s")
+            return
         ended = message.finished + message.failed
         counters = self.counters
         counters["submitted"] += ended
@@ -1637,6 +1651,11 @@ class Scheduler:
             for task_id in client.tasks:
                 assert self.tasks[task_id].client == client.peer, f"{client!r} owns stray task {task_id:#x}"
         self.managers.validate()
+
+
+def _figure(value: int) -> int:
+    """A peer's reported figure within [0, MAX_FIGURE]."""
+    return value if 0 <= value <= MAX_FIGURE else (0 if value < 0 else MAX_FIGURE)
 
 
 def _dep_value(dep: TaskRecord) -> m.DepValue:

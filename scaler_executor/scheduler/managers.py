@@ -104,11 +104,19 @@ class ManagerController:
         # and tasks interrupted on its workers and run again at no charge to their retries.
         self.ended: dict[str, int] = {}
         self.interrupted: dict[str, int] = {}
+        # For the snapshot, also by name and kept while the daemon runs: workers that ended
+        # on their own (not asked to stop, not the infrastructure), each manager's last
+        # error (when, what), and its adapter's kind and size from its last offer.
+        self.failed: dict[str, int] = {}
+        self.last_error: dict[str, tuple[float, str]] = {}
+        self.offered: dict[str, tuple[str, int]] = {}
 
     def _refuse(self, peer: bytes, what: str, why: str) -> None:
         """Counted and logged like any refusal, and told to the manager: its operator acts on it."""
         self.core._refuse(peer, what, why)
         self.core._send(peer, m.Refused(why))
+        if (record := self.managers.get(peer)) is not None:
+            self.last_error[record.name] = (self.core._now, f"refused ({what}): {why}")
 
     # ------------------------------------------------------------------ managers
 
@@ -138,6 +146,7 @@ class ManagerController:
             return
         record.offer = offer
         record.asked = 0
+        self.offered[record.name] = (offer.kind[:64], offer.max_workers)
         kept = set(offer.adopted)
         for worker in [w for w in self.workers.values() if w.manager == record.name and w.name not in kept]:
             self._forget(worker, "its manager restarted without it")
@@ -216,6 +225,9 @@ class ManagerController:
         self._forget(worker, "")
         if change.infrastructure:
             self.ended[worker.manager] = self.ended.get(worker.manager, 0) + 1
+        elif not worker.stopping:
+            self.failed[worker.manager] = self.failed.get(worker.manager, 0) + 1
+            self.last_error[worker.manager] = (self.core._now, f"worker {worker.name} gone: {text}"[:MAX_TEXT])
         if connected is not None:
             self.core._lose_worker(connected, text, infrastructure=change.infrastructure, manager=worker.manager)
 
@@ -362,14 +374,34 @@ class ManagerController:
             states[w.state] = states.get(w.state, 0) + 1
         snapshot: dict[str, int | float | str] = {"managers": len(self.managers)}
         snapshot.update({f"managed_{state}": n for state, n in states.items()})
-        reasons = sorted({w.reason for w in self.workers.values() if w.state == "pending" and w.reason})
-        if reasons:
-            snapshot["manager_pending"] = "; ".join(reasons)[:MAX_TEXT]
-        if self.ended:
-            snapshot["manager_infrastructure_ends"] = "; ".join(f"{n} {c}" for n, c in sorted(self.ended.items()))[:MAX_TEXT]
-        if self.interrupted:
-            snapshot["manager_interrupted_tasks"] = "; ".join(f"{n} {c}" for n, c in sorted(self.interrupted.items()))[:MAX_TEXT]
         return snapshot
+
+    def manager_stats(self, now: float) -> list[m.ManagerStat]:
+        """Each manager connected or heard of (its workers, ends, errors are kept by name), by name.
+
+        O(managers + managed workers): built only for a snapshot."""
+        connected = {r.name: r for r in self.managers.values()}
+        by_manager: dict[str, list[ManagedWorker]] = {}
+        for w in self.workers.values():
+            by_manager.setdefault(w.manager, []).append(w)
+        names = set(connected) | set(self.orphaned) | set(self.ended) | set(self.interrupted) | set(self.failed)
+        out = []
+        for name in sorted(names | set(by_manager)):
+            record = connected.get(name)
+            mine = by_manager.get(name, [])
+            states = {state: sum(1 for w in mine if w.state == state) for state in STATES}
+            reasons = sorted({w.reason for w in mine if w.state == "pending" and w.reason})
+            kind, max_workers = self.offered.get(name, ("", 0))
+            when, error = self.last_error.get(name, (now, ""))
+            out.append(
+                m.ManagerStat(
+                    name, kind, record is not None, max_workers, states["requested"] + (record.asked if record else 0),
+                    states["pending"], states["running"], states["draining"], self.failed.get(name, 0),
+                    sum(1 for w in mine if w.public_key and w.peer is None), "; ".join(reasons)[:MAX_TEXT], error,
+                    max(0.0, now - when) if error else -1.0, self.ended.get(name, 0), self.interrupted.get(name, 0),
+                )
+            )
+        return out
 
     def validate(self) -> None:
         names = [r.name for r in self.managers.values()]

@@ -299,7 +299,38 @@ def _store(stats: Statistics) -> str:
     if not stats.store:
         return head + '<p class="empty">no object store on the daemon\'s host</p></section>'
     rows = [(k, _size(v) if "bytes" in k else v) for k, v in sorted(stats.store.items())]
-    return head + _table(rows) + "</section>"
+    return head + _table(rows) + _stores(stats) + "</section>"
+
+
+def _stores(stats: Statistics) -> str:
+    """Each store once (the workers of one host share one), with the workers that map it."""
+    stores = stats.stores
+    if not stores:
+        return ""
+    rows = [
+        (u.name + (" (the daemon's)" if u.daemon else ""), _size(u.bytes), _size(u.capacity), u.objects, len(u.workers), ", ".join(u.hosts))
+        for u in stores
+    ]
+    return '<p class="meta">Each store once; the workers of one host share one.</p>' + _table(
+        rows, ("store", "allocated", "capacity", "objects", "workers", "hosts")
+    )
+
+
+def _managers(stats: Statistics) -> str:
+    if not stats.managers:
+        return ""
+    rows = [
+        (
+            g.name, g.kind or "-", "yes" if g.connected else "no", g.requested, g.starting, g.running, g.draining,
+            g.failed, g.infrastructure_ends, g.interrupted_tasks, g.last_error or g.pending_reason or "",
+        )
+        for g in stats.managers
+    ]  # fmt: skip
+    header = (
+        "manager", "kind", "connected", "requested", "starting", "running", "draining", "failed",
+        "infrastructure ends", "interrupted tasks", "last error / waiting for",
+    )  # fmt: skip
+    return '<section id="managers"><h2>Worker managers</h2>' + _table(rows, header) + "</section>"
 
 
 # --------------------------------------------------------------------------- the page
@@ -329,6 +360,7 @@ def render_report(
         + _series(history, stats)
         + _failures(stats)
         + _store(stats)
+        + _managers(stats)
         + _configuration(history, client_config)
         + "</body></html>\n"
     )

@@ -234,6 +234,7 @@ class WorkerRecord:
     memory: int = 0  # its processors' private memory, bytes (heartbeats)
     memory_limit: int = 0  # 0: none
     cpu: float = 0.0  # cores its processors kept busy (heartbeats)
+    store: tuple[str, int, int, int] = ("", 0, 0, 0)  # the store it maps: name, bytes, capacity, objects (heartbeats)
 
     def fits_ever(self, key: ConstraintKey) -> bool:
         """Could this worker ever run a task with these needs (ignoring what is in use)?"""

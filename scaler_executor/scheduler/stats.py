@@ -39,9 +39,11 @@ if TYPE_CHECKING:
 __all__ = [
     "DURATION_BOUNDS",
     "ClientStatistics",
+    "ManagerStatistics",
     "RecentEvent",
     "Recorder",
     "Statistics",
+    "StoreUse",
     "TaskDurations",
     "TaskWindow",
     "WorkerStatistics",
@@ -184,7 +186,7 @@ def stats_message(core: Scheduler) -> m.Stats:
                 w.name, w.host, w.pid, w.capacity, len(w.inflight), lane, len(w.seceded), w.queued, w.running,
                 -1.0 if w.mean_task_seconds is None else w.mean_task_seconds, recorder.peak_memory.get(w.peer, 0),
                 max(0.0, now - w.last_seen), 0.0 if w.inflight else max(0.0, now - w.idle_since), w.draining,
-                w.broken or "", w.memory, w.memory_limit, w.cpu,
+                w.broken or "", w.memory, w.memory_limit, w.cpu, w.store[0][:200], *w.store[1:],
             )
         )
     clients = [
@@ -202,7 +204,8 @@ def stats_message(core: Scheduler) -> m.Stats:
     uptime = 0.0 if recorder.started is None else now - recorder.started
     return m.Stats(
         counters, uptime, workers, clients, events, recorder.windows(now), store,
-        list(recorder.duration_counts), recorder.duration_sum,
+        list(recorder.duration_counts), recorder.duration_sum, core.object_store if store else "",
+        core.managers.manager_stats(now),
     )  # fmt: skip
 
 
@@ -229,6 +232,13 @@ class WorkerStatistics:
     memory: int | None = None  # its processors' private memory now, bytes; None until reported
     memory_limit: int | None = None  # the worker's memory limit, bytes; None: none
     cpu: float | None = None  # cores its processors kept busy lately (1.0: one); None until reported
+    # The host store it maps and that store's figures, as its last heartbeat said; None
+    # when it maps none (another host: objects travel over the network) or until reported.
+    # Every worker on one host maps the same store: these repeat on each (see ``stores``).
+    store: str | None = None  # the store's name
+    store_bytes: int | None = None  # bytes allocated in it (object data and block headers)
+    store_capacity: int | None = None  # its capacity, bytes
+    store_objects: int | None = None  # objects in it
 
     @property
     def load(self) -> float:
@@ -244,6 +254,51 @@ class ClientStatistics:
     functions: int  # callables it registered
     objects: int  # store objects it holds (pins, unread results)
     last_heard: float
+
+
+@dataclass(frozen=True, slots=True)
+class StoreUse:
+    """One object store of the cluster, counted once however many workers map it."""
+
+    name: str
+    bytes: int  # allocated in it (object data and block headers): what counts against capacity
+    capacity: int
+    objects: int
+    workers: tuple[str, ...]  # the workers that map it (their heartbeats report it)
+    hosts: tuple[str, ...]  # their hosts
+    daemon: bool  # the daemon's own host store (its figures are the daemon's, taken under the lock)
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerStatistics:
+    """A worker manager: what it runs for the daemon and what its infrastructure cost.
+
+    Listed while connected, and after it left while the daemon remembers its workers, ends,
+    failures or interrupted tasks (kept by name: a restarted manager continues its line)."""
+
+    name: str
+    kind: str  # its adapter ("local", "slurm", ...); "" before its first offer
+    connected: bool
+    max_workers: int  # from its last offer; 0 before one
+    requested: int  # workers asked for and not submitted yet
+    starting: int  # workers pending: submitted, waiting for resources or starting up
+    running: int
+    draining: int  # finishing their tasks before they stop (scale-down, walltime, scancel)
+    failed: int  # workers that ended without being asked to, and not by the infrastructure
+    pending_keys: int  # worker keys admitted whose worker has not joined (yet, or again)
+    pending_reason: str | None  # why its pending workers wait (the scheduler's reason), or None
+    last_error: str | None  # its last refusal or failed worker, or None
+    last_error_ago: float | None  # seconds before the snapshot; None without an error
+    infrastructure_ends: int  # workers ended by the infrastructure (preemption, walltime)
+    interrupted_tasks: int  # tasks interrupted on its workers and run again at no charge
+
+    @classmethod
+    def from_message(cls, s: m.ManagerStat) -> ManagerStatistics:
+        return cls(
+            s.name, s.kind, s.connected, s.max_workers, s.requested, s.starting, s.running, s.draining, s.failed,
+            s.pending_keys, s.pending_reason or None, s.last_error or None,
+            s.last_error_ago if s.last_error else None, s.infrastructure_ends, s.interrupted_tasks,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,14 +366,15 @@ def _durations(counts: list[int], total: float) -> TaskDurations:
 @dataclass(frozen=True, slots=True)
 class Statistics(Mapping[str, Any]):
     """A snapshot of the daemon: counters (also this mapping's items), tasks by state,
-    workers, clients, recent windows and events, and the host's object store.
+    workers (each with the host store it maps), clients, recent windows and events, the
+    daemon's host store, each object store once (``stores``), and the worker managers.
 
     ``counters`` holds what ``ex.statistics()`` always held: ``tasks``, ``tasks_<state>``
     (present while non-zero), ``workers``, ``processors``, ``clients``, ``functions``,
     ``submitted``, ``finished``, ``failed``, ``cancelled``, ``retried``, ``workers_lost``,
     ``clients_lost``, ``clients_left``, ``refused``, ``dropped_messages``, ``lane``,
-    ``delivered_direct``, the network object counters and, with security on, the
-    ``security_refused_*`` counters.
+    ``delivered_direct``, the network object counters, with managers ``managers`` and
+    ``managed_<state>``, and, with security on, the ``security_refused_*`` counters.
     """
 
     counters: Mapping[str, int | float | str]
@@ -330,6 +386,8 @@ class Statistics(Mapping[str, Any]):
     events: tuple[RecentEvent, ...]  # oldest first
     store: Mapping[str, int]  # the host store's figures (ObjectStoreStats' fields); empty without one
     durations: TaskDurations  # run times of every timed task since the start
+    store_name: str = ""  # the host store's name ("" without one): workers mapping it report it so
+    managers: tuple[ManagerStatistics, ...] = ()  # by name
 
     def __getitem__(self, key: str) -> Any:
         return self.counters[key]
@@ -344,6 +402,36 @@ class Statistics(Mapping[str, Any]):
     def failures(self) -> tuple[RecentEvent, ...]:
         """The recent events that are a task's failure."""
         return tuple(e for e in self.events if e.kind in ("failed", "timeout", "retries-exhausted", "rejected"))
+
+    @property
+    def stores(self) -> tuple[StoreUse, ...]:
+        """Each object store once, by name: the daemon's host store (its own figures) and any
+        other a worker reports. Several workers on one host map one store and each reports
+        it: sum these, never the workers' figures, for a cluster total."""
+        mapped: dict[str, list[WorkerStatistics]] = {}
+        for w in self.workers:
+            if w.store:
+                mapped.setdefault(w.store, []).append(w)
+        out = []
+        if self.store_name and self.store:
+            ws = sorted(mapped.pop(self.store_name, []), key=lambda w: w.name)
+            out.append(
+                StoreUse(
+                    self.store_name, int(self.store.get("in_use", 0)), int(self.store.get("capacity", 0)),
+                    int(self.store.get("objects", 0)), tuple(w.name for w in ws),
+                    tuple(sorted({w.host for w in ws})), True,
+                )
+            )
+        for name, ws in sorted(mapped.items()):
+            ws.sort(key=lambda w: w.name)
+            freshest = min(ws, key=lambda w: w.last_heard)
+            out.append(
+                StoreUse(
+                    name, freshest.store_bytes or 0, freshest.store_capacity or 0, freshest.store_objects or 0,
+                    tuple(w.name for w in ws), tuple(sorted({w.host for w in ws})), False,
+                )
+            )
+        return tuple(out)
 
     @classmethod
     def from_message(cls, message: m.Stats) -> Statistics:
@@ -362,7 +450,8 @@ class Statistics(Mapping[str, Any]):
                     w.name, w.host, w.pid, w.processors, w.tasks, w.lane_tasks, w.seceded, w.queued, w.running,
                     None if w.mean_task_seconds < 0 else w.mean_task_seconds, w.peak_memory or None, w.last_heard,
                     w.idle_for, w.draining, w.broken or None, w.memory or None, w.memory_limit or None,
-                    w.cpu if w.memory else None,
+                    w.cpu if w.memory else None, w.store or None,
+                    *((w.store_bytes, w.store_capacity, w.store_objects) if w.store else (None, None, None)),
                 )
                 for w in message.workers
             ),
@@ -371,13 +460,15 @@ class Statistics(Mapping[str, Any]):
             tuple(RecentEvent(*e) for e in message.events),
             MappingProxyType(dict(message.store)),
             _durations(list(message.durations), message.duration_sum),
+            message.store_name,
+            tuple(ManagerStatistics.from_message(s) for s in message.managers),
         )
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # Picklable (a snapshot may be sent to a task or a logger process); mapping proxies are not.
         return _rebuild, (
             dict(self.counters), dict(self.tasks_by_state), self.uptime, self.workers, self.clients,
-            self.windows, self.events, dict(self.store), self.durations,
+            self.windows, self.events, dict(self.store), self.durations, self.store_name, self.managers,
         )  # fmt: skip
 
     def __repr__(self) -> str:
@@ -390,8 +481,8 @@ class Statistics(Mapping[str, Any]):
 def _rebuild(
     counters: dict[str, Any], states: dict[str, int], uptime: float, *rest: Any
 ) -> Statistics:
-    workers, clients, windows, events, store, durations = rest
+    workers, clients, windows, events, store, durations, store_name, managers = rest
     return Statistics(
         MappingProxyType(counters), MappingProxyType(states), uptime, workers, clients, windows, events,
-        MappingProxyType(store), durations,
+        MappingProxyType(store), durations, store_name, managers,
     )  # fmt: skip

@@ -1221,7 +1221,14 @@ class WorkerAgent:
                     busy += max(0.0, used - self.cpu_seen[p.pid])
         cpu = busy / (now - self.cpu_at) if self.cpu_seen and now > self.cpu_at else 0.0
         self.cpu_seen, self.cpu_at = seen, now
-        return m.Heartbeat(len(self.queue), running, self.memory_total, self.memory_limit or 0, round(cpu, 3))
+        store = ("", 0, 0, 0)
+        if self.store is not None:
+            try:  # lock-free and O(1): a heartbeat never waits on the store's lock
+                capacity, used, _data, objects = self.store.usage()
+                store = (self.store_name, used, capacity, objects)
+            except Exception as exc:  # noqa: BLE001 - the figures are for watching only
+                log.debug("worker %s: reading the object store's use: %s", self.name, exc)
+        return m.Heartbeat(len(self.queue), running, self.memory_total, self.memory_limit or 0, round(cpu, 3), *store)
 
     # ------------------------------------------------------------------ stop
 

@@ -1,6 +1,7 @@
 """The dashboard page in a real headless Chromium: it loads with the printed URL, its numbers
 change as tasks run, the task stream draws the runs and the memory panel a series, a failure
-shows its traceback, and without the token it is refused."""
+shows its traceback, the object store follows a put, a worker manager has its row, and
+without the token it is refused."""
 
 from __future__ import annotations
 
@@ -102,6 +103,21 @@ def test_the_page_shows_tasks_workers_and_failures_as_they_happen(cluster: Dashb
             return str(points or "").split()
 
         wait.until(lambda d: len(memory_points(d)) >= 2 and "iB" in text_of(d, "memory-now"))
+
+        # The host store: the worker's column and the store's row follow a put of a known size.
+        ref = ex.put(b"\x07" * (4 << 20))
+        wait.until(lambda d: worker_cells(d)[10].startswith("4.0 MiB / "))
+
+        def store_rows(d: Any) -> list[list[str]]:
+            return d.execute_script(  # type: ignore[no-any-return]
+                'return [...document.querySelectorAll("#stores tbody tr")].map((r) => [...r.cells].map((c) => c.textContent))'
+            )
+
+        wait.until(lambda d: len(store_rows(d)) == 1 and store_rows(d)[0][1].startswith("4.0 MiB / "))
+        name, _, objects, workers, _ = store_rows(browser)[0]
+        assert name.endswith("(daemon)") and objects == "1" and workers == "1", store_rows(browser)
+        assert not browser.find_element(By.ID, "managers-section").is_displayed()  # no manager here
+        del ref
     assert "no data" not in text_of(browser, "status")
 
 
@@ -114,3 +130,46 @@ def test_the_page_is_refused_without_the_token(cluster: DashboardCluster, browse
     assert "401" in browser.find_element("tag name", "body").text
     browser.get(cluster.base + "/api/history")
     assert "401" in browser.find_element("tag name", "body").text
+
+
+def test_the_page_shows_a_worker_manager(cluster: DashboardCluster, browser: Any) -> None:
+    """A real local manager keeping one worker: its row in the managers panel, typed as the
+    snapshot has it (kind, connected, workers running)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from scaler_testing import child_env
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    name = f"dm{os.getpid()}"
+    with open(cluster.log_path.parent / "manager.log", "wb") as out:
+        manager = subprocess.Popen(
+            [sys.executable, "-m", "scaler_executor.cli.manager", cluster.address, "--adapter", "local",
+             "--max-workers", "1", "--min-workers", "1", "--name", name, "--heartbeat-interval", "0.1"],
+            env=child_env(), stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        wait = WebDriverWait(browser, WAIT, ignored_exceptions=(StaleElementReferenceException,))
+        browser.get(cluster.url)
+
+        def row(d: Any) -> list[str]:
+            return d.execute_script(  # type: ignore[no-any-return]
+                'const r = document.querySelector("#managers tbody tr"); return r ? [...r.cells].map((c) => c.textContent) : []'
+            )
+
+        wait.until(lambda d: d.find_element(By.ID, "managers-section").is_displayed() and len(row(d)) == 13)
+        wait.until(lambda d: row(d)[5] == "1")  # its minimum: one worker running
+        cells = row(browser)
+        assert cells[:3] == [name, "local", "yes"] and cells[7] == "0" and cells[8] == "1", cells
+        assert text_of(browser, "manager-count") == "(1)"
+    finally:
+        manager.send_signal(signal.SIGTERM)  # it stops its worker, then itself
+        try:
+            manager.wait(30)
+        except subprocess.TimeoutExpired:
+            manager.kill()
+            manager.wait()

@@ -14,7 +14,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from scaler_testing import wait_until
 
 from scaler_executor.monitor import metrics
-from scaler_executor.scheduler.stats import DURATION_BOUNDS, Statistics, TaskDurations, WorkerStatistics
+from scaler_executor.scheduler.stats import (
+    DURATION_BOUNDS,
+    ManagerStatistics,
+    Statistics,
+    TaskDurations,
+    WorkerStatistics,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -116,13 +122,57 @@ def _worker(name: str) -> WorkerStatistics:
     return WorkerStatistics(name, "host-a", 1, 2, 1, 0, 0, 0, 1, 0.5, 1000, 0.1, 0.0, False, None)
 
 
-def _stats(*workers: WorkerStatistics) -> Statistics:
-    empty: Any = MappingProxyType({})
+def _stats(*workers: WorkerStatistics, store: dict[str, int] | None = None, store_name: str = "", managers: tuple[ManagerStatistics, ...] = ()) -> Statistics:
     counts = (0,) * (len(DURATION_BOUNDS) + 1)
     return Statistics(
         MappingProxyType({"finished": 3, "processors": 2 * len(workers)}), MappingProxyType({"pending": 0}),
-        1.0, workers, (), (), (), empty, TaskDurations(DURATION_BOUNDS, counts, 0.0),
+        1.0, workers, (), (), (), MappingProxyType(store or {}), TaskDurations(DURATION_BOUNDS, counts, 0.0),
+        store_name, managers,
     )  # fmt: skip
+
+
+def test_store_use_per_worker_and_per_store_counted_once() -> None:
+    """Two workers of one host map the daemon's store, a third maps none: the per-worker
+    series repeat the shared store's figures (labelled with it), the per-store ones count it once."""
+    import dataclasses
+
+    def mapping(name: str, used: int) -> WorkerStatistics:
+        return dataclasses.replace(_worker(name), store="scaler-9", store_bytes=used, store_capacity=1 << 30, store_objects=4)
+
+    stats = _stats(
+        mapping("w1", 1 << 20), mapping("w2", 2 << 20), _worker("w3"), store_name="scaler-9",
+        store={"capacity": 1 << 30, "in_use": 3 << 20, "data_bytes": 3 << 20, "objects": 5},
+    )  # fmt: skip
+    got = parse(metrics.render(stats))
+    label = (("host", "host-a"), ("store", "scaler-9"))
+    assert got["scaler_worker_store_bytes"] == {(*label, ("worker", "w1")): 1 << 20, (*label, ("worker", "w2")): 2 << 20}
+    assert got["scaler_worker_store_capacity_bytes"][(*label, ("worker", "w1"))] == 1 << 30
+    assert got["scaler_worker_store_objects"][(*label, ("worker", "w2"))] == 4
+    # Each store once, from the daemon's own figures: a cluster total does not double count.
+    assert got["scaler_store_bytes"] == {(("store", "scaler-9"),): 3 << 20}
+    assert got["scaler_store_capacity_bytes"] == {(("store", "scaler-9"),): 1 << 30}
+    assert got["scaler_store_objects"] == {(("store", "scaler-9"),): 5}
+    assert got["scaler_store_workers"] == {(("store", "scaler-9"),): 2}
+    text = metrics.render(stats)
+    assert "# HELP scaler_worker_store_bytes" in text and "share one store" in text
+
+
+def test_managers_are_series_labelled_by_manager() -> None:
+    cpu = ManagerStatistics("cpu", "slurm", True, 8, 1, 2, 3, 1, 2, 1, "Priority", "worker cpu-4 gone", 5.0, 4, 7)
+    gone = ManagerStatistics("old", "local", False, 2, 0, 0, 0, 0, 0, 0, None, None, None, 1, 0)
+    got = parse(metrics.render(_stats(managers=(cpu, gone))))
+    assert got["scaler_manager_connected"] == {(("kind", "slurm"), ("manager", "cpu")): 1, (("kind", "local"), ("manager", "old")): 0}
+    workers = got["scaler_manager_workers"]
+    assert {dict(k)["state"]: v for k, v in workers.items() if dict(k)["manager"] == "cpu"} == {
+        "requested": 1, "starting": 2, "running": 3, "draining": 1,
+    }  # fmt: skip
+    assert got["scaler_manager_max_workers"][(("manager", "cpu"),)] == 8
+    assert got["scaler_manager_pending_keys"][(("manager", "cpu"),)] == 1
+    assert got["scaler_manager_workers_failed_total"][(("manager", "cpu"),)] == 2
+    assert got["scaler_manager_infrastructure_ends_total"] == {(("manager", "cpu"),): 4, (("manager", "old"),): 1}
+    assert got["scaler_manager_interrupted_tasks_total"][(("manager", "cpu"),)] == 7
+    names = [f.name for f in text_string_to_metric_families(metrics.render(_stats(managers=(cpu,))))]
+    assert len(names) == len(set(names))
 
 
 def test_a_departed_workers_series_are_dropped_and_labels_escaped() -> None:
@@ -246,3 +296,52 @@ def test_a_busy_workers_memory_and_cpu_reach_the_snapshot_and_metrics(cluster: D
         finally:
             Path(stop).touch()
         assert future.result(timeout=WAIT) == 64 << 20
+
+
+def test_store_use_of_a_real_cluster_after_a_put_of_a_known_size(tmp_path: Path) -> None:
+    """Two local workers map the daemon's host store: each reports it on its heartbeats, the
+    snapshot and /metrics count it once, and the figures follow a put and its release."""
+    import json
+
+    size = 8 << 20
+    c = DashboardCluster(tmp_path, workers=2)
+    try:
+        with c.client() as ex:
+            ref = ex.put(b"\x07" * size)
+
+            def reported(stats: Statistics, least: int) -> bool:
+                return len(stats.workers) == 2 and all(
+                    w.store == stats.store_name and (w.store_bytes or 0) >= least for w in stats.workers
+                )
+
+            assert wait_until(lambda: reported(ex.statistics(), size), timeout=WAIT), ex.statistics().workers
+            stats = ex.statistics()
+            assert stats.store_name and stats.store["data_bytes"] >= size
+            (store,) = stats.stores  # one store, however many workers map it
+            assert store.daemon and store.bytes >= size and sorted(store.workers) == sorted(w.name for w in stats.workers)
+            for w in stats.workers:
+                assert w.store_capacity == stats.store["capacity"] and (w.store_objects or 0) >= 1
+            scraped: list[str] = []
+
+            def scraped_both() -> bool:
+                status, text = c.get("/metrics", token=c.token)
+                assert status == 200, text
+                scraped[:] = [text]
+                got = parse(text).get("scaler_worker_store_bytes", {})
+                return len(got) == 2 and all(v >= size for v in got.values())
+
+            assert wait_until(scraped_both, timeout=WAIT), scraped
+            got = parse(scraped[0])
+            assert {dict(k)["store"] for k in got["scaler_worker_store_bytes"]} == {stats.store_name}
+            ((labels, once),) = got["scaler_store_bytes"].items()
+            assert labels == (("store", stats.store_name),) and once >= size
+            assert got["scaler_store_workers"][labels] == 2
+            status, body = c.get("/api/snapshot", token=c.token)
+            page = json.loads(body)
+            assert status == 200 and [s["name"] for s in page["stores"]] == [stats.store_name]
+            assert all(w["store_bytes"] >= size for w in page["workers"])
+            del ref  # released: the daemon deletes it, the workers' next heartbeats say so
+            assert wait_until(lambda: reported(ex.statistics(), 0) and all(
+                (w.store_bytes or 0) < size for w in ex.statistics().workers), timeout=WAIT), ex.statistics().workers
+    finally:
+        c.close()

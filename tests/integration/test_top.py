@@ -114,6 +114,9 @@ def test_top_shows_workers_and_tasks_sorts_and_quits(cluster: Cluster, tmux: Tmu
         assert wait_until(lambda: "total: submitted 7 finished 7" in tmux.screen(), timeout=WAIT), tmux.screen()
     screen = tmux.screen()
     assert "NAME^" in screen and "t=TASKS" in screen and "q: quit" in screen
+    # Both local workers map the daemon's store: a STORE column each, one store line.
+    assert "STORE" in screen and "o=STORE" in screen
+    assert wait_until(lambda: "2 worker(s) map it" in tmux.screen(), timeout=WAIT), tmux.screen()
     tmux.keys("t")
     assert wait_until(lambda: "TASKS^" in tmux.screen(), timeout=WAIT), tmux.screen()
     tmux.keys("t")
@@ -144,3 +147,37 @@ def test_render_sorts_workers_by_the_chosen_column() -> None:
     assert names(render(stats, "tcp://x:1")) == ["a", "b", "c"]
     assert names(render(stats, "tcp://x:1", sort="t")) == ["b", "c", "a"]
     assert names(render(stats, "tcp://x:1", sort="t", reverse=True)) == ["a", "c", "b"]
+
+
+def test_render_shows_each_workers_store_the_stores_once_and_the_managers() -> None:
+    def worker(name: str, host: str, store: str) -> m.WorkerStat:
+        used = 8 << 20 if store else 0
+        return m.WorkerStat(
+            name, host, 1, 2, 1, 0, 0, 0, 0, 0.0123, 0, 0.1, 0.0, False, "", 3 << 20, 0, 0.5, store, used,
+            (1 << 30) if store else 0, 1 if store else 0,
+        )  # fmt: skip
+
+    manager = m.ManagerStat("cpu", "slurm", False, 8, 10, 20, 30, 1, 2, 1, "Priority", "worker cpu-4 gone: exit 1\nits log", 5.0, 4, 7)
+    stats = Statistics.from_message(
+        m.Stats(
+            {"tasks": 0, "workers": 3}, 1.0, [worker("a", "node-1", "s1"), worker("b", "node-1", "s1"), worker("c", "node-2", "")],
+            store={"capacity": 1 << 30, "in_use": 8 << 20, "objects": 1}, store_name="s1", managers=[manager],
+        )
+    )  # fmt: skip
+    lines = render(stats, "tcp://x:1")
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    header = next(line for line in lines if line.startswith("NAME"))
+    store_at = header.index("STORE")
+    rows = {line.split()[0]: line for line in lines if line[:2] in ("a ", "b ", "c ")}
+    assert rows["a"][store_at : store_at + 5].strip() == "8.0M" and rows["c"][store_at : store_at + 5].strip() == "-"
+    # One line for the shared store, not one per worker.
+    assert [line for line in lines if line.startswith("store")] == [
+        "store (the daemon's): 8.0M of 1.00G in use, 1 objects, 2 worker(s) map it"
+    ]
+    text = "\n".join(lines)
+    assert "cpu slurm (gone): workers requested 10 starting 20 running 30 draining 1" in text
+    assert "failed 2, ended by the infrastructure 4, tasks interrupted 7" in text
+    assert "waiting: Priority" in text and "last error 5s ago: worker cpu-4 gone: exit 1" in text
+    assert "o=STORE" in text
+    by_store = render(stats, "tcp://x:1", sort="o")
+    assert [line.split()[0] for line in by_store if line[:2] in ("a ", "b ", "c ")] == ["c", "a", "b"]

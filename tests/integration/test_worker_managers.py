@@ -143,10 +143,14 @@ def test_a_burst_scales_up_and_idle_workers_scale_down(cluster: Cluster) -> None
     with cluster.client() as ex:
         assert wait_until(lambda: stat(ex, "managers") == 1, timeout=WAIT), cluster.log(manager)
         assert stat(ex, "workers") == 0, "a manager with no demand starts nothing"
+        (typed,) = ex.statistics().managers  # the snapshot's typed view of it
+        assert (typed.name, typed.kind, typed.connected, typed.max_workers, typed.running) == (name, "local", True, 3, 0)
         ran = [f.result(timeout=WAIT) for f in [ex.submit(where, 0.3) for _ in range(24)]]
         assert all(w.startswith(name + "-") for w in ran)
         assert len(set(ran)) > 1, f"the burst ran on one worker only: {set(ran)}"
         assert wait_until(lambda: stat(ex, "workers") == 0, timeout=WAIT), "idle workers were not stopped"
+        (typed,) = ex.statistics().managers
+        assert typed.failed == 0 and typed.last_error is None, typed  # stopped when asked: no failure
         assert wait_until(lambda: not workers_named(name), timeout=WAIT)
         assert stat(ex, "failed") == 0
     # The workers' keys lived in the daemon's memory only: the key directory has the two issued.

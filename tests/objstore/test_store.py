@@ -266,6 +266,8 @@ def test_stats_snapshot(store: ObjectStore) -> None:
     assert s.references == 2 and s.processes == 1 and not s.file_backed
     assert s.largest_free == s.capacity - s.in_use - 64 and s.free_blocks == 1
     assert s.region_size > s.capacity
+    # usage(): the same figures without the lock (nothing is changing them here)
+    assert store.usage() == (s.capacity, s.in_use, s.data_bytes, s.objects)
     del view, buf
 
 

@@ -492,7 +492,7 @@ def test_optional_fields_accept_none() -> None:
 
 def test_stats_union_values() -> None:
     snapshot: dict[str, int | float | str] = {"i": 1, "f": 0.5, "s": "x", "big": 2**63}
-    assert decode(raw(m.Stats, [snapshot, 0.0, [], [], [], [], {}, [], 0.0])) == ([m.Stats(snapshot)], [])
+    assert decode(raw(m.Stats, [snapshot, 0.0, [], [], [], [], {}, [], 0.0, "", []])) == ([m.Stats(snapshot)], [])
 
 
 def test_large_integers() -> None:

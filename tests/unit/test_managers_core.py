@@ -23,6 +23,7 @@ from scaler_executor.protocol.messages import TASK_ID_BITS, Status, TaskFlags
 from scaler_executor.scheduler.capacity import Demand, ManagerView, desired_per_manager
 from scaler_executor.scheduler.core import PeerUnreachable, Received, Scheduler, Send, Tick
 from scaler_executor.scheduler.managers import ORPHAN_SECONDS, AdmitKeys, WithdrawKeys
+from scaler_executor.scheduler.stats import Statistics, stats_message
 
 IDLE = 5.0
 CONFIG = ClusterConfig(heartbeat_interval=1.0, heartbeat_liveness=3, client_timeout=3.0, max_retries=2, scale_down_idle=IDLE)
@@ -206,7 +207,9 @@ def test_a_burst_asks_once_and_pending_workers_count_as_capacity() -> None:
     assert out.other == [AdmitKeys("cpu", (("cpu-0", "key0"), ("cpu-1", "key1"), ("cpu-2", "key2")))]
     world.send(b"m1", m.WorkerStates([change(f"cpu-{i}", "pending", job=f"{100 + i}", reason="Resources") for i in range(3)]))
     stats = world.core.statistics()
-    assert stats["managed_pending"] == 3 and stats["manager_pending"] == "Resources"
+    (cpu,) = stats.managers
+    assert stats["managed_pending"] == 3 and cpu.starting == 3 and cpu.pending_reason == "Resources"
+    assert (cpu.kind, cpu.connected, cpu.requested, cpu.pending_keys) == ("local", True, 0, 3)
     assert world.tick(1.0).scale(b"m1") == (0, []), "pending workers are capacity on its way"
     more = world.submit(4)
     assert world.tick(1.0).scale(b"m1") == (1, []), "only up to the maximum"
@@ -362,8 +365,9 @@ def test_a_job_ended_by_slurm_whose_worker_says_goodbye_first_runs_at_most_once_
     assert sorted((t.task_id, t.attempt) for t in again) == [(ordinary, 1), (unstarted, 1)]
     # The ordinary task's rerun is the manager's cost, not the task's: charged to manager cpu.
     stats = world.core.statistics()
-    assert stats["tasks_interrupted"] == 1 and stats["manager_interrupted_tasks"] == "cpu 1"
-    assert stats["manager_infrastructure_ends"] == "cpu 1"
+    (cpu,) = stats.managers
+    assert stats["tasks_interrupted"] == 1 and cpu.interrupted_tasks == 1
+    assert cpu.infrastructure_ends == 1 and cpu.failed == 0 and cpu.last_error is None
 
 
 def test_a_job_reported_gone_before_its_worker_says_goodbye_runs_at_most_once_tasks_once() -> None:
@@ -385,8 +389,9 @@ def test_a_job_reported_gone_before_its_worker_says_goodbye_runs_at_most_once_ta
     out = world.send(b"cpu-1", m.Goodbye("worker stopping", [m.TaskAttempt(unstarted, 0)]))
     assert not _results(out) and set(world.core.tasks) == {ordinary}
     stats = world.core.statistics()
-    assert stats["tasks_interrupted"] == 1 and stats["manager_interrupted_tasks"] == "cpu 1"
-    assert stats["manager_infrastructure_ends"] == "cpu 1" and stats["retried"] == 0
+    (cpu,) = stats.managers
+    assert stats["tasks_interrupted"] == 1 and cpu.interrupted_tasks == 1
+    assert cpu.infrastructure_ends == 1 and stats["retried"] == 0
 
 
 def test_a_lost_managers_keys_last_a_bounded_time_and_a_restart_adopts() -> None:
@@ -507,3 +512,57 @@ def test_a_job_that_dies_before_its_manager_reports_it_gets_its_fate_in_the_task
     assert result.status == Status.WORKER_LOST
     _text, lines = msgpack.unpackb(result.payload)
     assert len(lines) == 2 and "Slurm job 4711 NODE_FAIL" in lines[0] and "missed heartbeats" in lines[1]
+
+
+# ====================================================================== the snapshot
+
+
+def test_the_snapshot_lists_each_manager_typed_and_keeps_a_departed_ones_line() -> None:
+    """``Statistics.managers``: per manager, its workers by state, its failures and last
+    error, its infrastructure's cost; a manager that left stays listed (not connected) while
+    the daemon remembers what it cost."""
+    world = World()
+    world.manager(b"m1", "cpu", offer(max_workers=4, processors=1, kind="slurm"))
+    world.manager(b"m2", "gpu", offer(max_workers=1))
+    world.client()
+    world.submit(4)
+    assert world.tick().scale(b"m1") == (4, [])
+    stats = world.core.statistics()
+    cpu, gpu = stats.managers
+    assert (cpu.name, cpu.kind, cpu.max_workers, cpu.requested, cpu.starting, cpu.running) == ("cpu", "slurm", 4, 4, 0, 0)
+    assert (gpu.name, gpu.requested, gpu.last_error, gpu.last_error_ago) == ("gpu", 0, None, None)
+    # Named and keyed: cpu-0 starts and joins, cpu-1 waits in the queue, cpu-2 is keyed only.
+    world.send(b"m1", m.WorkerKeys([m.WorkerKey(f"cpu-{i}", f"key{i}") for i in range(3)]))
+    world.send(
+        b"m1",
+        m.WorkerStates([change("cpu-0", "running"), change("cpu-1", "pending", reason="Priority"), change("cpu-2", "requested")]),
+    )
+    world.worker("cpu-0", processors=1)
+    (cpu, _) = world.core.statistics().managers
+    assert (cpu.requested, cpu.starting, cpu.running, cpu.draining) == (1 + 1, 1, 1, 0), cpu  # cpu-3 still unnamed
+    assert cpu.pending_keys == 2 and cpu.pending_reason == "Priority"
+    # cpu-1's job fails on its own: a failure with its reason, the manager's last error.
+    world.now += 2.0
+    world.send(b"m1", m.WorkerStates([change("cpu-1", "gone", job="77", reason="exit code 1")]))
+    world.now += 3.0
+    world.alive(b"m1", b"m2", b"cpu-0", b"c")
+    (cpu, _) = world.core.statistics().managers
+    assert cpu.failed == 1 and cpu.infrastructure_ends == 0
+    assert cpu.last_error is not None and "cpu-1" in cpu.last_error and "exit code 1" in cpu.last_error
+    assert cpu.last_error_ago == 3.0
+    # cpu-0 drains by itself; a name outside its prefix is refused: the last error now.
+    world.send(b"cpu-0", m.WorkerDraining([]))
+    world.send(b"m1", m.WorkerStates([change("gpu-9", "pending")]))
+    (cpu, _) = world.core.statistics().managers
+    assert cpu.draining == 1 and cpu.running == 0
+    assert cpu.last_error is not None and "refused" in cpu.last_error and "gpu-9" in cpu.last_error
+    assert cpu.last_error_ago == 0.0
+    # m2 leaves: it had no worker and cost nothing, so it goes; m1 leaves with workers: kept.
+    world.send(b"m2", m.Goodbye("bye"))
+    world.send(b"m1", m.Goodbye("bye"))
+    (cpu,) = world.core.statistics().managers
+    assert not cpu.connected and cpu.failed == 1 and cpu.requested == 1, cpu  # no more unnamed ask
+    # Through the wire and back: the same figures.
+    message = stats_message(world.core)
+    (decoded,), _ = decode(encode([message]))
+    assert Statistics.from_message(decoded).managers == (cpu,)

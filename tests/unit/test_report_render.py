@@ -108,3 +108,19 @@ def test_an_empty_run_still_renders_every_section(tmp_path: Path) -> None:
     path = tmp_path / "r.html"
     write_report(path, page)
     assert path.read_text() == page and [p.name for p in tmp_path.iterdir()] == ["r.html"]
+
+
+def test_the_stores_once_and_the_managers_are_in_the_page() -> None:
+    cluster, history = _run()
+    scheduler = cluster.scheduler
+    scheduler.object_store = "scaler-7-r"
+    scheduler.store_stats = lambda: {"capacity": 1 << 30, "in_use": 5 << 20, "data_bytes": 5 << 20, "objects": 2}
+    cluster.send(b"w1", m.Heartbeat(0, 0, store="scaler-7-r", store_bytes=5 << 20, store_capacity=1 << 30, store_objects=2))
+    cluster.join(b"m1", m.Hello(**{**_hello_fields(), "role": m.Role.MANAGER, "name": "cpu"}))
+    cluster.send(b"m1", m.ManagerOffer("slurm", 4, 0, 2, {}, [], 1.0, "partition p", []))
+    page = render_report(scheduler.statistics(), history)
+    parser = _Collector()
+    parser.feed(page)
+    text = "".join(parser.text)
+    assert "scaler-7-r (the daemon's)" in text and "Each store once" in text
+    assert 'id="managers"' in page and "slurm" in text and "Worker managers" in text

@@ -273,3 +273,44 @@ def test_a_workers_heartbeat_figures_are_in_its_row(cluster: Cluster) -> None:
     cluster.send(b"w1", m.Heartbeat(0, 0, 10 << 20, 0, 0.0))  # no limit: None
     (row,) = cluster.scheduler.statistics().workers
     assert (row.memory, row.memory_limit, row.cpu) == (10 << 20, None, 0.0)
+
+
+def test_each_worker_reports_its_host_store_and_stores_count_each_once(cluster: Cluster) -> None:
+    """Workers report the store they map (its name and figures) on their heartbeats; the
+    workers of one host share one store, so ``stores`` lists each store once: the daemon's
+    with its own figures, any other with its freshest worker's."""
+    scheduler = cluster.scheduler
+    scheduler.object_store = "scaler-1-d"
+    scheduler.store_stats = lambda: {"capacity": 1 << 30, "in_use": 5 << 20, "data_bytes": 5 << 20, "objects": 3}
+    cluster.worker(b"w1", host="node-1")
+    cluster.worker(b"w2", host="node-1")
+    cluster.worker(b"w3", host="node-2")  # maps no store: fetches over the network
+    cluster.worker(b"w4", host="node-3")
+    cluster.worker(b"w5", host="node-3")
+    cluster.send(b"w1", m.Heartbeat(0, 0, store="scaler-1-d", store_bytes=4 << 20, store_capacity=1 << 30, store_objects=2))
+    cluster.send(b"w2", m.Heartbeat(0, 0, store="scaler-1-d", store_bytes=5 << 20, store_capacity=1 << 30, store_objects=3))
+    cluster.send(b"w3", m.Heartbeat(0, 0))
+    cluster.send(b"w4", m.Heartbeat(0, 0, store="other", store_bytes=100, store_capacity=1000, store_objects=1))
+    cluster.send(b"w5", m.Heartbeat(0, 0, store="other", store_bytes=300, store_capacity=1000, store_objects=2), dt=1.0)
+    stats = scheduler.statistics()
+    w = {x.name: x for x in stats.workers}
+    assert (w["w1"].store, w["w1"].store_bytes, w["w1"].store_capacity, w["w1"].store_objects) == ("scaler-1-d", 4 << 20, 1 << 30, 2)
+    assert (w["w3"].store, w["w3"].store_bytes, w["w3"].store_capacity, w["w3"].store_objects) == (None, None, None, None)
+    assert stats.store_name == "scaler-1-d"
+    daemon, other = stats.stores
+    assert (daemon.name, daemon.bytes, daemon.capacity, daemon.objects, daemon.daemon) == ("scaler-1-d", 5 << 20, 1 << 30, 3, True)
+    assert daemon.workers == ("w1", "w2") and daemon.hosts == ("node-1",)
+    assert (other.name, other.bytes, other.objects, other.daemon) == ("other", 300, 2, False), "w5 spoke last"
+    assert other.workers == ("w4", "w5") and other.hosts == ("node-3",)
+    assert sum(s.bytes for s in stats.stores) == (5 << 20) + 300  # never the workers' sum
+    # A monitor sees the same; a snapshot pickles with them.
+    import pickle
+
+    cluster.join(b"m1", hello(m.Role.MONITOR))
+    received = Statistics.from_message(cluster.send(b"m1", m.StatsRequest()).one(b"m1", m.Stats))
+    assert received.stores == stats.stores and received.workers == stats.workers
+    assert pickle.loads(pickle.dumps(stats)).stores == stats.stores
+    # Without a host store the daemon reports none; workers' stores are still listed.
+    scheduler.store_stats = None
+    stats = scheduler.statistics()
+    assert stats.store_name == "" and [s.name for s in stats.stores] == ["other", "scaler-1-d"]

@@ -66,16 +66,43 @@ function drawWorkers(snap) {
     const state = w.broken ? "broken: " + w.broken : w.draining ? "draining" : "ok";
     const cpu = w.cpu === null || w.cpu === undefined ? "–" : w.cpu.toFixed(2);
     const memory = bytes(w.memory) + (w.memory_limit ? " / " + bytes(w.memory_limit) : "");
+    // The host store it maps (shared with the other workers of its host), or none.
+    const store = w.store ? `${bytes(w.store_bytes)} / ${bytes(w.store_capacity)}` : "–";
     for (const v of [w.name, w.host, w.pid, w.processors, w.tasks, w.running, w.queued, w.load.toFixed(2), cpu,
-                     memory, secs(w.mean_task_seconds), bytes(w.peak_memory), secs(w.last_heard), state]) row.append(el("td", String(v)));
+                     memory, store, secs(w.mean_task_seconds), bytes(w.peak_memory), secs(w.last_heard), state]) row.append(el("td", String(v)));
     body.append(row);
   }
 }
 
 function drawStore(snap) {
   const s = snap.store;
-  document.getElementById("store").textContent = s.capacity === undefined ? "no store" :
-    `${bytes(s.data_bytes)} in ${s.objects} objects of ${bytes(s.capacity)} (${bytes(s.in_use)} allocated)`;
+  document.getElementById("store").textContent = s.capacity === undefined ? "the daemon has no store" :
+    `the daemon's: ${bytes(s.data_bytes)} in ${s.objects} objects of ${bytes(s.capacity)} (${bytes(s.in_use)} allocated)`;
+  const body = document.querySelector("#stores tbody");
+  body.replaceChildren();
+  for (const u of snap.stores) {
+    const row = el("tr");
+    for (const v of [u.name + (u.daemon ? " (daemon)" : ""), `${bytes(u.bytes)} / ${bytes(u.capacity)}`, u.objects,
+                     u.workers, u.hosts.join(", ")]) row.append(el("td", String(v)));
+    body.append(row);
+  }
+}
+
+function drawManagers(snap) {
+  document.getElementById("managers-section").hidden = !snap.managers.length;
+  document.getElementById("manager-count").textContent = `(${snap.managers.length})`;
+  const body = document.querySelector("#managers tbody");
+  body.replaceChildren();
+  for (const g of snap.managers) {
+    const row = el("tr");
+    const why = [g.pending_reason ? "waiting: " + g.pending_reason : "",
+                 g.last_error ? `last error ${g.last_error_ago.toFixed(0)} s ago: ${g.last_error}` : ""].filter(Boolean).join(" · ");
+    for (const v of [g.name, g.kind || "–", g.connected ? "yes" : "no", g.requested, g.starting, g.running, g.draining,
+                     g.failed, g.max_workers, g.pending_keys, g.infrastructure_ends, g.interrupted_tasks, why || "–"]) {
+      row.append(el("td", String(v)));
+    }
+    body.append(row);
+  }
 }
 
 function drawFailures(snap) {
@@ -163,7 +190,7 @@ async function poll() {
     const reply = await fetch("/api/snapshot", { cache: "no-store", credentials: "same-origin" });
     if (!reply.ok) throw new Error(`${reply.status} ${await reply.text()}`);
     const snap = await reply.json();
-    drawStates(snap); drawThroughput(snap); drawWorkers(snap); drawStore(snap); drawFailures(snap);
+    drawStates(snap); drawThroughput(snap); drawWorkers(snap); drawStore(snap); drawManagers(snap); drawFailures(snap);
     status.textContent = `up ${snap.uptime.toFixed(0)} s · ${snap.clients.length} client(s) · updated ${new Date().toLocaleTimeString()}`;
     status.className = "";
   } catch (err) {
