@@ -74,6 +74,24 @@ def journal_version() -> str:
     return f"{__version__}/records-1"
 
 
+def _remove_dead_socket(path: str) -> None:
+    """A daemon restarted on its journal takes over its address: the socket file a killed
+    daemon left is removed if nothing accepts connections on it (a live daemon's is kept, and
+    binding then fails with the usual message)."""
+    if not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        os.unlink(path)
+        log.info("daemon: removed %s, the socket file of a daemon that is gone", path)
+    except OSError:
+        pass
+    finally:
+        probe.close()
+
+
 def _journal_error(exc: BaseException) -> bool:
     from scaler_executor.scheduler.journal import JournalError
 
@@ -168,6 +186,8 @@ class Daemon:
         self.report = report
         if security is not None:
             security.use_counters(self.core.counters)
+        if self.journal is not None and address.startswith("ipc://"):
+            _remove_dead_socket(address[len("ipc://") :])
         try:
             self.sock = channel.bind(
                 address, hwm=config.send_hwm, security=security, max_message_size=config.max_message_size

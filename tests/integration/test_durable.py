@@ -63,6 +63,15 @@ class Cluster:
     insecure: list[str] = []  # noqa: RUF012 - replaced per instance (use_tcp)
     port = 0
 
+    def fresh(self, proc: subprocess.Popen[bytes]) -> bool:
+        """The socket is the new daemon's (not the file a killed one left)."""
+        if self.port:
+            return True
+        try:
+            return any(c.laddr == self.sock_path for c in psutil.Process(proc.pid).net_connections("unix"))
+        except psutil.NoSuchProcess:
+            return False
+
     def listening(self) -> bool:
         if not self.port:
             return os.path.exists(self.sock_path)
@@ -70,13 +79,12 @@ class Cluster:
             return s.connect_ex(("127.0.0.1", self.port)) == 0
 
     def daemon(self, *args: str) -> subprocess.Popen[bytes]:
-        if os.path.exists(self.sock_path):
-            os.unlink(self.sock_path)  # a SIGKILLed daemon leaves its socket file
+        # (A SIGKILLed daemon leaves its socket file: the restarted one removes it.)
         proc = self.start(
             "--address", self.address, "--journal", self.journal, "--restart-grace", GRACE, *self.insecure, *args,
             module="scaler_executor.cli.daemon",
         )
-        assert wait_until(lambda: self.listening() or proc.poll() is not None, timeout=60)
+        assert wait_until(lambda: (self.listening() and self.fresh(proc)) or proc.poll() is not None, timeout=60)
         assert proc.poll() is None, f"the daemon exited with {proc.returncode}: {self.text()}"
         return proc
 
