@@ -666,9 +666,9 @@ class ClientAgent:
     # ------------------------------------------------------------------ the daemon's messages
 
     def _on_results(self, message: m.TaskResults, _buffers: list[Any]) -> None:
-        self.resume.received += 1
+        if self.core.sent_unacked is None or not self.resume.refused(self.core, message.results):
+            self.resume.received += 1  # (refusals for a full journal are not counted: never kept)
         if self.core.sent_unacked is not None:
-            self.resume.refused(self.core, message.results)  # (a journaled daemon's full disk)
             for result in message.results:
                 if result.objects and not result.delivered:  # held for us until we read it
                     self.core.count_holds(result.objects, 1)

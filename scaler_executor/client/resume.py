@@ -71,9 +71,11 @@ class ClientResume:
         self.acked, self.acked_at = self.received, now
         return m.ResultsAck(self.received)
 
-    def refused(self, core: ClientCore, results: list[m.TaskResult]) -> None:
+    def refused(self, core: ClientCore, results: list[m.TaskResult]) -> bool:
         """Submissions the daemon refused because its journal could not be written: never
-        acknowledged, they leave what we keep to send again (their futures fail)."""
+        acknowledged, they leave what we keep to send again (their futures fail).  True if
+        the message holds only such refusals (the daemon sent it without keeping it: it is
+        not counted in our ResultsAck)."""
         gone = {
             r.task_id for r in results
             if r.status == m.Status.REJECTED and r.payload.startswith(JOURNAL_FULL.encode())
@@ -84,6 +86,7 @@ class ClientResume:
             core.unacked -= len(retained) - len(kept)
             retained.clear()
             retained.extend(kept)
+        return bool(gone) and len(gone) == len(results)
 
     def silence_limit(self, heartbeat_interval: float) -> float:
         """How long a journaled daemon may be silent, or refuse connections, before its

@@ -65,8 +65,9 @@ def test_a_client_forgets_submissions_the_daemon_refused_for_its_full_journal() 
     core.unacked = 3
     full = m.TaskResult(2, 0, Status.REJECTED, f"{JOURNAL_FULL}: journal /j is full".encode(), m.NO_FACTS, [])
     other = m.TaskResult(3, 0, Status.REJECTED, b"options record 9 was never registered", m.NO_FACTS, [])
-    ClientResume().refused(core, [full, other])
+    assert not ClientResume().refused(core, [full, other])  # a mixed message: a daemon's, counted
     assert [s.task_id for s in core.sent_unacked] == [1, 3] and core.unacked == 2
+    assert ClientResume().refused(core, [full])  # refusals only (SendNow): not counted
 
 
 def test_not_resumable_is_an_unknown_peer_refusal() -> None:
