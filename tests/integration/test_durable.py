@@ -398,3 +398,30 @@ def test_a_tcp_daemon_resumes_its_peers_on_new_connections(cluster: Cluster) -> 
         assert [f.result() for f in futures] == [2 * i for i in range(n)]
     assert "resumed with the daemon" in cluster.text()
     assert _twice(cluster.runs) == {}
+
+
+def test_a_dask_style_graph_computed_with_get_survives_a_restart(cluster: Cluster) -> None:
+    import threading
+
+    daemon = cluster.daemon()
+    cluster.worker()
+    # A chain of slow steps (each records its run), then a sum over all of them: the
+    # intermediates have no future of their own; the daemon keeps their results for dependents.
+    dsk: dict[str, object] = {"x0": (record, 0, cluster.runs, 0.3)}
+    for i in range(1, 8):
+        dsk[f"x{i}"] = (add, f"x{i - 1}", (record, i, cluster.runs, 0.3))
+    dsk["total"] = (sum, [f"x{i}" for i in range(8)])
+    out: dict[str, object] = {}
+    with ScalerExecutor(address=cluster.address, config=CLIENT) as ex:
+        thread = threading.Thread(target=lambda: out.update(value=ex.get(dsk, "total")), daemon=True)
+        thread.start()
+        assert wait_until(lambda: len(runs(cluster.runs)) >= 3, timeout=60), cluster.text()
+        cluster.kill(daemon)
+        cluster.daemon()
+        thread.join(120)
+        assert not thread.is_alive(), cluster.text()
+    chain = [0]
+    for i in range(1, 8):
+        chain.append(chain[-1] + 2 * i)
+    assert out["value"] == sum(chain)
+    assert _twice(cluster.runs) == {}
