@@ -120,6 +120,14 @@ def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
+KEPT = "kept"  # first field of a ``t`` record that holds the task's result, not the task
+
+
+def _result(fields: list[Any]) -> m.TaskResult:
+    fields[4] = m.TaskFacts(*fields[4])
+    return m.TaskResult(*fields)
+
+
 class Ledger:
     """A client's results sent and not yet acknowledged: kept (and journaled, ``k``) until its
     ResultsAck counts the TaskResults message that carried them."""
@@ -160,6 +168,11 @@ class DurableScheduler(Scheduler):
         self.restored = False
         self.journal_full: str | None = None  # why the journal cannot be written (the loop says)
         self._refusals: dict[bytes, list[m.TaskResult]] = {}
+        # Results kept for their clients until acknowledged: written at the turn's end, in
+        # the task's own ``t`` record when the task ended that turn (one entry instead of a
+        # ``k`` put and a ``t`` delete), else in a ``k`` record; by task id, which key holds it.
+        self._kpending: dict[int, m.TaskResult] = {}
+        self._kkey: dict[int, bytes] = {}
         self._jo: dict[tuple[bytes, bytes], int] = {}  # (client, object id) -> hold count journaled
         self._odirty: set[tuple[bytes, bytes]] = set()
         self._sweep = False  # a SweepStore is due once the journaled clients are back or gone
@@ -311,7 +324,7 @@ class DurableScheduler(Scheduler):
         awaiting = set(message.awaiting)
         for task_id in [t for t in ledger.kept if t not in awaiting]:
             del ledger.kept[task_id]  # it has that result (or no longer wants it)
-            self._entries.append((_key(b"k", task_id), None))
+            self._unkeep(task_id)
         again = [result for task_id, result in ledger.kept.items() if task_id in awaiting]
         if again:
             self._results.setdefault(peer, [])[:0] = again
@@ -371,11 +384,16 @@ class DurableScheduler(Scheduler):
         ledger = self._ledgers.get(peer)
         if ledger is None:
             return
-        batches, kept, entries = ledger.batches, ledger.kept, self._entries
+        batches, kept = ledger.batches, ledger.kept
         while batches and batches[0][0] <= message.received:
             for task_id in batches.popleft()[1]:
                 if kept.pop(task_id, None) is not None:
-                    entries.append((_key(b"k", task_id), None))
+                    self._unkeep(task_id)
+
+    def _unkeep(self, task_id: int) -> None:
+        """A kept result is acknowledged (or not wanted): its record goes."""
+        if self._kpending.pop(task_id, None) is None:
+            self._entries.append((_key(self._kkey.pop(task_id, b"k"), task_id), None))
 
     # ------------------------------------------------------------------ hooks on the core's paths
 
@@ -420,7 +438,7 @@ class DurableScheduler(Scheduler):
             return  # the client is gone (or not a client): nobody waits for it
         super()._result_to(peer, result)
         ledger.kept[result.task_id] = result
-        self._entries.append((_key(b"k", result.task_id), _pack(result)))
+        self._kpending[result.task_id] = result
 
     def _on_task_results(self, peer: bytes, message: m.TaskResults) -> None:
         super()._on_task_results(peer, message)
@@ -453,7 +471,8 @@ class DurableScheduler(Scheduler):
         super()._lose_client(client, why, clean)
         ledger = self._ledgers.pop(peer, None)
         if ledger is not None:
-            self._entries.extend((_key(b"k", task_id), None) for task_id in ledger.kept)
+            for task_id in ledger.kept:
+                self._unkeep(task_id)
         self._entries.append((_key(b"c", client.client_id), None))
         self._forget_peer(peer)
 
@@ -516,6 +535,11 @@ class DurableScheduler(Scheduler):
         commands = super()._flush()
         if self._dirty:
             self._journal_tasks()
+        if self._kpending:
+            for task_id, result in self._kpending.items():
+                self._kkey[task_id] = b"k"
+                self._entries.append((_key(b"k", task_id), _pack(result)))
+            self._kpending = {}
         if self._odirty:
             self._journal_holds()
         if self._sweep and not any(p in self.clients for p in self.absent | self._unreported):
@@ -558,7 +582,12 @@ class DurableScheduler(Scheduler):
             task = tasks.get(task_id)
             if task is None or task.client not in clients:
                 if jt.pop(task_id, None) is not None:
-                    entries.append((_key(b"t", task_id), None))
+                    kept = self._kpending.pop(task_id, None)
+                    if kept is None:
+                        entries.append((_key(b"t", task_id), None))
+                    else:  # ended this turn, its result sent: the record becomes the result
+                        self._kkey[task_id] = b"t"
+                        entries.append((_key(b"t", task_id), _pack([KEPT, kept])))
                 jd.pop(task_id, None)
                 if task_id in dkeys:
                     dkeys.discard(task_id)
@@ -695,9 +724,8 @@ class DurableScheduler(Scheduler):
             if ledger is None:
                 garbage.append(_key(b"k", task_id))
                 continue
-            fields = _unpack(value)
-            fields[4] = m.TaskFacts(*fields[4])
-            ledger.kept[task_id] = m.TaskResult(*fields)
+            ledger.kept[task_id] = _result(_unpack(value))
+            self._kkey[task_id] = b"k"
         self._entries.extend((key, None) for key in garbage)
         if any(True for _ in self.workers):
             self.recovering_until = grace_end
@@ -713,7 +741,15 @@ class DurableScheduler(Scheduler):
     ) -> None:
         peer = logical(task_id >> m.TASK_ID_BITS)
         client = self.clients.get(peer)
-        fn_id, flags, payload, deps, objects, parent, options, attempt, failures, in_t = _unpack(value)
+        fields = _unpack(value)
+        if fields[0] == KEPT:  # the task ended; its result waits for its client's acknowledgement
+            if client is None:
+                garbage.append(_key(b"t", task_id))
+            else:
+                self._ledgers[peer].kept[task_id] = _result(fields[1])
+                self._kkey[task_id] = b"t"
+            return
+        fn_id, flags, payload, deps, objects, parent, options, attempt, failures, in_t = fields
         if client is None or (fn_id and fn_id not in self.functions):
             garbage.append(_key(b"t", task_id))
             return
