@@ -815,4 +815,11 @@ class DurableScheduler(Scheduler):
                     assert self._jt.get(task_id) == task.attempt, f"{task!r} is not journaled as it is"
             for task_id in self._jt:
                 assert task_id in self.tasks, f"task {task_id:#x} is journaled but gone"
+            for task_id, task in self.tasks.items():
+                if task.client in self.clients and task.state in AT_WORKER_STATES:
+                    assert task.worker is not None
+                    dispatch = self.workers[task.worker].worker_id.to_bytes(8, "big") + task.attempt.to_bytes(4, "big")
+                    assert self._jd.get(task_id) == dispatch, f"{task!r}: its dispatch is not journaled"
+            assert self._dkeys <= set(self._jd), "a d record for a task not journaled as dispatched"
+            assert not self._kpending, "results kept but not written"
 
