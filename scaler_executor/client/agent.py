@@ -96,6 +96,7 @@ from scaler_executor.client.state import (
     HISTORY,
     LANE,
     PARKED,
+    PARTS_TAKEN,
     PIN_OBJECTS,
     RELEASE_FN,
     RELEASE_OBJECTS,
@@ -111,6 +112,7 @@ from scaler_executor.config import ClusterConfig
 from scaler_executor.exceptions import BrokenScalerExecutor, DaemonLost, InitializerFailed
 from scaler_executor.protocol import channel
 from scaler_executor.protocol import messages as m
+from scaler_executor.protocol.chunks import Incoming, StreamError
 from scaler_executor.protocol.messages import TaskFlags, TaskOptions
 from scaler_executor.protocol.rejoin import is_not_resumable, is_unknown_peer
 
@@ -170,6 +172,7 @@ class ClientAgent:
         self.history_waiters: deque[Future[m.History]] = deque()
         self.fetch_waiters: deque[Future[dict[bytes, bytes]]] = deque()
         self.remote_store: RemoteStore | None = None  # the daemon's store, when this host cannot map it
+        self.incoming = Incoming()  # objects fetched from it that come in parts (protocol/chunks.py)
         self.shutdown_requested = False
         self.broken: BaseException | None = None
         self.welcome = threading.Event()  # set at the daemon's Welcome, or when the agent breaks first
@@ -197,6 +200,7 @@ class ClientAgent:
             m.TasksCancelled: self.cancels.answered,
             m.Welcome: self._on_welcome,
             m.ObjectData: self._on_object_data,
+            m.ObjectPart: self._on_object_part,
             m.ObjectStored: self._on_object_stored,
             m.Stats: self._on_stats,
             m.History: self._on_history,
@@ -703,14 +707,27 @@ class ClientAgent:
         self.daemon.heartbeat_interval = min(self.config.heartbeat_interval, message.heartbeat_interval)
         self._attach_store(message.object_store)
 
+    def _on_object_part(self, message: m.ObjectPart, buffers: list[Any]) -> None:
+        self.incoming.part(message, buffers[0] if buffers else b"")
+        self.core.outbox.append((PARTS_TAKEN, 1))  # the daemon's window moves on
+
     def _on_object_data(self, message: m.ObjectData, buffers: list[Any]) -> None:
+        data = iter(buffers)
+        got: dict[bytes, Any] = {}
+        failed: BaseException | None = None
+        for oid, ok in zip(message.object_ids, message.found, strict=False):
+            if ok:
+                try:
+                    # bytes, views of large frames (wire.recv) or of what came in parts: not copied here
+                    got[oid] = self.incoming.take(oid, next(data, b""))
+                except StreamError as exc:
+                    failed = exc
         if self.fetch_waiters:
-            data = iter(buffers)
-            # bytes, or views of large frames (wire.recv): not copied again here
-            got = {oid: next(data) for oid, ok in zip(message.object_ids, message.found, strict=False) if ok}
             waiter = self.fetch_waiters.popleft()
             missing = [oid.hex() for oid, ok in zip(message.object_ids, message.found, strict=False) if not ok]
-            if missing:
+            if failed is not None:
+                waiter.set_exception(failed)
+            elif missing:
                 waiter.set_exception(LookupError(f"objects no longer in the store: {missing}"))
             else:
                 waiter.set_result(got)
@@ -853,6 +870,7 @@ class ClientAgent:
         self.completer.put(FAIL_ALL, exc)
 
     def _teardown(self) -> None:
+        self.incoming.clear()  # objects half-received from the daemon: their buffers go now
         self.daemon.close(goodbye=self.broken is None or not isinstance(self.broken, DaemonLost))
         self.lane.close(self._poller)
         if self.listener is not None:

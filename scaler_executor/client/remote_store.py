@@ -9,7 +9,8 @@ value's wire form (header + object ids) is the same on every host:
   daemon answers ``ObjectStored`` (and raises with the daemon's reason when it could not
   store it). Neither side ever holds the whole value twice: the client holds the value,
   the daemon one chunk beside the object.
-* ``get(object_id)`` fetches the bytes through the daemon (``ObjectRequest``).
+* ``get(object_id)`` fetches the bytes through the daemon (``ObjectRequest``; a large
+  object comes as ``ObjectPart`` messages, put together by ``protocol/chunks.py``).
 * ``delete`` has the daemon drop an object nobody was told about (a task never sent, a
   pack undone): a pin then a release, so the daemon's reference counts free it.
 

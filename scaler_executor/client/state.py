@@ -71,6 +71,7 @@ class IllegalTransition(RuntimeError):
 REGISTER_FN, RELEASE_FN, REGISTER_OPTIONS, CANCEL, FORCE_CANCEL = range(5)
 STATS, PIN_OBJECTS, RELEASE_OBJECTS, FETCH_OBJECTS, SUBMIT_BATCH, FLUSHED = range(5, 11)
 HISTORY = 11
+PARTS_TAKEN = 12  # credit for ObjectParts (protocol/chunks.py)
 
 
 # How each other outbox entry becomes its message (base: the client's id, shifted).
@@ -83,6 +84,7 @@ _MESSAGE: dict[int, Callable[[int, Any], Any]] = {
     PIN_OBJECTS: lambda base, data: m.PinObjects(data),
     RELEASE_OBJECTS: lambda base, data: m.ReleaseObjects(data),
     FETCH_OBJECTS: lambda base, data: m.ObjectRequest(data),
+    PARTS_TAKEN: lambda base, data: m.ObjectPartsTaken(data),
 }
 
 

@@ -494,6 +494,18 @@ def unpack_inline(data: bytes) -> Any:
     return pickle.loads(body)
 
 
+def own_ids(header: bytes, object_ids: Sequence[bytes]) -> Sequence[bytes]:
+    """The ids of ``object_ids`` that :func:`pack` made for ``header`` itself: the last ones.
+
+    A task's object list also names the objects of the ``ObjectRef`` values among its
+    arguments (added first, while pickling, so the daemon pins them and a remote worker
+    fetches them); each of those refs unpacks its own ids from inside the pickle.
+    """
+    flags, count, _body = _parse(header)
+    want = count + bool(flags & _STREAM_IN_STORE)
+    return object_ids[len(object_ids) - want :] if want <= len(object_ids) else object_ids
+
+
 def _parse(header: bytes) -> tuple[int, int, memoryview]:
     view = memoryview(header)
     if len(view) < _PREFIX.size:

@@ -45,7 +45,12 @@ LaneDone               W→D      lane tasks that ended, for the daemon's counte
 ReleaseObjects         C→D      object references dropped by the client (object store)
 PinObjects             C→D      objects the client holds (ex.put, a map's shared argument)
 ObjectRequest          W/C→D    a worker or client that cannot map the store asks for bytes
-ObjectData             D→W/C    those bytes, one out-of-band frame per object
+ObjectData             D→W/C    those bytes, one out-of-band frame per object (an empty one
+                                for an object that came before it as ObjectParts)
+ObjectPart             D→W/C    a chunk of an object larger than OBJECT_CHUNK_BYTES that was
+                                asked for, one frame, in order (scheduler/object_stream.py)
+ObjectPartsTaken       W/C→D    credit: the peer wrote that many parts; the daemon keeps at
+                                most a window of parts unanswered per peer
 ObjectChunk            C/W→D    part of an object a client or worker on another host puts (one frame)
 ObjectStored           D→C/W    that object is sealed in the store (or why it is not)
 ClusterBroken          D→C, W→D the cluster cannot run tasks (e.g. a failing initializer)
@@ -68,6 +73,17 @@ WorkerKeys             M→D      public keys for workers the manager is about t
 KeysAdmitted           D→M      those keys are admitted: the workers may be started
 ScaleWorkers           D→M      the daemon's scaling decision: start this many more workers,
                                 stop these (drained) ones
+Resume                 C/W→D    to a daemon restarted on its journal (refused as UNKNOWN_PEER):
+                                "I am peer N" with the token of its Welcome; answered with a
+                                Welcome (scheduler/durable.py, docs/durability.rst)
+ClientReport           C→D      after that Welcome: futures awaited, callables, options, the
+                                submissions never acknowledged, the objects it holds
+WorkerReport           W→D      after that Welcome: tasks held, tasks finished unacknowledged
+                                (their TaskResults follow again)
+ResultsAck             C→D      TaskResults messages received since the Welcome: the daemon
+                                forgets the copies it journaled for redelivery
+ResultsJournaled       D→W      TaskResults messages of this worker journaled since its
+                                Welcome: the worker forgets the copies it kept
 =====================  =======  ==========================================================
 
 Messages are ``typing.NamedTuple``s rather than frozen dataclasses: they are just
@@ -401,6 +417,23 @@ class ObjectChunk(NamedTuple):
     total: int
 
 
+class ObjectPart(NamedTuple):
+    """Bytes ``offset`` onwards of object ``object_id`` of ``total`` bytes, as the one
+    out-of-band frame of its transmission: the daemon's answer to an ObjectRequest streams
+    each object larger than OBJECT_CHUNK_BYTES this way, in order, before the ObjectData
+    that ends the answer (protocol/chunks.py puts them together)."""
+
+    object_id: bytes
+    offset: int
+    total: int
+
+
+class ObjectPartsTaken(NamedTuple):
+    """The peer has written ``parts`` more ObjectParts: the daemon may send that many more."""
+
+    parts: int
+
+
 class ObjectStored(NamedTuple):
     """The answer to the last chunk of an object (or to a chunk that failed): "" or why."""
 
@@ -715,6 +748,8 @@ MESSAGE_TAGS: dict[type, int] = {
     WorkerReport: 48,
     ResultsAck: 49,
     ResultsJournaled: 50,
+    ObjectPart: 56,
+    ObjectPartsTaken: 57,
 }
 
 # Which roles may send which messages to the daemon.
@@ -731,6 +766,7 @@ ACCEPTED_FROM: dict[str, frozenset[type]] = {
             ReleaseObjects,
             PinObjects,
             ObjectRequest,
+            ObjectPartsTaken,
             ObjectChunk,
             StatsRequest,
             HistoryRequest,
@@ -746,6 +782,7 @@ ACCEPTED_FROM: dict[str, frozenset[type]] = {
             ClusterBroken,
             Seceded,
             ObjectRequest,
+            ObjectPartsTaken,
             ObjectChunk,
             LaneDone,
             LaneStarted,

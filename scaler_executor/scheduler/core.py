@@ -36,6 +36,7 @@ from scaler_executor.scheduler.deadlines import DeadlineQueue
 from scaler_executor.scheduler.history import History, history_message
 from scaler_executor.scheduler.managers import AdmitKeys, ManagerController, WithdrawKeys
 from scaler_executor.scheduler.no_worker import NoWorkerWatch
+from scaler_executor.scheduler.object_stream import CreditObjects, EndObjectSends
 from scaler_executor.scheduler.policies import (
     LeastLoaded,
     ScalingView,
@@ -168,7 +169,8 @@ class DeleteObjects:
 
 @dataclass(frozen=True, slots=True)
 class SendObjects:
-    """Read these objects from the store and send their bytes to ``peer`` (ObjectData)."""
+    """Read these objects from the store and send their bytes to ``peer``: ObjectData, after
+    ObjectParts for large ones (scheduler/object_stream.py)."""
 
     peer: bytes
     object_ids: tuple[bytes, ...]
@@ -186,7 +188,10 @@ class StoreChunk:
 
 
 Event = Received | Tick | Wake | PeerUnreachable | WorkerExited | LocalWorkers
-Command = Send | StartWorkers | StopWorkers | DeleteObjects | SendObjects | StoreChunk | AdmitKeys | WithdrawKeys
+Command = (
+    Send | StartWorkers | StopWorkers | DeleteObjects | SendObjects | StoreChunk | CreditObjects | EndObjectSends
+    | AdmitKeys | WithdrawKeys
+)
 
 
 def refusal_for(hello: m.Hello) -> str | None:
@@ -274,8 +279,10 @@ class Scheduler:
             "object_bytes_sent": 0,
             "objects_received": 0,
             "object_bytes_received": 0,
+            "object_sends_dropped": 0,  # answers still streaming when their peer was lost (object_stream.py)
         }
         self._monitors: dict[bytes, float] = {}
+        self._fetchers: set[bytes] = set()  # peers that asked for objects (ObjectRequest), until lost
         self.recorder = Recorder()  # O(1) monitoring state: ended tasks per second, recent events
         self.history = History()  # O(1) too: recent task runs, the run's coarse series (ex.report)
         self._memory_total = 0  # the workers' memory, summed from their heartbeats
@@ -315,6 +322,7 @@ class Scheduler:
             m.PinObjects: self._on_pin_objects,
             m.ObjectRequest: self._on_object_request,
             m.ObjectChunk: self._on_object_chunk,
+            m.ObjectPartsTaken: lambda peer, message: self._commands.append(CreditObjects(peer, message.parts)),
             m.LaneDone: self._on_lane_done,
             m.LaneStarted: self._on_lane_started,
             m.ManagerOffer: lambda peer, message: self.managers.on_offer(peer, message),
@@ -876,7 +884,14 @@ class Scheduler:
         self._drop(released)
 
     def _on_object_request(self, peer: bytes, message: m.ObjectRequest) -> None:
+        self._fetchers.add(peer)
         self._commands.append(SendObjects(peer, tuple(message.object_ids)))
+
+    def _end_object_sends(self, peer: bytes) -> None:
+        """A peer that ever asked for objects is gone: the loop drops what it still had to send."""
+        if peer in self._fetchers:
+            self._fetchers.discard(peer)
+            self._commands.append(EndObjectSends(peer))
 
     def _on_object_chunk(self, peer: bytes, message: m.ObjectChunk) -> None:
         self._commands.append(StoreChunk(peer, message.object_id, message.offset, message.total))
@@ -908,6 +923,7 @@ class Scheduler:
             self.recorder.event(self._now, "client-lost", why, where=client.name)
         del self.clients[client.peer]
         self._served.pop(client.peer, None)
+        self._end_object_sends(client.peer)
         for task_id in list(client.tasks):
             task = self.tasks.get(task_id)
             if task is not None:
@@ -1125,6 +1141,7 @@ class Scheduler:
         * Otherwise (a crash, missed heartbeats, unreachable) its attempt failed.
         """
         (log.info if clean else log.warning)("worker %r lost: %s; %d tasks affected", worker.name, why, len(worker.inflight))
+        self._end_object_sends(worker.peer)
         if not clean:
             self.counters["workers_lost"] += 1
             self.recorder.event(self._now, "worker-lost", f"{why}; {len(worker.inflight)} tasks affected", where=worker.name)

@@ -11,6 +11,8 @@
       → Tick every heartbeat_interval / 4; Wake when the core asked (deferred notices);
         local worker exits from the manager
       → core.handle(*events) → [Send(peer, messages)]
+      → SendObjects / CreditObjects / EndObjectSends: answers to ObjectRequests, large objects
+        in 4 MiB parts cut from the store's views, a window of parts per peer (object_stream.py)
       → encode one transmission per peer; an unroutable peer is an error (ROUTER_MANDATORY)
         (→ PeerUnreachable next turn) and a full one EAGAIN (→ that peer's backlog, kept in order)
       → the turn's duration (receive to last send) into core.turns (scheduler/turns.py)
@@ -53,6 +55,7 @@ from scaler_executor.scheduler.core import (
 )
 from scaler_executor.scheduler.durable import JournalWrite, SweepStore
 from scaler_executor.scheduler.managers import AdmitKeys, WithdrawKeys
+from scaler_executor.scheduler.object_stream import CreditObjects, EndObjectSends, Finish, Outbound
 
 log = logging.getLogger("scaler_executor.daemon")
 
@@ -204,6 +207,8 @@ class Daemon:
         # Chunks of puts received this turn, by (peer, object id, offset): the core decides
         # whether to store each (StoreChunk); what it did not take is dropped after the turn.
         self.chunks: dict[tuple[bytes, bytes, int], Any] = {}
+        # Answers to ObjectRequests still to send, in parts with a window per peer.
+        self.outbound = Outbound()
         self._signal_r, self._signal_w = os.pipe()
         os.set_blocking(self._signal_r, False)
         os.set_blocking(self._signal_w, False)
@@ -430,10 +435,20 @@ class Daemon:
                 case DeleteObjects(object_ids):
                     self.objects.delete(object_ids)
                 case SendObjects(peer, object_ids):
-                    found, buffers = self.objects.read(object_ids)
-                    self.core.counters["objects_sent"] += len(buffers)
-                    self.core.counters["object_bytes_sent"] += sum(b.nbytes for b in buffers)
-                    self._send(peer, codec.encode([m.ObjectData(list(object_ids), found)], buffers), now)
+                    found, buffers = self.objects.read(object_ids)  # views: each holds a reader reference
+                    views = iter(buffers)
+                    sizes = [next(views).nbytes if ok else None for ok in found]
+                    if not self.outbound.request(peer, list(object_ids), sizes, buffers):
+                        log.warning(
+                            "daemon: dropping peer %r: it asked for objects beyond %d not yet sent to it",
+                            peer, self.outbound.max_objects,
+                        )  # fmt: skip
+                        self.unreachable.append(PeerUnreachable(peer, now))
+                case CreditObjects(peer, count):
+                    self.outbound.taken(peer, count)
+                case EndObjectSends(peer):
+                    if self.outbound.drop(peer):
+                        self.core.counters["object_sends_dropped"] += 1
                 case StoreChunk():
                     pass  # written above, before any send
                 case SweepStore():
@@ -456,6 +471,22 @@ class Daemon:
                         self.security.forget(self.core.knows)
                 case _:
                     raise TypeError(f"daemon loop cannot execute unknown command {command!r}")
+        if self.outbound.peers:
+            self._send_objects(now)
+
+    def _send_objects(self, now: float) -> None:
+        """The parts and answers the window allows (object_stream.py decides; here bytes move:
+        a part is a slice of the store's view, sent without a copy)."""
+        counters = self.core.counters
+        for step in self.outbound.due():
+            if isinstance(step, Finish):
+                counters["objects_sent"] += sum(step.found)
+                counters["object_bytes_sent"] += step.inline_bytes
+                self._send(step.peer, codec.encode([m.ObjectData(step.object_ids, step.found)], step.frames), now)
+            else:
+                counters["object_bytes_sent"] += step.length
+                part = step.view[step.offset : step.offset + step.length]
+                self._send(step.peer, codec.encode([m.ObjectPart(step.object_id, step.offset, step.total)], [part]), now)
 
     def _journaled(self, commands: Sequence[Any], now: float) -> Sequence[Any] | None:
         """Write the turn's journal entries before anything of it is sent (scheduler/durable.py):
@@ -544,6 +575,7 @@ class Daemon:
         if self.security is not None:
             self.security.close()  # its ZAP socket first: the channel's close ends their context
         self.sock.close(linger=0)
+        self.outbound.peers.clear()  # their views, before the store closes
         self.objects.close()
         if self.address.startswith("ipc://"):
             try:

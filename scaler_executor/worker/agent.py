@@ -54,6 +54,7 @@ from scaler_executor._version import __version__
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
+from scaler_executor.protocol.chunks import Incoming, StreamError
 from scaler_executor.protocol.messages import Status
 from scaler_executor.protocol.rejoin import Backoff, is_not_resumable, is_unknown_peer
 from scaler_executor.worker import capture
@@ -173,6 +174,7 @@ class WorkerAgent:
         self.capture_dir = ""  # where processors capture tasks' fds 1/2 (worker/capture.py), made on first use
         self.blobs: dict[bytes, bytes | memoryview] = {}  # objects fetched over the network for held tasks
         self.fetching: dict[bytes, list[int]] = {}  # object id -> tasks waiting for it
+        self.incoming = Incoming()  # fetched objects that come in parts (protocol/chunks.py)
         self.parked: dict[int, set[bytes]] = {}  # task id -> objects it still waits for
         self.oom = OomCounter()
         self.next_sample = 0.0
@@ -215,6 +217,7 @@ class WorkerAgent:
         self._daemon_handlers: dict[type, Callable[[Any], None]] = {
             m.DispatchTasks: self._on_dispatch,
             m.ObjectData: self._on_object_data,
+            m.ObjectPart: self._on_object_part,
             m.CancelTasks: self._on_cancel_tasks,
             m.ReleaseFunctions: self._on_release_functions,
             m.Welcome: self._on_welcome,
@@ -604,12 +607,22 @@ class WorkerAgent:
             self.outbox.append(m.ObjectRequest(request))
         return True
 
+    def _on_object_part(self, message: m.ObjectPart) -> None:
+        frames = self._frames_of_last_message
+        self.incoming.part(message, frames[0] if frames else b"")
+        self.outbox.append(m.ObjectPartsTaken(1))  # the daemon's window moves on
+
     def _on_object_data(self, message: m.ObjectData) -> None:
         buffers = iter(self._frames_of_last_message)
         for object_id, found in zip(message.object_ids, message.found, strict=False):
             waiting = self.fetching.pop(object_id, [])
+            why = "is no longer in the object store"
             if found:
-                self.blobs[object_id] = next(buffers)  # bytes, or a view of a large frame (wire.recv): no copy
+                try:
+                    # bytes, a view of a large frame (wire.recv) or of what came in parts: no copy
+                    self.blobs[object_id] = self.incoming.take(object_id, next(buffers, b""))
+                except StreamError as exc:
+                    found, why = False, f"did not arrive whole ({exc})"
             for task_id in waiting:
                 missing = self.parked.get(task_id)
                 if missing is None:
@@ -620,7 +633,7 @@ class WorkerAgent:
                     # Gone from the store (its owner released it): the task cannot run here.
                     del self.parked[task_id]
                     del self.held[task_id]
-                    text = f"object {object_id.hex()} of its arguments is no longer in the object store"
+                    text = f"object {object_id.hex()} of its arguments {why}"
                     self.results.append(m.TaskResult(task_id, task.attempt, Status.ERROR, _error(text), m.NO_FACTS, m.NO_OBJECTS))
                 elif not missing:
                     del self.parked[task_id]
@@ -658,6 +671,7 @@ class WorkerAgent:
                 self._kill(p, Status.CANCELLED, "the daemon no longer expects this task")
         self.parked.clear()
         self.fetching.clear()
+        self.incoming.clear()  # a partial object's buffer goes with the rest
         self.blobs.clear()
         self.results.clear()
         self.raw_out.clear()

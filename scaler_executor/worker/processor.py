@@ -305,6 +305,7 @@ class _ProcessorState:
 
         if not objects:
             return packing.unpack(header, objects, None)
+        objects = list(packing.own_ids(header, objects))  # not those of ObjectRef arguments
         if self.blobs is not None:
             return packing.unpack(header, objects, packing.Fetched(self.blobs), writable=writable)
         return packing.unpack(header, objects, self.store, writable=writable)

@@ -578,6 +578,10 @@ def test_put_refs_as_arguments_and_read_back(ex: ScalerExecutor, baseline: tuple
         (({"x": ref_a, "y": [ref_b, ref_b]},), sa + 2 * sb),
         ((Box(ref_b, "boxed"),), sb),
         ((ref_a, [Box({"deep": ref_b}, "n")]), sa + sb),
+        # A ref beside a large argument: the call's own pickle is packed into the store
+        # too, and its object list holds the refs' ids before its own.
+        ((ref_a, b), sa + sb),
+        (([ref_b, b], ref_a), sa + 2 * sb),
     ]
     futures = [ex.submit(total, *args) for args, _ in calls]
     assert [f.result(timeout=30) for f in futures] == [want for _, want in calls]

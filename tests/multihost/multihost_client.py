@@ -7,7 +7,8 @@ ScalerExecutor keyword arguments such as credentials), ``submit`` (fn, args: a l
 argument lists) -> batch, ``done`` (batch) -> how many finished, ``running`` (batch) -> how many run now, ``wait`` (batch, timeout)
 -> results and errors, ``put_fetch`` (size) -> timings of a put, a remote task reading it, the
 client reading it back, and a large result, ``noop`` (count, trips) -> throughput and round trip,
-``stats``, ``close``.
+``put_keep`` (size) -> a kept ref and its digest, ``submit_ref`` (ref) -> a batch reading it, ``drop_ref`` (ref), ``read_while_task`` (ref),
+``put_read`` (sizes) -> digests of arrays put, read on another host and read back, ``stats``, ``close``.
 """
 
 from __future__ import annotations
@@ -96,6 +97,62 @@ def op_put_fetch(size: int) -> dict[str, Any]:
             "remote_ok": tuple(remote) == expect, "get_ok": ok_get, "back_ok": ok_back, "size": size}
 
 
+def op_put_read(sizes: list[int]) -> dict[str, Any]:
+    """Per size: a NumPy array put from this host, its digest as a task on another host
+    reads it and as this client reads it back (both fetched through the daemon)."""
+    ex = _ex()
+    out = []
+    for size in sizes:
+        value = tasks.array_of(size)
+        expect = list(tasks.array_digest(value))
+        ref = ex.put(value)
+        remote = list(ex.submit(tasks.array_digest, ref).result())
+        back = list(tasks.array_digest(ref.result()))
+        out.append({"size": size, "objects": len(ref.object_ids), "expect": expect, "remote": remote, "back": back})
+        del ref, value
+    return {"objects": out}
+
+
+def op_put_keep(size: int) -> dict[str, Any]:
+    """Put an array of ``size`` bytes and keep its ref (``submit_ref``, ``drop_ref``)."""
+    value = tasks.array_of(size)
+    state.setdefault("refs", []).append(_ex().put(value))
+    return {"ref": len(state["refs"]) - 1, "expect": list(tasks.array_digest(value))}
+
+
+def op_submit_ref(ref: int) -> dict[str, Any]:
+    """A task that reads a kept ref (its digest), as a batch of one (``wait``)."""
+    state["batches"].append([_ex().submit(tasks.array_digest, state["refs"][ref])])
+    return {"batch": len(state["batches"]) - 1}
+
+
+def op_drop_ref(ref: int) -> dict[str, Any]:
+    state["refs"][ref] = None
+    return {"ok": True}
+
+
+def op_read_while_task(ref: int) -> dict[str, Any]:
+    """Read a kept ref back (``ref.result()``, fetched through the daemon) on a thread, and
+    meanwhile run a no-op task: whether its result came while the read was still going."""
+    import threading
+
+    ex, kept = _ex(), state["refs"][ref]
+    got: list[Any] = []
+    read = threading.Event()
+
+    def read_back() -> None:
+        value = kept.result()
+        read.set()  # before the hash: "still going" must mean the bytes had not all come
+        got.append(tasks.array_digest(value))
+
+    reader = threading.Thread(target=read_back)
+    reader.start()
+    ex.submit(tasks.noop, 1).result(timeout=120)
+    read_still_going = not read.is_set()
+    reader.join(300)
+    return {"read_still_going": read_still_going, "digest": list(got[0]) if got else None}
+
+
 def op_noop(count: int, trips: int) -> dict[str, Any]:
     ex = _ex()
     list(ex.map(tasks.noop, range(100)))  # warm
@@ -111,7 +168,8 @@ def op_noop(count: int, trips: int) -> dict[str, Any]:
 
 
 def op_stats() -> dict[str, Any]:
-    return {"stats": dict(_ex().statistics())}  # the Mapping of counters (JSON has no dataclasses)
+    stats = _ex().statistics()
+    return {"stats": dict(stats), "store": dict(stats.store)}  # the Mapping of counters (JSON has no dataclasses)
 
 
 def op_close() -> dict[str, Any]:

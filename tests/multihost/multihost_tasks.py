@@ -42,3 +42,16 @@ def pattern(size: int, seed: int) -> bytes:
     block = hashlib.sha256(str(seed).encode()).digest() * 2048  # 64 KiB
     whole, rest = divmod(size, len(block))
     return block * whole + block[:rest]
+
+
+def array_digest(value: object) -> tuple[int, str]:
+    """The length and SHA-256 of a buffer (a NumPy array read from the store, say)."""
+    view = memoryview(value)  # type: ignore[arg-type]
+    return view.nbytes, hashlib.sha256(view.cast("B") if view.ndim != 1 or view.format != "B" else view).hexdigest()
+
+
+def array_of(size: int) -> object:
+    """``size`` bytes as a NumPy uint8 array: one store object of exactly that size."""
+    import numpy as np
+
+    return np.frombuffer(pattern(size, 3), dtype=np.uint8)

@@ -99,6 +99,8 @@ SAMPLES: dict[type, Any] = {
     m.ObjectData: m.ObjectData([b"\x01" * 16, b"\x02" * 16], [True, False]),
     m.ObjectChunk: m.ObjectChunk(b"\x01" * 16, 4 << 20, 100_000_000),
     m.ObjectStored: m.ObjectStored(b"\x01" * 16, ""),
+    m.ObjectPart: m.ObjectPart(b"\x01" * 16, 4 << 20, 100_000_000),
+    m.ObjectPartsTaken: m.ObjectPartsTaken(3),
     m.StatsRequest: m.StatsRequest(),
     m.Stats: m.Stats({"tasks": 3, "mean_seconds": 0.25, "state": "ok"}),
     m.HistoryRequest: m.HistoryRequest(),

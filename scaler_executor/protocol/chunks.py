@@ -1,0 +1,115 @@
+"""Objects that arrive from the daemon in parts (``ObjectPart``), put together on a peer.
+
+A client or worker on a host that cannot map the daemon's store asks for objects
+(``ObjectRequest``); each object larger than one chunk comes first as parts, in order and one
+object at a time (scheduler/object_stream.py), then the ``ObjectData`` that ends the answer
+carries an empty frame in its place. The receiver:
+
+* allocates the object's buffer once, at its first part (offset 0, with the total size),
+  and writes every part straight into it: no part is kept, nothing is joined at the end;
+* checks each part against what came before: the same object, the next offset, the same
+  total, nothing beyond it; a part that does not fit fails the object (its answer then
+  reports it with the reason) and frees its buffer, and the parts after it are dropped;
+* answers every part, kept or not, with credit (``ObjectPartsTaken``), so the daemon's
+  window moves on and the answer still ends with its ObjectData;
+* frees everything (``clear``) when the connection to the daemon is lost.
+
+No socket, no lock: the thread that reads the daemon's connection owns it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, NamedTuple
+
+from scaler_executor.protocol import messages as m
+
+
+class StreamError(Exception):
+    """An object came in parts that do not make it whole (the reason says how)."""
+
+
+class _Assembly(NamedTuple):
+    object_id: bytes
+    total: int
+    buffer: memoryview  # writable, over a bytearray of ``total`` bytes
+
+
+class Incoming:
+    def __init__(self) -> None:
+        self.current: _Assembly | None = None
+        self.received = 0  # bytes of ``current`` so far
+        self.ready: dict[bytes, deque[memoryview]] = {}  # whole, waiting for their ObjectData
+        self.failed: dict[bytes, str] = {}
+
+    def part(self, message: m.ObjectPart, data: Any) -> None:
+        """Write one part (its frame ``data``); a part that does not fit fails its object."""
+        view = memoryview(data)
+        size = view.nbytes
+        object_id, offset, total = message.object_id, message.offset, message.total
+        current = self.current
+        if offset == 0 and object_id not in self.failed:
+            if current is not None:
+                self._fail(current.object_id, f"cut short at {self.received} of {current.total} bytes")
+            if total < 1:
+                self._fail(object_id, f"a part of an object of {total} bytes")
+                return
+            try:
+                buffer = memoryview(bytearray(total))
+            except MemoryError:
+                self._fail(object_id, f"no memory on this host for an object of {total} bytes")
+                return
+            current = self.current = _Assembly(object_id, total, buffer)
+            self.received = 0
+        elif current is None or current.object_id != object_id:
+            if object_id not in self.failed:
+                self._fail(object_id, f"a part at offset {offset} came before the part at offset 0")
+            return
+        if offset != self.received or total != current.total or offset + size > total:
+            self._fail(
+                object_id,
+                f"a part of {size} bytes at offset {offset} of {total} does not follow "
+                f"{self.received} bytes of {current.total}",
+            )
+            return
+        current.buffer[offset : offset + size] = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        self.received += size
+        if self.received == total:
+            self.ready.setdefault(object_id, deque()).append(current.buffer.toreadonly())
+            self.current = None
+
+    def take(self, object_id: bytes, frame: Any) -> Any:
+        """The bytes of ``object_id`` as its ObjectData frame ``frame`` stands for: the object
+        put together from its parts if it came that way, else the frame itself. Raises
+        StreamError if its parts failed or the answer came before all of them."""
+        reason = self.failed.pop(object_id, None)
+        if reason is not None:
+            raise StreamError(f"object {object_id.hex()} came from the daemon in parts that do not fit: {reason}")
+        queue = self.ready.get(object_id)
+        if queue:
+            whole = queue.popleft()
+            if not queue:
+                del self.ready[object_id]
+            return whole
+        if self.current is not None and self.current.object_id == object_id:
+            received, total = self.received, self.current.total
+            self.current = None
+            raise StreamError(f"object {object_id.hex()} ended at {received} of its {total} bytes")
+        return frame
+
+    def clear(self) -> None:
+        """The connection is gone: free every buffer, whole or partial."""
+        self.current = None
+        self.received = 0
+        self.ready.clear()
+        self.failed.clear()
+
+    def holding(self) -> int:
+        """Bytes allocated for objects in parts (whole ones not yet taken, and the partial one)."""
+        whole = sum(v.nbytes for queue in self.ready.values() for v in queue)
+        return whole + (self.current.total if self.current is not None else 0)
+
+    def _fail(self, object_id: bytes, reason: str) -> None:
+        self.failed[object_id] = reason
+        if self.current is not None and self.current.object_id == object_id:
+            self.current = None  # its buffer goes with it

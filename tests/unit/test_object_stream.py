@@ -1,0 +1,249 @@
+"""Objects fetched from the daemon in parts: the daemon's pure window of parts per peer
+(scheduler/object_stream.py), the core's commands for it, and the receiver's assembly
+(protocol/chunks.py). Function calls only: no socket, no store."""
+
+from __future__ import annotations
+
+import cloudpickle
+import pytest
+
+from scaler_executor._compat import python_version
+from scaler_executor._version import __version__
+from scaler_executor.config import ClusterConfig
+from scaler_executor.protocol import codec
+from scaler_executor.protocol import messages as m
+from scaler_executor.protocol.chunks import Incoming, StreamError
+from scaler_executor.scheduler.core import PeerUnreachable, Received, Scheduler, SendObjects, Tick
+from scaler_executor.scheduler.object_stream import (
+    CreditObjects,
+    EndObjectSends,
+    Finish,
+    Outbound,
+    Part,
+)
+
+A, B, C = b"\x0a" * 16, b"\x0b" * 16, b"\x0c" * 16
+CHUNK = 10
+
+
+def _bytes(n: int, seed: int = 0) -> bytes:
+    return bytes((seed + i) % 251 for i in range(n))
+
+
+def _drive(out: Outbound, incoming: Incoming, peer: bytes = b"p", steps: list | None = None) -> dict[bytes, bytes]:
+    """Deliver every step (``steps`` first, if given) to a receiver, crediting each part at
+    once, as a peer does; returns what the answers' ObjectData gave."""
+    got: dict[bytes, bytes] = {}
+    while True:
+        if steps is None:
+            steps = out.due()
+        out.validate()
+        if not steps:
+            return got
+        for step in steps:
+            assert step.peer == peer
+            if isinstance(step, Part):
+                frame = step.view[step.offset : step.offset + step.length]
+                incoming.part(m.ObjectPart(step.object_id, step.offset, step.total), frame)
+                out.taken(peer, 1)
+            else:
+                frames = iter(step.frames)
+                for oid, ok in zip(step.object_ids, step.found, strict=True):
+                    if ok:
+                        got[oid] = bytes(incoming.take(oid, next(frames)))
+        steps = None
+
+
+@pytest.mark.parametrize("size", [0, 1, CHUNK, CHUNK + 1, 7 * CHUNK + 3])
+def test_every_size_arrives_whole_and_only_large_ones_in_parts(size: int) -> None:
+    out, incoming = Outbound(chunk=CHUNK, window=2), Incoming()
+    data = _bytes(size)
+    out.request(b"p", [A], [size], [memoryview(data)])
+    first = out.due()
+    parts = [s for s in first if isinstance(s, Part)]
+    if size <= CHUNK:  # one frame either way: the whole one, in the ObjectData
+        assert parts == [] and [type(s) for s in first] == [Finish]
+        assert bytes(first[0].frames[0]) == data
+        return
+    assert len(parts) == 2 and [p.offset for p in parts] == [0, CHUNK]  # the window
+    assert _drive(out, incoming, steps=first) == {A: data}
+    assert not out.peers and not incoming.ready and incoming.current is None
+
+
+def test_parts_stop_at_the_window_until_the_peer_takes_them() -> None:
+    out = Outbound(chunk=CHUNK, window=3)
+    data = _bytes(10 * CHUNK)
+    out.request(b"p", [A], [len(data)], [memoryview(data)])
+    first = out.due()
+    assert [type(s) for s in first] == [Part] * 3 and [s.offset for s in first] == [0, 10, 20]
+    assert out.due() == []  # held: nothing taken yet
+    out.taken(b"p", 1)
+    assert [s.offset for s in out.due()] == [30]
+    out.taken(b"p", 100)  # more credit than parts sent does not widen the window
+    assert [s.offset for s in out.due()] == [40, 50, 60]
+    out.validate()
+
+
+def test_answers_go_in_order_small_ones_waiting_behind_a_stream() -> None:
+    out = Outbound(chunk=CHUNK, window=1)
+    big, small = _bytes(2 * CHUNK + 1), _bytes(3)
+    out.request(b"p", [A], [len(big)], [memoryview(big)])
+    out.request(b"p", [B, C], [len(small), None], [memoryview(small)])
+    steps = out.due()
+    assert [type(s) for s in steps] == [Part]
+    out.taken(b"p", 1)
+    out.taken(b"p", 1)
+    assert [type(s) for s in out.due()] == [Part]
+    out.taken(b"p", 1)
+    steps = out.due()  # the last part, then both answers' ends (behind it on the wire)
+    assert [type(s) for s in steps] == [Part, Finish, Finish]
+    first, second = steps[1:]
+    assert isinstance(first, Finish) and isinstance(second, Finish)
+    assert first.object_ids == [A] and first.frames == [b""] and first.streamed == 1
+    assert second.object_ids == [B, C] and second.found == [True, False] and bytes(second.frames[0]) == small
+    assert second.inline_bytes == 3
+    assert out.streaming(b"p")  # until its last part is taken
+    out.taken(b"p", 1)
+    assert out.due() == [] and not out.peers
+
+
+def test_another_peer_is_not_held_up_by_a_stream() -> None:
+    out = Outbound(chunk=CHUNK, window=1)
+    big = _bytes(5 * CHUNK)
+    out.request(b"p", [A], [len(big)], [memoryview(big)])
+    out.request(b"q", [B], [1], [memoryview(b"x")])
+    steps = out.due()
+    assert {(s.peer, type(s)) for s in steps} == {(b"p", Part), (b"q", Finish)}
+
+
+def test_a_lost_peer_drops_its_answers_and_their_views() -> None:
+    out = Outbound(chunk=CHUNK, window=1)
+    big = bytearray(3 * CHUNK)
+    view = memoryview(big)
+    out.request(b"p", [A], [len(big)], [view])
+    out.request(b"p", [B], [1], [memoryview(b"x")])
+    steps = out.due()
+    del steps
+    assert out.drop(b"p") == 2 and not out.peers
+    view.release()
+    big.append(0)  # no other export of the buffer is left (it could not resize otherwise)
+    assert out.drop(b"p") == 0
+
+
+def test_an_answer_needs_a_view_per_found_object() -> None:
+    with pytest.raises(ValueError, match="one view per found object"):
+        Outbound().request(b"p", [A, B], [1, None], [])
+    with pytest.raises(ValueError, match="at least 1"):
+        Outbound(chunk=0)
+
+
+# --------------------------------------------------------------------- the receiver
+
+
+def test_parts_out_of_order_fail_the_object_with_the_reason() -> None:
+    incoming = Incoming()
+    data = _bytes(30)
+    incoming.part(m.ObjectPart(A, 0, 30), data[:10])
+    incoming.part(m.ObjectPart(A, 20, 30), data[20:])  # skips 10..20
+    assert incoming.current is None  # its buffer is freed
+    with pytest.raises(StreamError, match="does not follow 10 bytes"):
+        incoming.take(A, b"")
+    assert not incoming.failed
+
+
+@pytest.mark.parametrize(
+    ("parts", "reason"),
+    [
+        ([(5, 30, 5)], "before the part at offset 0"),
+        ([(0, 30, 10), (10, 31, 10)], "does not follow"),  # the total changed
+        ([(0, 10, 20)], "does not follow"),  # beyond the total
+        ([(0, 0, 0)], "of 0 bytes"),
+    ],
+)
+def test_parts_that_do_not_make_the_object_are_refused(parts: list[tuple[int, int, int]], reason: str) -> None:
+    incoming = Incoming()
+    for offset, total, size in parts:
+        incoming.part(m.ObjectPart(A, offset, total), bytes(size))
+    with pytest.raises(StreamError, match=reason):
+        incoming.take(A, b"")
+
+
+def test_an_answer_that_ends_before_its_parts_do_is_an_error() -> None:
+    incoming = Incoming()
+    incoming.part(m.ObjectPart(A, 0, 30), bytes(10))
+    with pytest.raises(StreamError, match="ended at 10 of its 30 bytes"):
+        incoming.take(A, b"")
+    assert incoming.holding() == 0
+
+
+def test_a_new_object_cuts_short_the_one_before() -> None:
+    incoming = Incoming()
+    incoming.part(m.ObjectPart(A, 0, 30), bytes(10))
+    incoming.part(m.ObjectPart(B, 0, 2), b"ab")
+    with pytest.raises(StreamError, match="cut short at 10 of 30"):
+        incoming.take(A, b"")
+    assert bytes(incoming.take(B, b"")) == b"ab"
+
+
+def test_clear_frees_whole_and_partial_objects() -> None:
+    incoming = Incoming()
+    incoming.part(m.ObjectPart(A, 0, 4), b"abcd")
+    incoming.part(m.ObjectPart(B, 0, 40), bytes(10))
+    assert incoming.holding() == 44
+    incoming.clear()
+    assert incoming.holding() == 0 and incoming.take(A, b"frame") == b"frame"
+
+
+def test_an_object_put_together_is_read_only() -> None:
+    incoming = Incoming()
+    incoming.part(m.ObjectPart(A, 0, 2), b"ab")
+    whole = incoming.take(A, b"")
+    assert isinstance(whole, memoryview) and whole.readonly
+
+
+# --------------------------------------------------------------------- the core's commands
+
+
+def _hello(role: str) -> m.Hello:
+    return m.Hello(role, m.PROTOCOL_VERSION, python_version(), cloudpickle.__version__, __version__,
+                   role, 1, "h", 1, {}, [])
+
+
+def _step(core: Scheduler, *events: object) -> list[object]:
+    rounded = []
+    for event in events:
+        if isinstance(event, Received):  # through the codec, as on the wire
+            event = Received(event.peer, codec.decode(codec.encode(event.messages))[0], event.now)
+        rounded.append(event)
+    commands = core.handle(*rounded)
+    core.validate()
+    return commands
+
+
+def test_the_core_turns_credit_into_a_command_and_ends_sends_to_a_lost_peer() -> None:
+    core = Scheduler(ClusterConfig())
+    _step(core, *(Received(p, [_hello(r)], 1.0) for p, r in ((b"c", m.Role.CLIENT), (b"w", m.Role.WORKER), (b"m", m.Role.MONITOR))))
+    for peer in (b"c", b"w"):
+        commands = _step(core, Received(peer, [m.ObjectRequest([A]), m.ObjectPartsTaken(2)], 2.0))
+        assert SendObjects(peer, (A,)) in commands and CreditObjects(peer, 2) in commands
+    commands = _step(core, Received(b"m", [m.ObjectPartsTaken(2)], 3.0))
+    assert not [c for c in commands if isinstance(c, CreditObjects)]
+    assert core.statistics()["refused"] == 1  # not a monitor's message
+    assert EndObjectSends(b"w") in _step(core, PeerUnreachable(b"w", 4.0))
+    assert EndObjectSends(b"c") in _step(core, Received(b"c", [m.Goodbye("done")], 5.0))
+    assert core.statistics()["object_sends_dropped"] == 0  # (the loop counts them)
+    _step(core, Tick(6.0))
+
+
+def test_a_peer_that_asks_beyond_its_queue_is_refused_and_the_rest_stays() -> None:
+    out = Outbound(chunk=CHUNK, window=1, max_objects=3)
+    big = _bytes(5 * CHUNK)
+    assert out.request(b"p", [A, B], [len(big), None], [memoryview(big)])
+    assert not out.request(b"p", [B, C], [None, None], [])  # 4 > 3: nothing queued
+    assert out.request(b"p", [C], [None], [])  # 3: still fits
+    out.validate()
+    assert not out.request(b"q", [A, B, C, A], [None] * 4, [])  # too many at once
+    assert not out.streaming(b"q")  # a refused peer with nothing queued leaves no record
+    steps = out.due()
+    out.validate()
+    assert [type(s) for s in steps] == [Part]
