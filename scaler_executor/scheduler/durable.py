@@ -39,6 +39,7 @@ waits up to ``restart_grace`` for the workers it had, and every peer resumes:
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import logging
 import os
@@ -59,8 +60,6 @@ from scaler_executor.scheduler.core import (
     PeerUnreachable,
     Received,
     Scheduler,
-    Send,
-    SendObjects,
     Tick,
     _pack_lost,
 )
@@ -156,6 +155,7 @@ class DurableScheduler(Scheduler):
         self._dkeys: set[int] = set()  # tasks with a ``d`` record of their own
         self._jr: set[int] = set()  # tasks with an ``r`` record
         self._conn_of: dict[bytes, bytes] = {}  # logical id -> its connection now
+        self._left: dict[bytes, bytes] = {}  # logical id -> the connection it had, this turn
         self._logical: dict[bytes, bytes] = {}  # connection -> logical id
         self._tokens: dict[bytes, bytes] = {}  # logical id -> the secret its Resume must show
         self._ledgers: dict[bytes, Ledger] = {}
@@ -195,6 +195,7 @@ class DurableScheduler(Scheduler):
         conn = self._conn_of.pop(peer, None)
         if conn is not None:
             self._logical.pop(conn, None)
+            self._left[peer] = conn  # this turn's last commands for it (EndObjectSends...) still reach it
 
     def knows(self, peer: bytes) -> bool:
         return super().knows(self._logical.get(peer, peer))
@@ -557,18 +558,16 @@ class DurableScheduler(Scheduler):
                     out.append(SendNow(conn, [m.TaskResults(refused)]))  # type: ignore[arg-type]
             self._refusals = {}
         for command in commands:
-            kind = type(command)
-            if kind is Send or kind is SendObjects:
-                peer = command.peer  # type: ignore[union-attr]  # (Send or SendObjects)
-                if peer.startswith(LOGICAL):
-                    conn = conn_of.get(peer)
-                    if conn is None:
-                        continue  # not back yet: what matters is kept and sent on its report
-                    if type(command) is Send:
-                        command = Send(conn, command.messages)
-                    elif type(command) is SendObjects:
-                        command = SendObjects(conn, command.object_ids)
+            # Every command addressed to a peer (Send, SendObjects, CreditObjects,
+            # EndObjectSends...) goes to its connection now.
+            addressed: bytes | None = getattr(command, "peer", None)
+            if addressed is not None and addressed.startswith(LOGICAL):
+                conn = conn_of.get(addressed) or self._left.get(addressed)
+                if conn is None:
+                    continue  # not back yet: what matters is kept and sent on its report
+                command = dataclasses.replace(command, peer=conn)  # type: ignore[arg-type]
             out.append(command)
+        self._left.clear()
         return out
 
     def _journal_tasks(self) -> None:
