@@ -442,6 +442,41 @@ class ClusterConfig:
         gt=0,
         metavar="SECONDS",
     )
+    journal: str | None = _opt(
+        None,
+        "a directory for the daemon's write-ahead journal (created mode 0700; docs/durability.rst): "
+        "with it the daemon can be killed and restarted on it without losing its clients' futures",
+        "each task costs a few journal entries per loop turn (written before anything is sent); "
+        "without it a restarted daemon knows nobody and pending futures fail with DaemonLost",
+        metavar="PATH",
+        check=lambda text: None if text.strip() else "it is empty: name a directory, or leave journal unset",
+    )
+    journal_fsync: str = _opt(
+        "interval",
+        "when the journal is flushed to disk: turn (fsync every loop turn before sending), interval "
+        "(a group commit every journal_fsync_interval), os (never: the OS writes back)",
+        "all three survive the daemon's death (it writes before it sends); only turn and interval "
+        "(up to journal_fsync_interval of work lost) survive the host's crash; turn costs most",
+        choices=("turn", "interval", "os"),
+    )
+    journal_fsync_interval: float = _opt(
+        0.01,
+        "seconds between the journal's fsyncs under journal_fsync=interval",
+        "longer costs less disk time, and a host crash loses up to this much of what was journaled",
+        gt=0,
+        le=60.0,
+        metavar="SECONDS",
+    )
+    restart_grace: float = _opt(
+        30.0,
+        "seconds a daemon restarted on its journal waits for the workers it had to come back "
+        "(their tasks wait for them) and that its peers wait for it before giving up",
+        "longer rides out slow restarts; a worker that never comes back holds its tasks this long "
+        "before they are retried elsewhere",
+        gt=0,
+        le=86400.0,
+        metavar="SECONDS",
+    )
     log_level: str = _opt(
         "WARNING",
         "logging level",
@@ -666,8 +701,9 @@ def _check_value(f: _Field, value: object, source: str | None) -> object:
             raise _invalid(f, value, source, problem)
         if not f.spec.choices:
             return value
-        if value.upper() in f.spec.choices:
-            return value.upper()
+        for choice in f.spec.choices:  # any case; the choice as declared
+            if value.upper() == choice.upper():
+                return choice
     raise _invalid(f, value, source)
 
 

@@ -199,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         # the others start before the daemon's own modules are imported, so their start-up
         # (an interpreter and its imports) overlaps ours; they connect and wait.
         manager.adopt(early)
-        manager.start()
+        if not config.journal:  # with one, after the journal named the workers still running
+            manager.start()
     from scaler_executor.scheduler.loop import Daemon
 
     security = None
@@ -217,8 +218,23 @@ def main(argv: list[str] | None = None) -> int:
             manager.stop()
         if dashboard is not None:
             dashboard.stop()
+        from scaler_executor.scheduler.journal import JournalError
+
+        if isinstance(exc, JournalError):  # its message names the journal and the fix
+            from scaler_executor.cli.common import fail
+
+            fail("scaler-daemon", f"cannot use the journal: {exc}")
         bind_failure("scaler-daemon", config.address, exc)
         raise
+    if manager is not None and config.journal:
+        adopted = manager.adopt_running(daemon.restored_local_pids())
+        if adopted:
+            import logging
+
+            logging.getLogger("scaler_executor.daemon").warning(
+                "daemon: kept %d local worker(s) of its previous run (restarted on its journal)", adopted
+            )
+        manager.start()
     daemon.install_signal_handlers()
     tune_gc()
     try:

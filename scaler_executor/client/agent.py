@@ -88,6 +88,7 @@ from scaler_executor.client.pickling import (
     Pickled,
 )
 from scaler_executor.client.remote_store import RemoteStore
+from scaler_executor.client.resume import ClientResume
 from scaler_executor.client.routes import DaemonRoute, LaneRoute, ReplyInbox
 from scaler_executor.client.state import (
     FETCH_OBJECTS,
@@ -113,7 +114,7 @@ from scaler_executor.protocol import channel
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.chunks import Incoming, StreamError
 from scaler_executor.protocol.messages import TaskFlags, TaskOptions
-from scaler_executor.protocol.rejoin import is_unknown_peer
+from scaler_executor.protocol.rejoin import is_not_resumable, is_unknown_peer
 
 if TYPE_CHECKING:
     from scaler_executor.scheduler.stats import Statistics
@@ -209,6 +210,7 @@ class ClientAgent:
             m.Heartbeat: self._on_heartbeat,
             m.TasksWithoutWorker: self._on_tasks_without_worker,
         }
+        self.resume = ClientResume()  # a journaled daemon's restart (client/resume.py)
         self.completer = Completer(self)
         self.completer.start()  # its first thread takes the agent role
         _live_agents.add(self)
@@ -525,7 +527,8 @@ class ClientAgent:
         self._poller = poller = channel.Poller()
         poller.register(daemon.pollable)
         poller.register(self._wake_fd)
-        if self.cluster is not None and REPLY_INBOX:
+        # Not under a journal: a task must reach the daemon, which journals it, not a lane.
+        if self.cluster is not None and REPLY_INBOX and not self.config.journal:
             self.inbox = ReplyInbox.bind(self.cluster.directory, poller, self._open_lane)
         self.authkey = AuthkeyFile.reserve(self.cluster.directory if self.cluster is not None else None)
         self.daemon = daemon
@@ -571,6 +574,8 @@ class ClientAgent:
                 return
             if daemon.welcomed:
                 self._drain_outbox()
+                if self.resume.journal and self.resume.ack_due(now, daemon.heartbeat_interval):
+                    daemon.send([self.resume.ack(now)])
                 if self.remote_store is not None and daemon.pending is None:
                     self.remote_store.send_pending(daemon)  # a put's chunks, after what it depends on
             if daemon.pending is not None:
@@ -665,6 +670,12 @@ class ClientAgent:
     # ------------------------------------------------------------------ the daemon's messages
 
     def _on_results(self, message: m.TaskResults, _buffers: list[Any]) -> None:
+        if self.core.sent_unacked is None or not self.resume.refused(self.core, message.results):
+            self.resume.received += 1  # (refusals for a full journal are not counted: never kept)
+        if self.core.sent_unacked is not None:
+            for result in message.results:
+                if result.objects and not result.delivered:  # held for us until we read it
+                    self.core.count_holds(result.objects, 1)
         self._take_results(message.results)
 
     def _on_running(self, message: m.TasksRunning, _buffers: list[Any]) -> None:
@@ -677,6 +688,16 @@ class ClientAgent:
         self.core.acknowledged(message.count)
 
     def _on_welcome(self, message: m.Welcome, _buffers: list[Any]) -> None:
+        resumed = self.resume.welcomed(message)
+        if message.journal and self.core.sent_unacked is None:
+            self.core.sent_unacked = deque()
+        if resumed:
+            log.warning("client: resumed with the daemon at %s after its restart", self.address)
+            with self.lock:
+                report = self.resume.report(self.core)
+            self.daemon.send([report])  # before anything the outbox holds
+            if message.object_store != getattr(self.packer.store, "name", message.object_store):
+                self._attach_store(message.object_store)  # (objects in the old region are gone)
         self.daemon.welcomed = True
         self.welcome.set()
         if self.listener is not None:
@@ -730,6 +751,20 @@ class ClientAgent:
         self.break_with(_initializer_failed(message))
 
     def _on_refused(self, message: m.Refused, _buffers: list[Any]) -> None:
+        if is_unknown_peer(message.reason) and not is_not_resumable(message.reason) and self.resume.journal:
+            # Policy (d): the daemon restarted on its journal; the refusals of what we sent
+            # before our Resume follow it, and are ignored.
+            if not self.resume.resuming:
+                log.warning("client: the daemon at %s restarted; resuming on its journal", self.address)
+                self.daemon.welcomed = False  # the outbox waits for its Welcome
+                self.daemon.send([self.resume.start(time.monotonic())])
+            return
+        if is_not_resumable(message.reason):
+            self.break_with(DaemonLost(
+                f"the daemon at {self.address} restarted and cannot resume this client ({message.reason}); "
+                "its pending tasks are lost"
+            ))
+            return
         if is_unknown_peer(message.reason):  # policy (c) of protocol/rejoin.py: its tasks are gone
             self.break_with(DaemonLost(
                 f"the daemon at {self.address} no longer knows this client: it restarted without a "
@@ -784,25 +819,39 @@ class ClientAgent:
     def _check_daemon(self, now: float) -> None:
         if self.cluster is not None:
             how = self.cluster.exit_status()
+            if how is not None and self.config.journal and not self.shutdown_requested:
+                refused = self.cluster.restart(now)  # its workers wait for it (client/cluster.py)
+                if refused is None:
+                    log.warning("client: the embedded scaler-daemon exited (%s); restarted it on its journal", how)
+                    return
+                self.break_with(DaemonLost(f"the embedded scaler-daemon exited ({how}): {refused}"))
+                return
             if how is not None:
                 self.break_with(DaemonLost(f"the embedded scaler-daemon exited unexpectedly ({how})"))
                 return
         daemon = self.daemon
-        if not daemon.welcomed and self.cluster is None:
+        resume = self.resume
+        if resume.resuming:
+            if resume.again_due(now):  # no Welcome yet: that daemon died too, say
+                daemon.send([resume.start(now)])
+        elif not daemon.welcomed and self.cluster is None:
             if now - daemon.started > self.config.connect_timeout:  # no answer to the first Hello
                 self.break_with(DaemonLost(connect.no_welcome(self.address, now - daemon.started)))
             return
         silence = now - daemon.last_recv
         listener = self.listener
-        if listener is not None and silence > listener.silent_after:
+        # A journaled daemon may be down for its restart: refused connections are expected
+        # then, for its grace period (connect.py's ListenerProbe is asked after it).
+        waited = resume.silence_limit(daemon.heartbeat_interval)
+        if listener is not None and silence > max(listener.silent_after, waited):
             gone = listener.check(now)  # refused: the daemon is gone, not slow (connect.py)
             if gone is not None:
                 self.break_with(DaemonLost(f"the daemon at {self.address} is gone (it died or was stopped): no message for {silence:.1f} s, and {gone}"))
                 return
         elif listener is not None:
             listener.quiet()
-        if silence > self.config.daemon_loss_timeout:
-            if daemon.welcomed:
+        if silence > max(self.config.daemon_loss_timeout, waited):
+            if daemon.welcomed or resume.resuming:
                 text = f"no message from the daemon at {self.address} for {silence:.1f} s (daemon_loss_timeout)"
             else:
                 text = f"could not reach the daemon at {self.address} within {now - daemon.started:.1f} s (daemon_loss_timeout)"

@@ -30,6 +30,10 @@ from scaler_executor._compat import describe_wait_status, exited_within
 from scaler_executor.config import ClusterConfig
 
 STOP_TIMEOUT = 5.0  # seconds for the daemon to stop its workers before the group is killed
+# A daemon with a journal that dies is started again, but not more than MAX_RESTARTS times in
+# RESTART_WINDOW seconds: one that keeps dying fails the futures with the reason instead.
+MAX_RESTARTS = 5
+RESTART_WINDOW = 60.0
 
 
 class EmbeddedCluster:
@@ -85,8 +89,34 @@ class EmbeddedCluster:
         command += ["--early-workers", self._write_early_workers(initializer_file)]
         if dashboard is not None:
             command += ["--dashboard", dashboard]
+        self.restarts: list[float] = []  # when the daemon was started again on its journal
+        self._restart_command = list(command)
+        if "--early-workers" in command:  # its workers outlive it: started once
+            at = command.index("--early-workers")
+            del self._restart_command[at : at + 2]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, env=_worker_environment(), start_new_session=True)
         self._stopped = False
+
+    def restart(self, now: float) -> str | None:
+        """Start the daemon again on its journal (it died); its workers wait for it and it
+        keeps them.  Returns why it will not (it keeps dying), or None."""
+        self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW]
+        if len(self.restarts) >= MAX_RESTARTS:
+            return (
+                f"it died {len(self.restarts) + 1} times within {RESTART_WINDOW:.0f} s, each time restarted on its "
+                f"journal {self.config.journal}; not restarting it again (look for the cause in its output above)"
+            )
+        self.restarts.append(now)
+        self.process.wait()
+        socket_path = self.address[len("ipc://") :]
+        try:
+            os.unlink(socket_path)  # left by the dead daemon: the new one binds afresh
+        except FileNotFoundError:
+            pass
+        self.process = subprocess.Popen(
+            self._restart_command, stdin=subprocess.PIPE, env=_worker_environment(), start_new_session=True
+        )
+        return None
 
     def _write_early_workers(self, initializer_file: str | None) -> str:
         """The file that lets the daemon start its first workers before its own imports.

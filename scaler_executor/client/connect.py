@@ -33,8 +33,10 @@ client fails its futures at once instead of after ``daemon_loss_timeout``
 (bench/daemon_loss.py: 15 s before, about a second now).  A daemon restarted without a
 journal would not know this client anyway (its futures fail on its answer then); silence
 with no refusal (a cut link, a stalled daemon, a host gone) keeps the full
-``daemon_loss_timeout``.  A daemon with a journal, once there is one, must say so in its
-Welcome and this probe must then wait for its grace period.
+``daemon_loss_timeout``.  A daemon with a journal says so in its Welcome (``journal``,
+``grace``): it may be restarted on it, so its client asks this probe only once the daemon
+has been silent for the grace period too, and fails its futures after
+``max(daemon_loss_timeout, grace + 2 heartbeats)`` (client/resume.py, docs/durability.rst).
 """
 
 from __future__ import annotations

@@ -86,6 +86,11 @@ class ScalerExecutor(Executor):
             embedded cluster's web dashboard and Prometheus ``/metrics`` there; the daemon
             prints the URL with its access token on stderr (docs/monitoring.rst). Not with
             ``address``.
+        journal: a directory for the embedded daemon's write-ahead journal
+            (docs/durability.rst): when that daemon dies (SIGKILL, the OOM killer), this
+            client restarts it on the journal, its workers wait for it, and pending futures
+            complete as if nothing happened (a thread in ``result()`` sees a delay).  Not
+            with ``address`` (a running daemon has its own ``--journal``).
 
     Raises:
         ValueError / TypeError: for invalid arguments, naming the fix.
@@ -110,6 +115,7 @@ class ScalerExecutor(Executor):
         config: ClusterConfig | None = None,
         credentials: str | None = None,
         dashboard: str | None = None,
+        journal: str | os.PathLike[str] | None = None,
     ) -> None:
         _check_pool_arguments(mp_context, initializer, max_tasks_per_child)
         if dashboard is not None:
@@ -127,6 +133,15 @@ class ScalerExecutor(Executor):
             config = ClusterConfig.load()
         elif not isinstance(config, ClusterConfig):
             raise TypeError(f"config must be a ClusterConfig, got {type(config).__name__}")
+        if journal is not None:
+            if address is not None:
+                raise ValueError(
+                    "journal= is the embedded cluster's journal (its daemon is restarted on it when it "
+                    "dies); a running daemon keeps its own: start it with scaler-daemon --journal PATH"
+                )
+            if not isinstance(journal, (str, os.PathLike)):
+                raise TypeError(f"journal must be a directory path, got {type(journal).__name__}")
+            config = config.replace(journal=os.path.abspath(os.fspath(journal)))
         self._cluster: EmbeddedCluster | None = None
         security = None
         if address is not None:

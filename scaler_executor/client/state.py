@@ -141,6 +141,13 @@ class ClientCore:
         self.fn_payloads: dict[int, bytes] = {}  # registered callables (a lane's first task needs one)
         self.fn_cache: weakref.WeakKeyDictionary[Callable[..., Any], int] = weakref.WeakKeyDictionary()
         self.options: dict[tuple[Any, ...], int] = {}
+        self.option_records: dict[int, TaskOptions] = {}  # by id: sent again to a restarted daemon
+        # Under a journaled daemon (client/resume.py): every task sent and not yet acknowledged
+        # (SubmitAck), in order, to send again if the daemon restarts before it wrote them.
+        self.sent_unacked: deque[m.TaskSpec] | None = None
+        # ... and the store objects it holds at the daemon (pins sent, results with objects
+        # received, minus releases sent): a restarted daemon may not have written them all.
+        self.holds: dict[bytes, int] = {}
         self.pending: PendingLimit | None = None  # frees a charged task as its record leaves
 
     def _left(self, record: TaskRecord) -> None:
@@ -263,6 +270,7 @@ class ClientCore:
         options_id = len(self.options) + 1
         self.outbox.append((REGISTER_OPTIONS, (options_id, options)))
         self.options[key] = options_id
+        self.option_records[options_id] = options
         return options_id, True
 
     # ------------------------------------------------------------------ the outbox
@@ -273,6 +281,7 @@ class ClientCore:
         items beyond MAX_MESSAGES_PER_TRANSMISSION messages (``more_to_drain`` then says
         so); a task taken back by a cancel is skipped."""
         outbox, base, records = self.outbox, self.base, self.records
+        retained = self.sent_unacked
         batch: list[Any] = []
         specs: list[m.TaskSpec] = []
         cancels: list[int] = []
@@ -293,7 +302,13 @@ class ClientCore:
                     break
                 outbox.popleft()
                 record.where = SENT
-                specs.append(item.spec(base))
+                if retained is not None:
+                    if item.flags & TaskFlags.REPLY_DIRECT:  # acknowledged, to be kept till then
+                        item = item._replace(flags=item.flags & ~TaskFlags.REPLY_DIRECT)
+                    retained.append(item.spec(base))
+                    specs.append(retained[-1])
+                else:
+                    specs.append(item.spec(base))
                 if not item.flags & TaskFlags.REPLY_DIRECT:  # a sequential caller's is never acked
                     self.unacked += 1
                 continue
@@ -311,6 +326,8 @@ class ClientCore:
             elif kind == SUBMIT_BATCH:
                 batch.append(self._graph(data))
             else:
+                if retained is not None and kind in (PIN_OBJECTS, RELEASE_OBJECTS):
+                    self.count_holds(data, 1 if kind == PIN_OBJECTS else -1)
                 batch.append(_MESSAGE[kind](base, data))
         if specs:
             batch.append(m.SubmitTasks(specs))
@@ -329,10 +346,26 @@ class ClientCore:
             if record is not None:
                 record.where = SENT
         self.unacked += len(tasks)
-        return m.SubmitTasks([task.spec(base) for task in tasks])
+        specs = [task.spec(base) for task in tasks]
+        if self.sent_unacked is not None:
+            self.sent_unacked.extend(specs)
+        return m.SubmitTasks(specs)
+
+    def count_holds(self, object_ids: list[bytes], delta: int) -> None:
+        holds = self.holds
+        for object_id in object_ids:
+            left = holds.get(object_id, 0) + delta
+            if left > 0:
+                holds[object_id] = left
+            else:
+                holds.pop(object_id, None)
 
     def acknowledged(self, count: int) -> None:
         self.unacked -= count
+        retained = self.sent_unacked
+        if retained is not None:
+            for _ in range(min(count, len(retained))):
+                retained.popleft()
 
     def has_tasks_to_send(self) -> bool:
         outbox = self.outbox

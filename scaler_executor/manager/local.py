@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from scaler_executor._compat import describe_wait_status
 from scaler_executor.config import ClusterConfig
+from scaler_executor.manager.adopted import AdoptedWorker
 from scaler_executor.manager.process import WorkerProcess
 from scaler_executor.worker_command import worker_command
 
@@ -55,7 +56,7 @@ class LocalWorkerManager:
         self.processors = processors
         self.initializer_file = initializer_file
         self.max_tasks_per_child = max_tasks_per_child
-        self.workers: dict[int, tuple[WorkerProcess, float]] = {}
+        self.workers: dict[int, tuple[WorkerProcess | AdoptedWorker, float]] = {}
         self.young_deaths = 0
         self.next_start = 0.0
         self.stopping = False
@@ -78,6 +79,18 @@ class LocalWorkerManager:
         now = time.monotonic()
         for process in processes:
             self.workers[process.pid] = (process, now)
+
+    def adopt_running(self, pids: list[int]) -> int:
+        """Keep the local workers of an earlier daemon (this one restarted on its journal,
+        manager/adopted.py) that still run; returns how many."""
+        now = time.monotonic()
+        adopted = 0
+        for pid in pids:
+            worker = AdoptedWorker.find(pid, self.address)
+            if worker is not None and pid not in self.workers:
+                self.workers[pid] = (worker, now)
+                adopted += 1
+        return adopted
 
     @property
     def initial_count(self) -> int:

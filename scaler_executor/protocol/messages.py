@@ -73,6 +73,17 @@ WorkerKeys             M→D      public keys for workers the manager is about t
 KeysAdmitted           D→M      those keys are admitted: the workers may be started
 ScaleWorkers           D→M      the daemon's scaling decision: start this many more workers,
                                 stop these (drained) ones
+Resume                 C/W→D    to a daemon restarted on its journal (refused as UNKNOWN_PEER):
+                                "I am peer N" with the token of its Welcome; answered with a
+                                Welcome (scheduler/durable.py, docs/durability.rst)
+ClientReport           C→D      after that Welcome: futures awaited, callables, options, the
+                                submissions never acknowledged, the objects it holds
+WorkerReport           W→D      after that Welcome: tasks held, tasks finished unacknowledged
+                                (their TaskResults follow again)
+ResultsAck             C→D      TaskResults messages received since the Welcome: the daemon
+                                forgets the copies it journaled for redelivery
+ResultsJournaled       D→W      TaskResults messages of this worker journaled since its
+                                Welcome: the worker forgets the copies it kept
 =====================  =======  ==========================================================
 
 Messages are ``typing.NamedTuple``s rather than frozen dataclasses: they are just
@@ -95,7 +106,7 @@ WorkerId = NewType("WorkerId", int)
 TaskId = NewType("TaskId", int)
 FunctionId = NewType("FunctionId", int)
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: a journaled daemon's Welcome fields and the resume messages (46-50)
 TASK_ID_BITS = 40  # 10^12 tasks per client before ids wrap
 
 
@@ -268,6 +279,11 @@ class Welcome(NamedTuple):
     heartbeat_interval: float
     heartbeat_liveness: int
     object_store: str  # name of the daemon host's shared-memory region, "" if none
+    # A daemon with a journal (docs/durability.rst) survives its own restart: a peer then
+    # waits up to ``grace`` seconds for it and resumes with ``Resume(peer_id, token)``.
+    journal: bool = False
+    grace: float = 0.0
+    token: bytes = b""  # this peer's secret for Resume (random, journaled with the peer)
 
 
 class Refused(NamedTuple):
@@ -646,6 +662,49 @@ class ScaleWorkers(NamedTuple):
     stop: list[str]  # these workers (drained: they hold no task, or never ran)
 
 
+class Resume(NamedTuple):
+    """P→D, first message on a new connection to a daemon restarted on its journal: "I am
+    the peer you welcomed as ``peer_id``" (``token`` from that Welcome proves it).  Answered
+    with a Welcome; then the peer sends its report (ClientReport / WorkerReport)."""
+
+    peer_id: int
+    token: bytes
+
+
+class ClientReport(NamedTuple):
+    """C→D after a resumed Welcome: what the client still awaits, and everything the daemon
+    may not have journaled: its live callables and options, and every task it submitted
+    that was never acknowledged (SubmitAck), in order.  The daemon ignores what it knows."""
+
+    awaiting: list[int]  # task ids whose futures are pending
+    functions: list[FunctionBlob]
+    options: list[RegisterOptions]
+    tasks: list[TaskSpec]
+    objects: list[bytes]  # the store objects it holds (pins, results not read yet), once per hold
+
+
+class WorkerReport(NamedTuple):
+    """W→D after a resumed Welcome: the tasks it holds (queued or running) and those it
+    finished whose results the daemon has not acknowledged; those results follow, sent again."""
+
+    holding: list[TaskAttempt]
+    finished: list[TaskAttempt]
+
+
+class ResultsAck(NamedTuple):
+    """C→D: TaskResults messages received since the last Welcome (cumulative): the daemon
+    forgets the results it kept for redelivery across a restart."""
+
+    received: int
+
+
+class ResultsJournaled(NamedTuple):
+    """D→W: TaskResults messages from this worker journaled since its last Welcome
+    (cumulative): the worker forgets the results it kept to send again after a restart."""
+
+    journaled: int
+
+
 # Tags on the wire.  Append only: a tag is never reused for another message.
 MESSAGE_TAGS: dict[type, int] = {
     Hello: 1,
@@ -684,6 +743,11 @@ MESSAGE_TAGS: dict[type, int] = {
     HistoryRequest: 43,
     History: 44,
     WorkerDraining: 45,
+    Resume: 46,
+    ClientReport: 47,
+    WorkerReport: 48,
+    ResultsAck: 49,
+    ResultsJournaled: 50,
     ObjectPart: 56,
     ObjectPartsTaken: 57,
 }
@@ -706,6 +770,8 @@ ACCEPTED_FROM: dict[str, frozenset[type]] = {
             ObjectChunk,
             StatsRequest,
             HistoryRequest,
+            ClientReport,
+            ResultsAck,
         }
     ),
     Role.WORKER: frozenset(
@@ -721,6 +787,7 @@ ACCEPTED_FROM: dict[str, frozenset[type]] = {
             LaneDone,
             LaneStarted,
             WorkerDraining,
+            WorkerReport,
         }
     ),
     Role.MONITOR: frozenset({Heartbeat, Goodbye, StatsRequest, HistoryRequest}),

@@ -11,6 +11,17 @@ knows the peer, and what the peer does when it does not:
     elsewhere. A worker that hears nothing for its silence limit, or is told it is unknown,
     discards what it held and joins again empty. A client's record outlives a worker's
     (``client_timeout``), so a client back within it resubmits nothing and gets its results.
+(d) A daemon restarted on its journal (docs/durability.rst) refuses the peer the same way,
+    but a peer welcomed by a journaled daemon (its Welcome says ``journal``) answers with
+    ``Resume(peer_id, token)``, is welcomed again under its old id and reports what it holds
+    (worker: what it queues, runs and finished unacknowledged; client: the futures it awaits
+    and the submissions never acknowledged), and everything goes on: no future fails, no
+    finished task runs again.  Such a peer waits for its daemon through silence and refused
+    connections for the Welcome's ``grace`` (``restart_grace``) plus a liveness limit; a
+    Resume the daemon cannot honour is refused as ``UNKNOWN_PEER: not resumable`` and the
+    peer goes on as in (c).  Connections are the transport's (the ipc router numbers them,
+    ZeroMQ draws a new routing id per reconnection): the token, not the connection,
+    identifies a resuming peer.
 (c) A daemon restarted without a journal does not know the peer: it answers anything but a
     Hello with ``Refused`` whose reason starts with ``UNKNOWN_PEER``. A worker joins again
     empty; a client fails its pending futures with ``DaemonLost`` at once (its tasks are gone).
@@ -30,10 +41,22 @@ from collections.abc import Callable
 
 # The one phrase the daemon's refusal of a peer it does not know starts with; peers act on it.
 UNKNOWN_PEER = "unknown peer"
+# ... and what follows it when the peer asked to resume (case d) and cannot: the daemon has
+# no journal, or its journal no longer knows the peer.
+NOT_RESUMABLE = "not resumable"
+
+
+# How a journaled daemon's refusal of a submission starts when its journal cannot be written
+# (a full disk): the task was never written nor acknowledged, and will not be sent again.
+JOURNAL_FULL = "journal full"
 
 
 def is_unknown_peer(reason: str) -> bool:
     return reason.startswith(UNKNOWN_PEER)
+
+
+def is_not_resumable(reason: str) -> bool:
+    return reason.startswith(f"{UNKNOWN_PEER}: {NOT_RESUMABLE}")
 
 
 class Backoff:

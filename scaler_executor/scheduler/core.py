@@ -31,7 +31,7 @@ from scaler_executor.config import ClusterConfig, parse_resources, parse_tags
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS as DEFAULT
 from scaler_executor.protocol.messages import Role, Status, TaskFlags
-from scaler_executor.protocol.rejoin import UNKNOWN_PEER
+from scaler_executor.protocol.rejoin import NOT_RESUMABLE, UNKNOWN_PEER
 from scaler_executor.scheduler.deadlines import DeadlineQueue
 from scaler_executor.scheduler.history import History, history_message
 from scaler_executor.scheduler.managers import AdmitKeys, ManagerController, WithdrawKeys
@@ -330,6 +330,10 @@ class Scheduler:
             m.ManagerOffer: lambda peer, message: self.managers.on_offer(peer, message),
             m.WorkerStates: lambda peer, message: self.managers.on_changes(peer, message),
             m.WorkerKeys: lambda peer, message: self.managers.on_keys(peer, message),
+            # A journaled daemon's (scheduler/durable.py); this one has no journal.
+            m.ClientReport: self._no_journal,
+            m.WorkerReport: self._no_journal,
+            m.ResultsAck: self._no_journal,
         }
         self._event_handlers: dict[type, Callable[[Any], None]] = {
             Received: self._on_received,
@@ -370,7 +374,9 @@ class Scheduler:
         if role_record is None and not self._is_monitor(peer):
             first = messages[0] if messages else None
             if type(first) is not m.Hello:
-                if type(first) is not m.Goodbye:
+                if type(first) is m.Resume:  # (a journaled daemon's peers: scheduler/durable.py)
+                    self._send(peer, m.Refused(f"{UNKNOWN_PEER}: {NOT_RESUMABLE}: this daemon has no journal"))
+                elif type(first) is not m.Goodbye:
                     self._send(peer, m.Refused(f"{UNKNOWN_PEER}: send Hello first (was the daemon restarted?)"))
                 self.counters["dropped_messages"] += len(messages)
                 return
@@ -554,9 +560,11 @@ class Scheduler:
                 limit = max(limit, self.config.client_timeout)
             self._liveness.add(peer, self._now + limit)
         self._quiet.add(peer, self._now + self.config.heartbeat_interval)
-        self._send(
-            peer, m.Welcome(peer_id, self.config.heartbeat_interval, self.config.heartbeat_liveness, self.object_store)
-        )
+        self._send(peer, self._welcome(peer, peer_id))
+
+    def _welcome(self, peer: bytes, peer_id: int) -> m.Welcome:
+        """The answer to an accepted Hello (a journaled daemon adds its fields: durable.py)."""
+        return m.Welcome(peer_id, self.config.heartbeat_interval, self.config.heartbeat_liveness, self.object_store)
 
     def _on_heartbeat(self, peer: bytes, message: m.Heartbeat) -> None:
         worker = self.workers.get(peer)
@@ -599,6 +607,9 @@ class Scheduler:
             return
         self.functions[fn_id] = message.payload
         client.functions.add(fn_id)
+
+    def _no_journal(self, peer: bytes, message: Any) -> None:
+        self._refuse(peer, type(message).__name__, "this daemon has no journal (scaler-daemon --journal)")
 
     def _refuse(self, peer: bytes, what: str, why: str) -> None:
         """A message not acted upon because it is not the sender's to send: counted always,

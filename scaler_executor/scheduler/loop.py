@@ -29,6 +29,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from scaler_executor.config import ClusterConfig
@@ -52,6 +53,7 @@ from scaler_executor.scheduler.core import (
     Wake,
     WorkerExited,
 )
+from scaler_executor.scheduler.durable import JournalWrite, SweepStore
 from scaler_executor.scheduler.managers import AdmitKeys, WithdrawKeys
 from scaler_executor.scheduler.object_stream import CreditObjects, EndObjectSends, Finish, Outbound
 
@@ -65,6 +67,38 @@ BACKLOG_RETRY_MS = 5
 # travels with it): larger ones are dropped undecoded, so a flood before the handshake
 # costs the daemon no memory (one 40 MB batch of 8 M heartbeats once grew it by 2 GB).
 MAX_HANDSHAKE_BYTES = 64 * 1024
+
+
+def journal_version() -> str:
+    """What a journal must have been written by: this package's version and the durable
+    core's record layout (scheduler/durable.py); any other is refused at start."""
+    from scaler_executor._version import __version__
+
+    return f"{__version__}/records-1"
+
+
+def _remove_dead_socket(path: str) -> None:
+    """A daemon restarted on its journal takes over its address: the socket file a killed
+    daemon left is removed if nothing accepts connections on it (a live daemon's is kept, and
+    binding then fails with the usual message)."""
+    if not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        os.unlink(path)
+        log.info("daemon: removed %s, the socket file of a daemon that is gone", path)
+    except OSError:
+        pass
+    finally:
+        probe.close()
+
+
+def _journal_error(exc: BaseException) -> bool:
+    from scaler_executor.scheduler.journal import JournalError
+
+    return isinstance(exc, JournalError)
 
 
 def daemon_limits(config: ClusterConfig, address: str) -> codec.Limits:
@@ -121,23 +155,50 @@ class Daemon:
         self.address = address
         from scaler_executor.scheduler.objects import HostStore
 
-        self.objects = HostStore(config)
-        self.core = Scheduler(config, self.objects.name)
+        self.journal: Any = None
+        live: dict[bytes, bytes] = {}
+        if config.journal:
+            from scaler_executor.scheduler.journal import open_journal
+
+            # First: a journal that cannot be used (locked, corrupt, another version) stops
+            # the daemon before it binds or makes a store region.
+            self.journal, live = open_journal(
+                config.journal, package_version=journal_version(), policy=config.journal_fsync,
+                interval=config.journal_fsync_interval, log=log,
+            )
+        adopt = live.get(b"s", b"").decode()  # the store region of the previous run (durable.py)
+        self.objects = HostStore(config, adopt=adopt)
+        if self.journal is not None:
+            from scaler_executor.scheduler.durable import DurableScheduler
+
+            self.core: Scheduler = DurableScheduler(config, self.objects.name)
+            if live:
+                self.core.restore(live, time.monotonic())
+        else:
+            self.core = Scheduler(config, self.objects.name)
         self.core.store_stats = self.objects.figures
         self.lifeline_fd = lifeline_fd
         self.manager = manager
         self.host = socket.gethostname()
         self.stopping = False
+        self.exit_code = 0
+        # A turn the journal could not write (a full disk): its entries and commands, with
+        # every later turn's, held until a write succeeds (_journaled).
+        self.held: tuple[list[Any], list[Any]] | None = None
         self.security = security
         self.report = report
         if security is not None:
             security.use_counters(self.core.counters)
+        if self.journal is not None and address.startswith("ipc://"):
+            _remove_dead_socket(address[len("ipc://") :])
         try:
             self.sock = channel.bind(
                 address, hwm=config.send_hwm, security=security, max_message_size=config.max_message_size
             )
         except BaseException:  # the address is taken, say: the store region must not outlive us
             self.objects.close()
+            if self.journal is not None:
+                self.journal.close()
             raise
         self.backlog = Backlogs(MAX_BACKLOG, config.max_backlog_bytes)  # sends to peers that do not read
         self.unreachable: list[PeerUnreachable] = []
@@ -151,6 +212,11 @@ class Daemon:
         self._signal_r, self._signal_w = os.pipe()
         os.set_blocking(self._signal_r, False)
         os.set_blocking(self._signal_w, False)
+
+    def restored_local_pids(self) -> list[int]:
+        """The pids of this host's workers the journal named (a restarted daemon's local
+        manager keeps those still running instead of starting others: manager/adopted.py)."""
+        return [w.pid for w in self.core.workers.values() if w.host == self.host and w.pid > 0]
 
     def install_signal_handlers(self) -> None:
         signal.set_wakeup_fd(self._signal_w)
@@ -182,7 +248,7 @@ class Daemon:
                 deadline = next_tick if wakeup is None else min(next_tick, wakeup)
                 # Rounded up to whole milliseconds: a 0 would spin.
                 timeout = math.ceil(max(0.0, deadline - now) * 1000)
-                if self.backlog:
+                if self.backlog or self.held is not None:
                     timeout = min(timeout, BACKLOG_RETRY_MS)
                 ready = poller.poll(self.sock.poll_timeout(timeout))
                 turn_started = time.perf_counter_ns()
@@ -214,13 +280,26 @@ class Daemon:
                     self.unreachable = []
                 if not events and wakeup is not None and now >= wakeup:
                     events.append(Wake(now))
+                if not events and self.held is not None:
+                    events.append(Wake(now))  # try the held journal write again
                 if events:
                     try:
                         commands = self.core.handle(*events)
                     except Exception:  # a bug in the core must not take the cluster down
                         log.exception("daemon: the core failed to handle %d events", len(events))
                         continue
-                    self._execute(commands, now)
+                    try:
+                        self._execute(commands, now)
+                    except Exception as exc:
+                        if not _journal_error(exc):
+                            raise
+                        # Nothing of this turn was sent: the journal holds all that peers heard.
+                        log.error(
+                            "daemon: cannot write its journal: %s; stopping (peers wait for a restart "
+                            "on the journal once the cause is fixed)", exc,
+                        )
+                        self.exit_code = 3
+                        break
                     self.core.turns.record(time.perf_counter_ns() - turn_started)
                 self.chunks.clear()  # those the core refused (a peer not allowed to put)
                 if self.backlog:
@@ -231,7 +310,7 @@ class Daemon:
             if self.report is not None:
                 self._write_report(self.report)
             self._shutdown()
-        return 0
+        return self.exit_code
 
     def _write_report(self, path: str) -> None:
         try:
@@ -332,9 +411,14 @@ class Daemon:
             self.core.counters["objects_received"] += 1
         self._send(peer, codec.encode([m.ObjectStored(object_id, error)]), now)
 
-    def _execute(self, commands: list[core.Command], now: float) -> None:
+    def _execute(self, commands: Sequence[Any], now: float) -> None:  # core.Command, JournalWrite, SendNow
         # Chunks first: a result sent this turn may refer to the object they complete (a
         # worker on another host streams a large result before the result itself).
+        if self.journal is not None:
+            written = self._journaled(commands, now)
+            if written is None:
+                return
+            commands = written
         for command in commands:
             if type(command) is StoreChunk:
                 self._store_chunk(command.peer, command.object_id, command.offset, command.total, now)
@@ -367,6 +451,10 @@ class Daemon:
                         self.core.counters["object_sends_dropped"] += 1
                 case StoreChunk():
                     pass  # written above, before any send
+                case SweepStore():
+                    swept = self.objects.sweep(self.core.object_holds)
+                    if swept:
+                        log.info("daemon: deleted %d objects of the previous run that nobody holds", swept)
                 case AdmitKeys(manager, keys):
                     # A manager's workers' keys (scheduler/managers.py); none on an insecure daemon.
                     if self.security is not None:
@@ -399,6 +487,38 @@ class Daemon:
                 counters["object_bytes_sent"] += step.length
                 part = step.view[step.offset : step.offset + step.length]
                 self._send(step.peer, codec.encode([m.ObjectPart(step.object_id, step.offset, step.total)], [part]), now)
+
+    def _journaled(self, commands: Sequence[Any], now: float) -> Sequence[Any] | None:
+        """Write the turn's journal entries before anything of it is sent (scheduler/durable.py):
+        a daemon killed at any point never said what its journal does not hold.  A full disk
+        (JournalFull) holds the turn, and every later one, until a write succeeds (retried
+        every turn); meanwhile the core refuses new submissions (sent at once: SendNow)."""
+        from scaler_executor.scheduler.durable import SendNow
+        from scaler_executor.scheduler.journal import JournalFull
+
+        now_sends = [c for c in commands if type(c) is SendNow]
+        for command in now_sends:
+            self._send(command.peer, codec.encode(command.messages), now)
+        entries = commands[0].entries if commands and type(commands[0]) is JournalWrite else []
+        rest = [c for c in commands if type(c) is not JournalWrite and type(c) is not SendNow]
+        if self.held is not None:
+            self.held[0].extend(entries)
+            self.held[1].extend(rest)
+            entries, rest = self.held
+        if not entries:
+            self.held = None
+            return rest
+        try:
+            self.journal.append(entries)
+        except JournalFull as exc:
+            if self.held is None:
+                self.held = (list(entries), list(rest))
+            self.core.set_journal_full(str(exc))  # type: ignore[attr-defined]  # a DurableScheduler
+            return None
+        if self.held is not None:
+            self.held = None
+            self.core.set_journal_full(None)  # type: ignore[attr-defined]
+        return rest
 
     def _send(self, peer: bytes, frames: list[Any], now: float) -> None:
         if peer in self.backlog:
@@ -439,12 +559,17 @@ class Daemon:
     # ------------------------------------------------------------------ stop
 
     def _shutdown(self) -> None:
-        goodbye = codec.encode([m.Goodbye("daemon stopping")])
-        for peer in [*self.core.clients, *self.core.workers]:
-            try:
-                self.sock.send([peer, *goodbye])
-            except channel.SendError:
-                pass
+        if self.journal is None:
+            goodbye = codec.encode([m.Goodbye("daemon stopping")])
+            for peer in [*self.core.clients, *self.core.workers]:
+                try:
+                    self.sock.send([peer, *goodbye])
+                except channel.SendError:
+                    pass
+        else:
+            # With a journal a stop is a pause: peers wait for a restart (up to its grace
+            # period, docs/durability.rst) and resume; nothing of theirs is forgotten.
+            self.journal.close()
         if self.manager is not None:
             self.manager.stop()
         if self.security is not None:

@@ -32,8 +32,8 @@ def store_size(config: ClusterConfig) -> int | None:
     return parse_size(setting)
 
 
-def remove_stale_regions() -> int:
-    """Remove object-store regions left by daemons that died without cleaning up."""
+def remove_stale_regions(keep: str = "") -> int:
+    """Remove object-store regions left by daemons that died without cleaning up (but ``keep``)."""
     from scaler_executor.objstore import ObjectStore
 
     removed = 0
@@ -45,6 +45,8 @@ def remove_stale_regions() -> int:
         for name in names:
             parts = name.split("-")
             if len(parts) != 3 or parts[0] != "scaler" or not parts[1].isdigit() or len(parts[2]) != 16:
+                continue
+            if name == keep:
                 continue
             try:
                 os.kill(int(parts[1]), 0)
@@ -83,16 +85,29 @@ def index_size(size: int, config: ClusterConfig) -> int:
 class HostStore:
     """The daemon's handle on its host's store."""
 
-    def __init__(self, config: ClusterConfig) -> None:
+    def __init__(self, config: ClusterConfig, adopt: str = "") -> None:
+        """``adopt``: the region of this daemon's previous run, named by its journal: kept
+        (with the objects in it) if it is still there, and removed by this daemon in turn."""
         from scaler_executor.objstore import ObjectStore
 
         self.store: Any = None
         self.name = ""
         self.partial: dict[bytes, list[Any]] = {}  # puts being streamed: [peer, view, bytes so far]
+        self.adopted: list[bytes] = []  # the objects an adopted region held when it was taken
         size = store_size(config)
         if size is None:
             return
-        remove_stale_regions()
+        if adopt:
+            try:
+                self.store = ObjectStore.attach(adopt, fallback_dir=tempfile.gettempdir())
+                self.name = adopt
+                self.adopted = self.store.list_ids()
+                log.info("kept the object store %s of this daemon's previous run (%d objects)", adopt, len(self.adopted))
+            except Exception as exc:  # noqa: BLE001 - gone or unusable: a new region, objects in the old one are lost
+                log.warning("cannot keep the object store %s of the previous run (%s); making a new one", adopt, exc)
+        remove_stale_regions(keep=self.name)
+        if self.store is not None:
+            return
         name = f"scaler-{os.getpid()}-{os.urandom(8).hex()}"
         try:
             self.store = ObjectStore.create(
@@ -114,6 +129,15 @@ class HostStore:
         from dataclasses import asdict
 
         return {k: int(v) for k, v in asdict(self.store.stats()).items()}
+
+    def sweep(self, held: dict[bytes, int]) -> int:
+        """Delete the objects an adopted region held when this daemon took it that nobody
+        holds now (every peer the journal knew has reported, or is gone); returns how many.
+        Objects made since are not touched: their holds may still be on their way."""
+        orphans = tuple(object_id for object_id in self.adopted if object_id not in held)
+        self.adopted = []
+        self.delete(orphans)
+        return len(orphans)
 
     def delete(self, object_ids: tuple[bytes, ...]) -> None:
         if self.store is None:

@@ -49,6 +49,9 @@ _BASE = frozenset({m.Heartbeat, m.Goodbye})
 ALLOWED: dict[str, frozenset[type]] = {
     role: m.ACCEPTED_FROM.get(role, _BASE) | {m.Hello} for role in ("client", "worker", "manager", "monitor")
 }
+# A journaled daemon's clients and workers resume it after its restart (scheduler/durable.py).
+ALLOWED["client"] = ALLOWED["client"] | {m.Resume}
+ALLOWED["worker"] = ALLOWED["worker"] | {m.Resume}
 
 
 @dataclass(frozen=True, slots=True)

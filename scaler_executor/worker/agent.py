@@ -56,13 +56,14 @@ from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.chunks import Incoming, StreamError
 from scaler_executor.protocol.messages import Status
-from scaler_executor.protocol.rejoin import Backoff, is_unknown_peer
+from scaler_executor.protocol.rejoin import Backoff, is_not_resumable, is_unknown_peer
 from scaler_executor.worker import capture
 from scaler_executor.worker import processor as proc
 from scaler_executor.worker.dealing import MAX_DEPTH, recall_due, takes_more, task_depth
 from scaler_executor.worker.framing import FrameReader
 from scaler_executor.worker.lanes import Lane, Lanes
 from scaler_executor.worker.memory import OomCounter, cpu_seconds, private_memory
+from scaler_executor.worker.resume import WorkerResume
 from scaler_executor.worker.zygote import EXITED, SPAWNED, ZygoteHandle, start_zygote
 
 log = logging.getLogger("scaler_executor.worker")
@@ -224,7 +225,9 @@ class WorkerAgent:
             m.Goodbye: self._on_goodbye,
             m.Heartbeat: self._on_heartbeat,
             m.ObjectStored: self._on_object_stored,
+            m.ResultsJournaled: lambda message: self.resume.journaled(message.journaled),
         }
+        self.resume = WorkerResume()  # a journaled daemon's restart (worker/resume.py)
         # Chunks of large results streamed to the daemon's store (_offload), sent before
         # the next batch; the daemon's store, as its Welcome named it ("" for none).
         self.raw_out: deque[list[Any]] = deque()
@@ -345,9 +348,15 @@ class WorkerAgent:
             except BlockingIOError:
                 pass
         elif target == self.lifeline_fd:
+            self.orphaned = True
+            if self.resume.journal:
+                # Its daemon died, and has a journal: its client restarts it (the embedded
+                # cluster), and this worker waits for it like any other (worker/resume.py).
+                log.warning("worker %s: its daemon's lifeline closed; waiting for the daemon's restart", self.name)
+                self.poller.unregister(self.lifeline_fd)
+                return
             log.info("worker %s: lifeline closed, stopping", self.name)
             self.stopping = True
-            self.orphaned = True
         else:
             p = self.stderr_of.get(target)
             if p is not None:
@@ -386,6 +395,8 @@ class WorkerAgent:
                 self.outbox[:0] = batch[start:]
                 return
             self.last_send = time.monotonic()
+            if self.resume.journal:
+                self.resume.sent(batch[start : start + step])
 
     def _on_daemon(self) -> None:
         sock, handlers = self.sock, self._daemon_handlers
@@ -460,7 +471,8 @@ class WorkerAgent:
 
     def _on_welcome(self, message: m.Welcome) -> None:
         self.daemon_store = message.object_store
-        if self.welcomed:
+        resumed = self.resume.welcomed(message)
+        if self.welcomed and not resumed:
             # The answer to a repeated Hello: the daemon treated it as joining again and took
             # back what it had given us under the first Welcome.
             log.info("worker %s: welcomed again (a repeated Hello); discarding what it held", self.name)
@@ -474,13 +486,34 @@ class WorkerAgent:
             self.config.heartbeat_interval * self.config.heartbeat_liveness,
             message.heartbeat_interval * message.heartbeat_liveness,
             self.config.daemon_loss_timeout,  # a daemon holding 10^6 tasks may pause to collect garbage
+            self.resume.silence_limit(message.heartbeat_interval, message.heartbeat_liveness),
         )
+        if resumed:
+            self.orphaned = False  # its region is the restarted daemon's now: not ours to remove
+            log.warning("worker %s resumed with the daemon at %s after its restart", self.name, self.address)
+            holding = [m.TaskAttempt(task_id, task.attempt) for task_id, task in self.held.items()]
+            # Finished and not sent yet: in the outbox (made while we waited) or still collecting.
+            waiting = [r for message in self.outbox if type(message) is m.TaskResults for r in message.results]
+            self._send_now(self.resume.report(holding, waiting + self.results))
+            return
         log.info("worker %s joined the daemon at %s as worker %d", self.name, self.address, message.peer_id)
 
     def _on_refused(self, message: m.Refused) -> None:
         reason = message.reason
         if is_unknown_peer(reason):
-            if self.welcomed:  # once per loss: the refusals of what we sent before our Hello follow
+            if is_not_resumable(reason):
+                if self.welcomed or self.resume.resuming:
+                    self.resume.forget()
+                    self.welcomed = True  # (for _rejoin: the loss is logged once)
+                    self._rejoin(f"the daemon at {self.address} cannot resume this worker ({reason})")
+            elif self.resume.resuming:
+                pass  # the refusals of what we sent before our Resume
+            elif self.welcomed and (resume := self.resume.start()) is not None:
+                log.warning("worker %s: the daemon at %s restarted; resuming on its journal", self.name, self.address)
+                self.welcomed = False  # what we have to say waits for its Welcome
+                self.next_hello = time.monotonic() + self.rejoin.next_delay()
+                self._send_now([resume])
+            elif self.welcomed:  # once per loss: the refusals of what we sent before our Hello follow
                 self._rejoin(f"the daemon at {self.address} does not know this worker (restarted without a journal?)")
         else:
             log.error("worker %s: the daemon refused it: %s", self.name, reason)
@@ -625,6 +658,7 @@ class WorkerAgent:
         the rejoined worker from running anything else.
         """
         self.welcomed = False
+        self.resume.forget()
         self.queue.clear()
         for task_id in list(self.held):
             if not any(task_id in p.outstanding for p in self.processors.values()):
@@ -1112,6 +1146,16 @@ class WorkerAgent:
         elif self.welcomed:
             if silence > self.daemon_silence_limit:
                 self._rejoin(f"no message from the daemon at {self.address} for {silence:.1f} s")
+        elif self.resume.resuming:
+            if silence > self.daemon_silence_limit:
+                self.welcomed = True  # (for _rejoin: the loss is logged once)
+                self._rejoin(f"the daemon at {self.address} did not resume this worker within {silence:.1f} s")
+            elif now >= self.next_hello:  # our Resume reached a daemon that died again, say
+                self.next_hello = now + self.rejoin.next_delay()
+                self.resume.resuming = False
+                resume = self.resume.start()
+                if resume is not None:
+                    self._send_now([resume])
         elif silence > self.config.worker_daemon_loss_timeout:
             log.error(
                 "worker %s: no daemon answered at %s for %.1f s (worker_daemon_loss_timeout); stopping",

@@ -104,6 +104,16 @@ SAMPLES: dict[type, Any] = {
     m.StatsRequest: m.StatsRequest(),
     m.Stats: m.Stats({"tasks": 3, "mean_seconds": 0.25, "state": "ok"}),
     m.HistoryRequest: m.HistoryRequest(),
+    m.Resume: m.Resume(7, b"token-bytes"),
+    m.ClientReport: m.ClientReport(
+        [2**40 + 1], [m.FunctionBlob(2**40 + 2, b"fn")],
+        [m.RegisterOptions(1, m.TaskOptions({"gpu": 1.0}, ["a"], 2, 3.5, 0))],
+        [m.TaskSpec(2**40 + 3, 0, 1, 0, b"p", [2**40 + 1], [], 0)],
+        [b"o" * 16, b"o" * 16],
+    ),
+    m.WorkerReport: m.WorkerReport([m.TaskAttempt(2**40 + 8, 0)], [m.TaskAttempt(2**40 + 9, 1)]),
+    m.ResultsAck: m.ResultsAck(12),
+    m.ResultsJournaled: m.ResultsJournaled(3),
     m.History: m.History(
         [m.TaskRun("w1", 1.5, 2.0, 0)], 7, 10.0, [m.SeriesBucket(0.0, 3, 1, 1 << 30, 2)], {"workers": "2"}, 12.5
     ),
@@ -217,11 +227,12 @@ def test_decode_errors_are_protocol_errors() -> None:
 
 
 def test_wrong_version_names_both_versions() -> None:
-    frames = [b"SCX/2", encode([SAMPLES[m.Hello]])[1]]
+    other = b"SCX/%d" % (m.PROTOCOL_VERSION + 1)
+    frames = [other, encode([SAMPLES[m.Hello]])[1]]
     with pytest.raises(VersionMismatch) as info:
         decode(frames)
     text = str(info.value)
-    assert "SCX/2" in text and VERSION_FRAME.decode() in text
+    assert other.decode() in text and VERSION_FRAME.decode() in text
     assert "same scaler-executor version" in text, "the refusal tells the fix"
 
 
@@ -463,8 +474,9 @@ def test_bool_fields_accept_bools() -> None:
 
 
 def test_float_fields_accept_ints() -> None:
-    (welcome,), _ = decode(raw(m.Welcome, [1, 2, 6, ""]))
-    assert welcome == m.Welcome(1, 2, 6, "") and welcome.heartbeat_interval == 2.0
+    (welcome,), _ = decode(raw(m.Welcome, [1, 2, 6, "", True, 30, b""]))
+    assert welcome == m.Welcome(1, 2, 6, "", True, 30, b"") and welcome.heartbeat_interval == 2.0
+    assert welcome.grace == 30.0
     (dispatch,), _ = decode(raw(m.DispatchTasks, [[], [[1, 0, 0, 0, b"", [], 30, [], "", ""]]]))
     assert dispatch.tasks[0].task_timeout == 30
     (hello,), _ = decode(raw(m.Hello, _with(m.Hello, resources={"cpu": 8})))

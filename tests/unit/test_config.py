@@ -75,6 +75,10 @@ def test_defaults() -> None:
         "forward_output_rate": 1048576.0,
         "unsatisfiable_timeout": None,
         "no_worker_warning": 10.0,
+        "journal": None,
+        "journal_fsync": "interval",
+        "journal_fsync_interval": 0.01,
+        "restart_grace": 30.0,
         "log_level": "WARNING",
         "security": None,
         "credentials": None,
@@ -389,3 +393,15 @@ def test_max_message_size_keeps_an_object_chunk() -> None:
     with pytest.raises(ConfigError, match="max_message_size"):
         ClusterConfig(max_message_size=1 << 20)
     assert ClusterConfig(max_message_size=8 << 20).max_message_size == 8 << 20
+
+
+def test_journal_keys_are_validated_with_the_fix() -> None:
+    assert ClusterConfig(journal="/var/lib/scaler", journal_fsync="TURN").journal_fsync == "turn"
+    with pytest.raises(ConfigError, match="journal_fsync='sometimes': must be one of turn, interval, os"):
+        ClusterConfig(journal_fsync="sometimes")
+    with pytest.raises(ConfigError, match="journal='  ': it is empty: name a directory"):
+        ClusterConfig(journal="  ")
+    with pytest.raises(ConfigError, match="restart_grace=0"):
+        ClusterConfig(restart_grace=0)
+    with pytest.raises(ConfigError, match="journal_fsync_interval"):
+        ClusterConfig(journal_fsync_interval=-1)

@@ -1,0 +1,182 @@
+"""What the daemon's journal costs, and how fast a daemon restarted on it resumes.
+
+::
+
+    PYTHONPATH=. python bench/journal_cost.py [--reps 5] [--tasks 20000] [--trips 300]
+                                              [--in-flight 100000] [--dir DIR]
+
+1. **Cost** (A/B alternated in one run, as bench/ab.py does): an embedded cluster of two
+   processors without a journal and with one under each fsync policy (``turn``,
+   ``interval``, ``os``), the order rotated every repetition so that a drift of the shared
+   machine falls on all.  Measured per configuration: no-op throughput (``submit`` of
+   ``--tasks`` no-op tasks, then ``wait``) and the round trip of one task
+   (``submit(...).result()`` in a loop, median).  Without a journal the embedded cluster
+   sends a sequential caller's tasks down a worker lane and takes their results straight
+   from the processor; under a journal every task goes through the daemon (it must write
+   it), so the baseline is also shown without those fast paths (``worker_lanes=False``).
+2. **Restart to resume**: a standalone daemon with a journal and two workers, a client with
+   ``--in-flight`` tasks in flight; the daemon is SIGKILLed and started again on the journal.
+   Reported: the journal's load and restore in the new daemon (from its start to its first
+   result delivered), and from the restart until the client's futures complete again.
+
+Results are medians over the repetitions, with the ratio to the baseline; the machine's
+load average is printed before and after (the machine may be shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import FIRST_COMPLETED, wait
+
+from scaler_executor import ScalerExecutor
+from scaler_executor.config import ClusterConfig
+
+
+def noop(x: int) -> int:
+    return x
+
+
+def sleepy(x: int, seconds: float) -> int:
+    time.sleep(seconds)
+    return x
+
+
+def measure(config: ClusterConfig, journal: str | None, tasks: int, trips: int) -> tuple[float, float]:
+    with ScalerExecutor(max_workers=2, config=config, journal=journal) as ex:
+        ex.submit(noop, 0).result()  # warm: processors started, callable registered
+        list(ex.map(noop, range(200)))
+        started = time.perf_counter()
+        futures = [ex.submit(noop, i) for i in range(tasks)]
+        done, pending = wait(futures)
+        assert not pending
+        throughput = tasks / (time.perf_counter() - started)
+        rtts = []
+        for i in range(trips):
+            t = time.perf_counter()
+            ex.submit(noop, i).result()
+            rtts.append(time.perf_counter() - t)
+    return throughput, statistics.median(rtts)
+
+
+def cost(args: argparse.Namespace) -> None:
+    base = ClusterConfig(heartbeat_interval=0.5)
+    configs = {
+        "off": (base, False),
+        "off, no lanes": (base.replace(worker_lanes=False), False),
+        "turn": (base.replace(journal_fsync="turn"), True),
+        "interval": (base.replace(journal_fsync="interval"), True),
+        "os": (base.replace(journal_fsync="os"), True),
+    }
+    names = list(configs)
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    for rep in range(args.reps):
+        order = names[rep % len(names):] + names[: rep % len(names)]
+        for name in order:
+            config, journaled = configs[name]
+            directory = tempfile.mkdtemp(prefix="jcost-", dir=args.dir)
+            try:
+                results[name].append(measure(config, os.path.join(directory, "j") if journaled else None, args.tasks, args.trips))
+            finally:
+                shutil.rmtree(directory, ignore_errors=True)
+            print(f"  rep {rep + 1} {name:14} {results[name][-1][0]:9.0f} tasks/s  {results[name][-1][1] * 1e6:8.0f} µs", flush=True)
+    base_tp = statistics.median(r[0] for r in results["off, no lanes"])
+    base_rt = statistics.median(r[1] for r in results["off, no lanes"])
+    print(f"\n{'journal':16} {'no-op tasks/s':>14} {'vs off,no lanes':>16} {'round trip µs':>14} {'vs off,no lanes':>16}")
+    for name in names:
+        tp = statistics.median(r[0] for r in results[name])
+        rt = statistics.median(r[1] for r in results[name])
+        print(f"{name:16} {tp:14.0f} {tp / base_tp:16.2f} {rt * 1e6:14.0f} {rt / base_rt:16.2f}")
+
+
+def restart_to_resume(args: argparse.Namespace) -> None:
+    directory = tempfile.mkdtemp(prefix="jresume-", dir=args.dir)
+    sock = os.path.join(directory, "d.sock")
+    address = f"ipc://{sock}"
+    journal = os.path.join(directory, "journal")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(*command: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, "-m", *command], env=env)
+        procs.append(proc)
+        return proc
+
+    def daemon() -> subprocess.Popen[bytes]:
+        if os.path.exists(sock):
+            os.unlink(sock)
+        proc = start("scaler_executor.cli.daemon", "--address", address, "--journal", journal, "--restart-grace", "60")
+        while not os.path.exists(sock):
+            time.sleep(0.005)
+        return proc
+
+    try:
+        first = daemon()
+        for _ in range(2):
+            start("scaler_executor.cli.worker", address, "--processors", "2")
+        with ScalerExecutor(address=address, config=ClusterConfig(daemon_loss_timeout=60.0)) as ex:
+            futures = [ex.submit(sleepy, i, 0.001) for i in range(args.in_flight)]
+            while sum(f.done() for f in futures[:2000]) < 100:  # running
+                time.sleep(0.05)
+            time.sleep(1.0)  # every submission written and acknowledged
+            before = sum(f.done() for f in futures)
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+            killed_done = sum(f.done() for f in futures)
+            restarted = time.perf_counter()
+            daemon()
+            bound = time.perf_counter()
+            rest = [f for f in futures if not f.done()]
+            done, _ = wait(rest, return_when=FIRST_COMPLETED)
+            resumed = time.perf_counter()
+            wait(rest)
+            finished = time.perf_counter()
+            assert all(f.result() == i for i, f in enumerate(futures))
+        print(
+            f"\nrestart to resume with {args.in_flight} tasks in flight ({args.in_flight - killed_done} not done at the kill, "
+            f"{before} done before it):\n"
+            f"  daemon started to bound (journal loaded and restored): {bound - restarted:.2f} s\n"
+            f"  restart to the first future completed again:          {resumed - restarted:.2f} s\n"
+            f"  restart to all futures completed:                     {finished - restarted:.2f} s"
+        )
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--tasks", type=int, default=20000)
+    parser.add_argument("--trips", type=int, default=300)
+    parser.add_argument("--in-flight", type=int, default=100_000)
+    parser.add_argument("--dir", default=None, help="where journals go (default: the temp dir)")
+    parser.add_argument("--skip-cost", action="store_true")
+    parser.add_argument("--skip-restart", action="store_true")
+    args = parser.parse_args()
+    print(f"load before: {os.getloadavg()}", flush=True)
+    if not args.skip_cost:
+        cost(args)
+    if not args.skip_restart:
+        restart_to_resume(args)
+    print(f"load after: {os.getloadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
