@@ -355,6 +355,7 @@ class DurableScheduler(Scheduler):
         if peer in self._held_back:
             self._held_back.discard(peer)
             worker.draining = False
+            self.placement.grew(peer)  # open to dispatch again
         reported = {(a.task_id, a.attempt) for a in message.holding}
         reported.update((a.task_id, a.attempt) for a in message.finished)
         returned = 0
@@ -685,6 +686,7 @@ class DurableScheduler(Scheduler):
                 peer, peer_id, name, capacity, resources, frozenset(tags), grace_end, pid=pid, host=host,
                 idle_since=now, draining=True,
             )
+            self.placement.add(self.workers[peer])  # held back (draining) until its report
             self._tokens[peer] = token
             self._results_in[peer] = 0
             self.absent.add(peer)
