@@ -43,6 +43,7 @@ import dataclasses
 import hmac
 import logging
 import os
+import struct
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ from scaler_executor.scheduler.core import (
     PeerUnreachable,
     Received,
     Scheduler,
+    Send,
     Tick,
     _pack_lost,
 )
@@ -79,6 +81,7 @@ NEXT_PEER = b"n"
 STORE = b"s"  # the host's store region: kept by a restarted daemon (scheduler/objects.py)
 
 Entries = list[tuple[bytes, bytes | None]]
+JOURNALED_EVERY = 64  # unconfirmed TaskResults messages from a worker before a ResultsJournaled goes alone
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +111,10 @@ def logical(peer_id: int) -> bytes:
 
 
 def _key(kind: bytes, number: int) -> bytes:
-    return kind + number.to_bytes(8, "big")
+    return _KEY(kind, number)
+
+
+_KEY = struct.Struct(">cQ").pack
 
 
 def _pack(value: Any) -> bytes:
@@ -163,7 +169,12 @@ class DurableScheduler(Scheduler):
         self._unreported: set[bytes] = set()  # welcomed again, report not in yet
         self._held_back: set[bytes] = set()  # restored workers dispatched nothing until they report
         self._results_in: dict[bytes, int] = {}  # TaskResults messages from a worker since its Welcome
-        self._ack_due: set[bytes] = set()
+        # Workers owed a ResultsJournaled, with when the first unconfirmed TaskResults came:
+        # it travels with what goes to the worker anyway (its next dispatch, a heartbeat), or
+        # alone once JOURNALED_EVERY messages or a heartbeat interval are unconfirmed, instead
+        # of costing a transmission (and a wake-up of the worker) per result.
+        self._ack_due: dict[bytes, float] = {}
+        self._told: dict[bytes, int] = {}  # the count a worker's last ResultsJournaled said
         self.recovering_until: float | None = None
         self.restored = False
         self.journal_full: str | None = None  # why the journal cannot be written (the loop says)
@@ -295,7 +306,8 @@ class DurableScheduler(Scheduler):
             self._results.pop(peer, None)
         else:
             self._results_in[peer] = 0
-            self._ack_due.discard(peer)
+            self._told[peer] = 0
+            self._ack_due.pop(peer, None)
             record.functions = set()  # what it has it may keep; blobs are sent again as needed
         self._liveness.add(peer, now + limit)
         self._quiet.add(peer, now + self.config.heartbeat_interval)
@@ -445,7 +457,8 @@ class DurableScheduler(Scheduler):
     def _on_task_results(self, peer: bytes, message: m.TaskResults) -> None:
         super()._on_task_results(peer, message)
         self._results_in[peer] = self._results_in.get(peer, 0) + 1
-        self._ack_due.add(peer)
+        if peer not in self._ack_due:
+            self._ack_due[peer] = self._now
 
     def _client_holds(self, peer: bytes, object_ids: list[bytes]) -> None:
         super()._client_holds(peer, object_ids)
@@ -482,7 +495,8 @@ class DurableScheduler(Scheduler):
         super()._lose_worker(worker, why, **kwargs)
         self._entries.append((_key(b"w", worker.worker_id), None))
         self._results_in.pop(worker.peer, None)
-        self._ack_due.discard(worker.peer)
+        self._ack_due.pop(worker.peer, None)
+        self._told.pop(worker.peer, None)
         self._held_back.discard(worker.peer)
         self._forget_peer(worker.peer)
         self._end_recovery_if_back()
@@ -530,10 +544,7 @@ class DurableScheduler(Scheduler):
                 ledger.seq += 1
                 ledger.batches.append((ledger.seq, [r.task_id for r in results[peer]]))
         if self._ack_due:
-            for peer in self._ack_due:
-                if peer in self._conn_of:
-                    self._send(peer, m.ResultsJournaled(self._results_in[peer]))
-            self._ack_due.clear()
+            self._confirm_results()
         commands = super()._flush()
         if self._dirty:
             self._journal_tasks()
@@ -566,10 +577,36 @@ class DurableScheduler(Scheduler):
                 conn = conn_of.get(addressed) or self._left.get(addressed)
                 if conn is None:
                     continue  # not back yet: what matters is kept and sent on its report
-                command = dataclasses.replace(command, peer=conn)  # type: ignore[arg-type]
+                if type(command) is Send:  # the common case, without dataclasses.replace's cost
+                    command = Send(conn, command.messages)
+                else:
+                    command = dataclasses.replace(command, peer=conn)  # type: ignore[arg-type]
             out.append(command)
         self._left.clear()
         return out
+
+    def _confirm_results(self) -> None:
+        """ResultsJournaled to the workers owed one when something goes to them this turn, or
+        when enough (or long enough) is unconfirmed.  Only a retention bound: a worker keeps
+        its results until confirmed, and sends them again after a restart if never confirmed."""
+        out, conn_of, results_in, told = self._out, self._conn_of, self._results_in, self._told
+        now, interval = self._now, self.config.heartbeat_interval
+        for peer, since in list(self._ack_due.items()):
+            if peer not in conn_of:
+                del self._ack_due[peer]  # away: its report resets the counts
+                continue
+            count = results_in[peer]
+            if peer in out or now >= since + interval or count - told.get(peer, 0) >= JOURNALED_EVERY:
+                self._send(peer, m.ResultsJournaled(count))
+                told[peer] = count
+                del self._ack_due[peer]
+
+    def wakeup_at(self) -> float | None:
+        at = super().wakeup_at()
+        if self._ack_due:
+            due = min(self._ack_due.values()) + self.config.heartbeat_interval
+            at = due if at is None else min(at, due)
+        return at
 
     def _journal_tasks(self) -> None:
         """The records of the tasks this turn touched, from their state.  A task's dispatch
@@ -605,7 +642,7 @@ class DurableScheduler(Scheduler):
                 jt[task_id] = task.attempt
                 options = None if task.options is DEFAULT_OPTIONS else list(task.options)
                 entries.append((_key(b"t", task_id), _pack([
-                    task.fn_id, task.flags, task.payload, list(task.deps), list(task.objects), task.parent,
+                    task.fn_id, task.flags, task.payload, task.deps, task.objects, task.parent,
                     options, task.attempt, task.failures, dispatch,
                 ])))
                 if dispatch:
