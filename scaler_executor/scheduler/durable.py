@@ -596,10 +596,17 @@ class DurableScheduler(Scheduler):
                 del self._ack_due[peer]  # away: its report resets the counts
                 continue
             count = results_in[peer]
-            if peer in out or now >= since + interval or count - told.get(peer, 0) >= JOURNALED_EVERY:
+            going = out.get(peer)
+            if going:
+                # First: a worker takes a batch that ends in a dispatch as work to start now,
+                # and one that ends in anything else as a cue for its housekeeping.
+                going.insert(0, m.ResultsJournaled(count))
+            elif now >= since + interval or count - told.get(peer, 0) >= JOURNALED_EVERY:
                 self._send(peer, m.ResultsJournaled(count))
-                told[peer] = count
-                del self._ack_due[peer]
+            else:
+                continue
+            told[peer] = count
+            del self._ack_due[peer]
 
     def wakeup_at(self) -> float | None:
         at = super().wakeup_at()
