@@ -84,7 +84,7 @@ def cost(args: argparse.Namespace) -> None:
     configs = {
         "off": (base, False, True),
         "off, no lanes": (base.replace(worker_lanes=False), False, True),
-        "off, no fast": (base.replace(worker_lanes=False), False, False),
+        "off, no fast paths": (base.replace(worker_lanes=False), False, False),
         "turn": (base.replace(journal_fsync="turn"), True, True),
         "interval": (base.replace(journal_fsync="interval"), True, True),
         "os": (base.replace(journal_fsync="os"), True, True),
@@ -101,24 +101,24 @@ def cost(args: argparse.Namespace) -> None:
                 results[name].append(measure(config, journal, args.tasks, args.trips, inbox))
             finally:
                 shutil.rmtree(directory, ignore_errors=True)
-            print(f"  rep {rep + 1} {name:14} {results[name][-1][0]:9.0f} tasks/s  {results[name][-1][1] * 1e6:8.0f} µs", flush=True)
+            print(f"  rep {rep + 1} {name:18} {results[name][-1][0]:9.0f} tasks/s  {results[name][-1][1] * 1e6:8.0f} µs", flush=True)
     def paired(name: str, base: str, i: int) -> float:
         """The median of the per-repetition ratios (each repetition ran both, side by side)."""
         return statistics.median(a[i] / b[i] for a, b in zip(results[name], results[base], strict=True))
 
     print(f"\nload {os.getloadavg()}; medians of {args.reps} repetitions, paired: the median per-repetition ratio")
     print(
-        f"{'journal':16} {'no-op tasks/s':>14} {'range':>15} {'÷ no lanes':>11} {'÷ no fast':>10}"
+        f"{'journal':18} {'no-op tasks/s':>14} {'range':>15} {'÷ no lanes':>11} {'÷ no fast':>10}"
         f" {'round trip µs':>14} {'range':>13} {'÷ no lanes':>11} {'÷ no fast':>10}"
     )
     for name in names:
         tps = [r[0] for r in results[name]]
         rts = [r[1] * 1e6 for r in results[name]]
         print(
-            f"{name:16} {statistics.median(tps):14.0f} {min(tps):7.0f}-{max(tps):<7.0f}"
-            f" {paired(name, 'off, no lanes', 0):11.2f} {paired(name, 'off, no fast', 0):10.2f}"
+            f"{name:18} {statistics.median(tps):14.0f} {min(tps):7.0f}-{max(tps):<7.0f}"
+            f" {paired(name, 'off, no lanes', 0):11.2f} {paired(name, 'off, no fast paths', 0):10.2f}"
             f" {statistics.median(rts):14.0f} {min(rts):6.0f}-{max(rts):<6.0f}"
-            f" {paired(name, 'off, no lanes', 1):11.2f} {paired(name, 'off, no fast', 1):10.2f}"
+            f" {paired(name, 'off, no lanes', 1):11.2f} {paired(name, 'off, no fast paths', 1):10.2f}"
         )
 
 
