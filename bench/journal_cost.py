@@ -13,7 +13,10 @@
    (``submit(...).result()`` in a loop, median).  Without a journal the embedded cluster
    sends a sequential caller's tasks down a worker lane and takes their results straight
    from the processor; under a journal every task goes through the daemon (it must write
-   it), so the baseline is also shown without those fast paths (``worker_lanes=False``).
+   it), so the baseline is also shown without lanes (``worker_lanes=False``: results still
+   come straight from the processor) and without either fast path ("no fast paths": the
+   client binds no reply inbox, ``client/agent.py``'s ``REPLY_INBOX`` switch, so every task
+   takes the path a journaled one takes: client -> daemon -> worker -> daemon -> client).
 2. **Restart to resume**: a standalone daemon with a journal and two workers, a client with
    ``--in-flight`` tasks in flight; the daemon is SIGKILLed and started again on the journal.
    Reported: the journal's load and restore in the new daemon (from its start to its first
@@ -49,7 +52,17 @@ def sleepy(x: int, seconds: float) -> int:
     return x
 
 
-def measure(config: ClusterConfig, journal: str | None, tasks: int, trips: int) -> tuple[float, float]:
+def measure(config: ClusterConfig, journal: str | None, tasks: int, trips: int, inbox: bool = True) -> tuple[float, float]:
+    from scaler_executor.client import agent
+
+    was, agent.REPLY_INBOX = agent.REPLY_INBOX, inbox  # read when the agent starts
+    try:
+        return _measure(config, journal, tasks, trips)
+    finally:
+        agent.REPLY_INBOX = was
+
+
+def _measure(config: ClusterConfig, journal: str | None, tasks: int, trips: int) -> tuple[float, float]:
     with ScalerExecutor(max_workers=2, config=config, journal=journal) as ex:
         ex.submit(noop, 0).result()  # warm: processors started, callable registered
         list(ex.map(noop, range(200)))
@@ -69,31 +82,44 @@ def measure(config: ClusterConfig, journal: str | None, tasks: int, trips: int) 
 def cost(args: argparse.Namespace) -> None:
     base = ClusterConfig(heartbeat_interval=0.5)
     configs = {
-        "off": (base, False),
-        "off, no lanes": (base.replace(worker_lanes=False), False),
-        "turn": (base.replace(journal_fsync="turn"), True),
-        "interval": (base.replace(journal_fsync="interval"), True),
-        "os": (base.replace(journal_fsync="os"), True),
+        "off": (base, False, True),
+        "off, no lanes": (base.replace(worker_lanes=False), False, True),
+        "off, no fast paths": (base.replace(worker_lanes=False), False, False),
+        "turn": (base.replace(journal_fsync="turn"), True, True),
+        "interval": (base.replace(journal_fsync="interval"), True, True),
+        "os": (base.replace(journal_fsync="os"), True, True),
     }
     names = list(configs)
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     for rep in range(args.reps):
         order = names[rep % len(names):] + names[: rep % len(names)]
         for name in order:
-            config, journaled = configs[name]
+            config, journaled, inbox = configs[name]
             directory = tempfile.mkdtemp(prefix="jcost-", dir=args.dir)
             try:
-                results[name].append(measure(config, os.path.join(directory, "j") if journaled else None, args.tasks, args.trips))
+                journal = os.path.join(directory, "j") if journaled else None
+                results[name].append(measure(config, journal, args.tasks, args.trips, inbox))
             finally:
                 shutil.rmtree(directory, ignore_errors=True)
-            print(f"  rep {rep + 1} {name:14} {results[name][-1][0]:9.0f} tasks/s  {results[name][-1][1] * 1e6:8.0f} µs", flush=True)
-    base_tp = statistics.median(r[0] for r in results["off, no lanes"])
-    base_rt = statistics.median(r[1] for r in results["off, no lanes"])
-    print(f"\n{'journal':16} {'no-op tasks/s':>14} {'vs off,no lanes':>16} {'round trip µs':>14} {'vs off,no lanes':>16}")
+            print(f"  rep {rep + 1} {name:18} {results[name][-1][0]:9.0f} tasks/s  {results[name][-1][1] * 1e6:8.0f} µs", flush=True)
+    def paired(name: str, base: str, i: int) -> float:
+        """The median of the per-repetition ratios (each repetition ran both, side by side)."""
+        return statistics.median(a[i] / b[i] for a, b in zip(results[name], results[base], strict=True))
+
+    print(f"\nload {os.getloadavg()}; medians of {args.reps} repetitions, paired: the median per-repetition ratio")
+    print(
+        f"{'journal':18} {'no-op tasks/s':>14} {'range':>15} {'÷ no lanes':>11} {'÷ no fast':>10}"
+        f" {'round trip µs':>14} {'range':>13} {'÷ no lanes':>11} {'÷ no fast':>10}"
+    )
     for name in names:
-        tp = statistics.median(r[0] for r in results[name])
-        rt = statistics.median(r[1] for r in results[name])
-        print(f"{name:16} {tp:14.0f} {tp / base_tp:16.2f} {rt * 1e6:14.0f} {rt / base_rt:16.2f}")
+        tps = [r[0] for r in results[name]]
+        rts = [r[1] * 1e6 for r in results[name]]
+        print(
+            f"{name:18} {statistics.median(tps):14.0f} {min(tps):7.0f}-{max(tps):<7.0f}"
+            f" {paired(name, 'off, no lanes', 0):11.2f} {paired(name, 'off, no fast paths', 0):10.2f}"
+            f" {statistics.median(rts):14.0f} {min(rts):6.0f}-{max(rts):<6.0f}"
+            f" {paired(name, 'off, no lanes', 1):11.2f} {paired(name, 'off, no fast paths', 1):10.2f}"
+        )
 
 
 def restart_to_resume(args: argparse.Namespace) -> None:

@@ -43,6 +43,7 @@ import dataclasses
 import hmac
 import logging
 import os
+import struct
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ from scaler_executor.scheduler.core import (
     PeerUnreachable,
     Received,
     Scheduler,
+    Send,
     Tick,
     _pack_lost,
 )
@@ -108,7 +110,10 @@ def logical(peer_id: int) -> bytes:
 
 
 def _key(kind: bytes, number: int) -> bytes:
-    return kind + number.to_bytes(8, "big")
+    return _KEY(kind, number)
+
+
+_KEY = struct.Struct(">cQ").pack
 
 
 def _pack(value: Any) -> bytes:
@@ -163,7 +168,7 @@ class DurableScheduler(Scheduler):
         self._unreported: set[bytes] = set()  # welcomed again, report not in yet
         self._held_back: set[bytes] = set()  # restored workers dispatched nothing until they report
         self._results_in: dict[bytes, int] = {}  # TaskResults messages from a worker since its Welcome
-        self._ack_due: set[bytes] = set()
+        self._ack_due: set[bytes] = set()  # workers whose TaskResults came this turn
         self.recovering_until: float | None = None
         self.restored = False
         self.journal_full: str | None = None  # why the journal cannot be written (the loop says)
@@ -530,10 +535,7 @@ class DurableScheduler(Scheduler):
                 ledger.seq += 1
                 ledger.batches.append((ledger.seq, [r.task_id for r in results[peer]]))
         if self._ack_due:
-            for peer in self._ack_due:
-                if peer in self._conn_of:
-                    self._send(peer, m.ResultsJournaled(self._results_in[peer]))
-            self._ack_due.clear()
+            self._confirm_results()
         commands = super()._flush()
         if self._dirty:
             self._journal_tasks()
@@ -566,10 +568,29 @@ class DurableScheduler(Scheduler):
                 conn = conn_of.get(addressed) or self._left.get(addressed)
                 if conn is None:
                     continue  # not back yet: what matters is kept and sent on its report
-                command = dataclasses.replace(command, peer=conn)  # type: ignore[arg-type]
+                if type(command) is Send:  # the common case, without dataclasses.replace's cost
+                    command = Send(conn, command.messages)
+                else:
+                    command = dataclasses.replace(command, peer=conn)  # type: ignore[arg-type]
             out.append(command)
         self._left.clear()
         return out
+
+    def _confirm_results(self) -> None:
+        """A ResultsJournaled to each worker whose TaskResults came this turn: first in what
+        goes to it anyway (a worker takes a batch that ends in a dispatch as work to start
+        now, and one that ends in anything else as a cue for its housekeeping), else alone.
+        (Deferring the lone ones to a later batch saved the worker ~50 µs of CPU per
+        sequential round trip but made the round trip ~15 % slower: docs/durability.rst.)"""
+        out, conn_of, results_in = self._out, self._conn_of, self._results_in
+        for peer in self._ack_due:
+            if peer in conn_of:  # (away: its report resets the counts)
+                going = out.get(peer)
+                if going:
+                    going.insert(0, m.ResultsJournaled(results_in[peer]))
+                else:
+                    out[peer] = [m.ResultsJournaled(results_in[peer])]
+        self._ack_due.clear()
 
     def _journal_tasks(self) -> None:
         """The records of the tasks this turn touched, from their state.  A task's dispatch
@@ -605,7 +626,7 @@ class DurableScheduler(Scheduler):
                 jt[task_id] = task.attempt
                 options = None if task.options is DEFAULT_OPTIONS else list(task.options)
                 entries.append((_key(b"t", task_id), _pack([
-                    task.fn_id, task.flags, task.payload, list(task.deps), list(task.objects), task.parent,
+                    task.fn_id, task.flags, task.payload, task.deps, task.objects, task.parent,
                     options, task.attempt, task.failures, dispatch,
                 ])))
                 if dispatch:

@@ -306,16 +306,18 @@ class JournalWriter:
             self._sizes[name] = start + len(record)
             self._bytes_written += len(record)
             self._records += 1
+            live, live_bytes = self._live, self._live_bytes
             for key, value in entries:
-                old = self._live.pop(key, 0) if value is None else self._live.get(key, 0)
-                if value is not None:
-                    self._live[key] = len(key) + len(value)
-                    self._live_bytes += len(key) + len(value) - old
+                if value is None:
+                    live_bytes -= live.pop(key, 0)
                 else:
-                    self._live_bytes -= old
-            if self.policy == "interval":
+                    size = len(key) + len(value)
+                    live_bytes += size - live.get(key, 0)
+                    live[key] = size
+            self._live_bytes = live_bytes
+            if self.policy == "interval" and not self._dirty:
                 self._dirty = True
-                self._wake.notify()
+                self._wake.notify()  # (already dirty: the fsync thread has it in hand)
             size = sum(self._sizes.values())
             if (
                 not self._compacting and size > self._compact_floor

@@ -287,12 +287,15 @@ def test_forked_child_does_not_keep_the_lock(tmp_path: Path) -> None:
         from scaler_executor.scheduler.journal import JournalLocked, open_journal
         w, _ = open_journal({str(tmp_path / "j")!r}, package_version={V!r})
         r, wr = os.pipe()
+        ready_r, ready_w = os.pipe()
         pid = os.fork()
-        if pid == 0:
+        if pid == 0:  # (os.fork's at-fork handlers have run in the child by now)
             os.close(wr)
+            os.write(ready_w, b"x")
             os.read(r, 1)  # lives until the parent is done
             os._exit(0)
         os.close(r)
+        os.read(ready_r, 1)  # the child is past fork: under load it may not have run at all yet
         w.close()
         try:
             w2, _ = open_journal({str(tmp_path / "j")!r}, package_version={V!r})
