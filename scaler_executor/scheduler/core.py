@@ -492,6 +492,11 @@ class Scheduler:
         """Peers that joined: clients, workers, managers and monitors."""
         return len(self.clients) + len(self.workers) + len(self._monitors) + len(self.managers.managers)
 
+    def connection(self, peer: bytes) -> bytes | None:
+        """The routing id to reach ``peer`` (a key of ``clients`` or ``workers``) on the
+        socket now: the peer's own here; a journaled daemon maps its logical ids."""
+        return peer
+
     def knows(self, peer: bytes) -> bool:
         """Whether ``peer`` has joined (said a Hello that was welcomed)."""
         return peer in self.clients or peer in self.workers or peer in self._monitors or peer in self.managers.managers

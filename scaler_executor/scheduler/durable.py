@@ -196,6 +196,9 @@ class DurableScheduler(Scheduler):
         self._conn_of[peer] = conn
         self._logical[conn] = peer
 
+    def connection(self, peer: bytes) -> bytes | None:
+        return self._conn_of.get(peer)
+
     def _unalias(self, peer: bytes) -> None:
         conn = self._conn_of.pop(peer, None)
         if conn is not None:

@@ -559,11 +559,18 @@ class Daemon:
     # ------------------------------------------------------------------ stop
 
     def _shutdown(self) -> None:
-        if self.journal is None:
+        if self.journal is None or not self.core.tasks:
+            # Without a journal, or with nothing in it to resume (an embedded cluster whose
+            # client shut down, say), a stop is the end: its workers go now, not after the grace.
+            if self.journal is not None:
+                self.journal.close()
             goodbye = codec.encode([m.Goodbye("daemon stopping")])
             for peer in [*self.core.clients, *self.core.workers]:
+                conn = self.core.connection(peer)
+                if conn is None:  # a journaled peer not back since a restart
+                    continue
                 try:
-                    self.sock.send([peer, *goodbye])
+                    self.sock.send([conn, *goodbye])
                 except channel.SendError:
                     pass
         else:
