@@ -14,10 +14,14 @@
       reply inbox itself (pick-up)        worker's lane, the reply inbox
 
 * What the client knows of its tasks is the pure core (``state.py``: one record per
-  task, the outbox, the window, the registries); futures are settled only through
-  ``completion.py``; the cancel contract is ``cancel.py``; the daemon's connection, the
-  lane and the reply inbox are route objects (``routes.py``).  This module keeps the
-  loop: polling, a handler per daemon message, draining the outbox, the lock order.
+  task, the outbox, the window, the registries; results and running notices in,
+  ``Settle``/``MarkRunning`` commands out); futures are settled only through
+  ``completion.py``, which executes those commands; the cancel contract is
+  ``cancel.py``; the submit path is ``submit.py``; the daemon's messages are handled in
+  ``inbound.py``; the watchdog over the daemon is ``watchdog.py``.  The daemon's
+  connection, the lane and the reply inbox are route objects with one interface
+  (``routes.Route``).  This module keeps the loop, shaped like ``scheduler/loop.py``:
+  poll, serve each ready route (``_serve``), drain the outbox; and the lock order.
 * Only the thread holding the agent role touches the socket, and it runs no user
   code while it holds it, so a slow done-callback delays no result and no heartbeat.
   (A user thread used to write a lone submit itself, beside the agent's poll; with the
@@ -350,7 +354,7 @@ class ClientAgent:
         self.authkey.write()  # before any task is sent: this thread sends them
         if self.cluster is not None:
             # The store's module now, while our daemon starts (~100 ms): its Welcome names
-            # the store, which _on_welcome maps before the first task goes out, and the
+            # the store, which inbound.py's _on_welcome maps before the first task goes out, and the
             # import there (~4 ms alone, ~11 ms in a cold start) delayed the first result.
             import scaler_executor.objstore  # noqa: F401
 
