@@ -131,7 +131,9 @@ class Completion:
         callbacks; or ``quietly`` on a caller's thread that picked its own result up,
         where callbacks, if any, are still handed to a pool thread)."""
         command = self.core.result_in(result)  # the core's command for it (state.py)
-        if command is not None:
+        if type(command) is Settle:  # (the common one, without execute's dispatch)
+            self._settle(command.record, command.result, quietly)
+        elif command is not None:
             self.execute(command, quietly)
 
     def execute(self, command: Command, quietly: bool = False) -> None:
