@@ -40,6 +40,9 @@ broken flags; never held across I/O or user code) → ``ReplyInbox.pickup_lock``
 ``LaneRoute.lock`` → ``ReplyInbox.fd_lock`` (routes.py) → ``_wake_lock`` (the wake-up
 descriptor, reentrant: the only one a finalizer takes).  Each is made with its rank
 (``LOCK_RANK_*``, ``scaler_executor/_locks.py``), and the tests check the order.
+The modules split out of this one keep it: ``submit.py`` and ``completion.py`` take
+``lock`` (never across pickling or user code), ``inbound.py``'s handlers and
+``watchdog.py`` run on the agent thread holding ``_io`` and take ``lock`` after it.
 The other locks of the client are leaves, taken after any of these and holding no other
 lock while held (they guard a few fields and only notify): ``PendingLimit._cond``
 (pending.py, taken under ``lock`` when the agent forgets its tasks), ``CancelWait.lock``
