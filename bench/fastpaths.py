@@ -115,9 +115,9 @@ PATHS: dict[str, Path] = {
         Path(
             "pick_up",
             "the caller waiting in result() reads its own result datagram",
-            "client.agent.PICK_UP=False",
+            "client.submit.PICK_UP=False",
             "per submit",
-            _set("scaler_executor.client.agent", "PICK_UP", False),
+            _set("scaler_executor.client.submit", "PICK_UP", False),
         ),
         Path(
             "pickup_spin",
@@ -177,7 +177,7 @@ class Probes:
         return out
 
     def install(self) -> None:
-        from scaler_executor.client import agent, completion, routes
+        from scaler_executor.client import completion, inbound, routes
 
         probes = self
 
@@ -205,7 +205,7 @@ class Probes:
             lambda s, a, res: probes.add(f"results read: inbox by {where()}", len(res)),
         )
         wrap(
-            agent.ClientAgent,
+            inbound.DaemonMessages,
             "_on_results",
             lambda s, a, res: probes.add("results read: daemon socket", len(a[0].results)),
         )
@@ -252,6 +252,7 @@ def run_cell(
     from scaler_executor import ScalerExecutor
     from scaler_executor.client import agent as client_agent
     from scaler_executor.client import routes
+    from scaler_executor.client import submit as client_submit
     from scaler_executor.config import ClusterConfig
 
     path = PATHS[path_name]
@@ -285,7 +286,7 @@ def run_cell(
             "reply inbox bound": agent.inbox is not None,
             "lane open": agent.lane.open,
             "worker_lanes": agent.config.worker_lanes,
-            "PICK_UP": client_agent.PICK_UP,
+            "PICK_UP": client_submit.PICK_UP,
             "PICKUP_SPIN_SECONDS": routes.PICKUP_SPIN_SECONDS,
             "spin worthwhile (more than one CPU)": routes.SPIN_WORTHWHILE,
         }

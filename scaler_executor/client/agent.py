@@ -14,10 +14,14 @@
       reply inbox itself (pick-up)        worker's lane, the reply inbox
 
 * What the client knows of its tasks is the pure core (``state.py``: one record per
-  task, the outbox, the window, the registries); futures are settled only through
-  ``completion.py``; the cancel contract is ``cancel.py``; the daemon's connection, the
-  lane and the reply inbox are route objects (``routes.py``).  This module keeps the
-  loop: polling, a handler per daemon message, draining the outbox, the lock order.
+  task, the outbox, the window, the registries; results and running notices in,
+  ``Settle``/``MarkRunning`` commands out); futures are settled only through
+  ``completion.py``, which executes those commands; the cancel contract is
+  ``cancel.py``; the submit path is ``submit.py``; the daemon's messages are handled in
+  ``inbound.py``; the watchdog over the daemon is ``watchdog.py``.  The daemon's
+  connection, the lane and the reply inbox are route objects with one interface
+  (``routes.Route``).  This module keeps the loop, shaped like ``scheduler/loop.py``:
+  poll, serve each ready route (``_serve``), drain the outbox; and the lock order.
 * Only the thread holding the agent role touches the socket, and it runs no user
   code while it holds it, so a slow done-callback delays no result and no heartbeat.
   (A user thread used to write a lone submit itself, beside the agent's poll; with the
@@ -36,6 +40,9 @@ broken flags; never held across I/O or user code) → ``ReplyInbox.pickup_lock``
 ``LaneRoute.lock`` → ``ReplyInbox.fd_lock`` (routes.py) → ``_wake_lock`` (the wake-up
 descriptor, reentrant: the only one a finalizer takes).  Each is made with its rank
 (``LOCK_RANK_*``, ``scaler_executor/_locks.py``), and the tests check the order.
+The modules split out of this one keep it: ``submit.py`` and ``completion.py`` take
+``lock`` (never across pickling or user code), ``inbound.py``'s handlers and
+``watchdog.py`` run on the agent thread holding ``_io`` and take ``lock`` after it.
 The other locks of the client are leaves, taken after any of these and holding no other
 lock while held (they guard a few fields and only notify): ``PendingLimit._cond``
 (pending.py, taken under ``lock`` when the agent forgets its tasks), ``CancelWait.lock``
@@ -56,7 +63,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
@@ -71,17 +78,13 @@ from scaler_executor.client.cancel import Cancels
 from scaler_executor.client.cluster import EmbeddedCluster
 from scaler_executor.client.completion import (
     FAIL_ALL,
-    RUNNING,
     Completer,
     Completion,
-    settle,
 )
 from scaler_executor.client.future import TaskFuture
-from scaler_executor.client.no_worker import warn_no_worker
+from scaler_executor.client.inbound import DaemonMessages
 from scaler_executor.client.pending import PendingLimit
 from scaler_executor.client.pickling import (
-    AfterLane,
-    DependencyFailed,
     GraphBatch,
     ObjectRef,
     Packer,
@@ -89,32 +92,27 @@ from scaler_executor.client.pickling import (
 )
 from scaler_executor.client.remote_store import RemoteStore
 from scaler_executor.client.resume import ClientResume
-from scaler_executor.client.routes import DaemonRoute, LaneRoute, ReplyInbox
+from scaler_executor.client.routes import DaemonRoute, LaneRoute, ReplyInbox, Route
 from scaler_executor.client.state import (
     FETCH_OBJECTS,
     FLUSHED,
     HISTORY,
-    LANE,
-    PARKED,
-    PARTS_TAKEN,
     PIN_OBJECTS,
     RELEASE_FN,
     RELEASE_OBJECTS,
-    SENT,
     STATS,
     TASK_MASK,
-    UNSENT,
     ClientCore,
-    TaskItem,
     TaskRecord,
 )
+from scaler_executor.client.submit import Submitter
+from scaler_executor.client.watchdog import check_daemon
 from scaler_executor.config import ClusterConfig
-from scaler_executor.exceptions import BrokenScalerExecutor, DaemonLost, InitializerFailed
+from scaler_executor.exceptions import BrokenScalerExecutor, DaemonLost
 from scaler_executor.protocol import channel
 from scaler_executor.protocol import messages as m
-from scaler_executor.protocol.chunks import Incoming, StreamError
-from scaler_executor.protocol.messages import TaskFlags, TaskOptions
-from scaler_executor.protocol.rejoin import is_not_resumable, is_unknown_peer
+from scaler_executor.protocol.chunks import Incoming
+from scaler_executor.protocol.messages import TaskOptions
 
 if TYPE_CHECKING:
     from scaler_executor.scheduler.stats import Statistics
@@ -124,18 +122,12 @@ log = logging.getLogger("scaler_executor.client")
 FLUSH_WAIT = 1.0  # seconds shutdown(cancel_futures=True) waits for the daemon's answer
 RECV_BURST = 1024
 TURN_SECONDS = 0.02  # most a turn spends receiving, so heartbeats and submissions still go out under floods
-# Running notices for at most this many tasks are applied by the agent thread (marking a
-# future running calls no callback); handing each to a pool thread woke it once per notice,
-# about 80 us of CPU per task of 12 ms on the 2-core VM.  Larger ones go to the pool, so
-# the agent thread is not held up by a long loop.
-RUNNING_INLINE = 64
 
 # The lock order of the module doc, as ranks (scaler_executor/_locks.py checks it in tests).
 LOCK_RANK_IO, LOCK_RANK_CORE, LOCK_RANK_WAKE = 10, 20, 90
 # Fast paths, each on by default; bench/fastpaths.py turns one off at a time to measure
 # what it gains with all the others on (docs/performance.rst has the figures).
 REPLY_INBOX = True  # the embedded client binds a reply socket (routes.ReplyInbox)
-PICK_UP = True  # a caller waiting on a lone task reads the reply inbox itself
 
 _live_agents: weakref.WeakSet[ClientAgent] = weakref.WeakSet()
 
@@ -193,24 +185,14 @@ class ClientAgent:
         self.cancels = Cancels(self)
         self.cancel_hook = self.cancels.request  # bound once, shared by every future
         self._pickup_hook = self._pick_up  # bound once, set on each sequential caller's future
-        self._handlers: dict[type, Callable[[Any, list[Any]], None]] = {
-            m.TaskResults: self._on_results,
-            m.TasksRunning: self._on_running,
-            m.SubmitAck: self._on_ack,
-            m.TasksCancelled: self.cancels.answered,
-            m.Welcome: self._on_welcome,
-            m.ObjectData: self._on_object_data,
-            m.ObjectPart: self._on_object_part,
-            m.ObjectStored: self._on_object_stored,
-            m.Stats: self._on_stats,
-            m.History: self._on_history,
-            m.ClusterBroken: self._on_cluster_broken,
-            m.Refused: self._on_refused,
-            m.Goodbye: self._on_goodbye,
-            m.Heartbeat: self._on_heartbeat,
-            m.TasksWithoutWorker: self._on_tasks_without_worker,
-        }
         self.resume = ClientResume()  # a journaled daemon's restart (client/resume.py)
+        self.messages = DaemonMessages(self)  # a handler per message of the daemon (inbound.py)
+        # The submit path (submit.py), called through these names by the executor and
+        # completion.py (bound once: no extra call on the hot path).
+        self.submitter = submitter = Submitter(self)
+        self.submit = submitter.submit
+        self.submit_with = submitter.submit_with
+        self.resend = submitter.resend
         self.completer = Completer(self)
         self.completer.start()  # its first thread takes the agent role
         _live_agents.add(self)
@@ -240,175 +222,10 @@ class ClientAgent:
         if self.shutdown_requested:
             raise RuntimeError("cannot schedule new futures after shutdown")
 
-    def submit(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], options_id: int, flags: int = 0
-    ) -> Future[Any]:
-        self.check_usable()
-        future: TaskFuture[Any] = TaskFuture()
-        packer = self.packer
-
-        def pack() -> tuple[int, int, Pickled]:
-            if ser.is_cacheable(fn):
-                return self.function_id(fn), TaskFlags.CALL | flags, packer.pickle_args(args, kwargs)
-            return 0, TaskFlags.INLINE_FN | flags, packer.pickle_obj((fn, args, kwargs))
-
-        return self.submit_with(future, pack, options_id, lambda: ser.pickling_note(fn, args, kwargs))
-
-    def submit_with(self, future: TaskFuture[Any], pack: Pack, options_id: int, note: Callable[[], str]) -> Future[Any]:
-        """Pickle a call with ``pack`` and queue it; a pickling failure fails ``future`` with a note."""
-        try:
-            fn_id, flags, pickled = pack()
-        except AfterLane as after:
-            self._park(future, pack, options_id, note, after.args[0])
-            return future
-        except DependencyFailed as failed:
-            settle(future, False, failed.args[0])
-            return future
-        except Exception as exc:  # noqa: BLE001 - whatever pickling the call raises fails its future, with a note
-            exc.add_note(note())
-            settle(future, False, exc)
-            return future
-        size = len(pickled.payload)
-        try:
-            self.pending.charge(size)  # waits for room (or raises) at max_pending_tasks/bytes
-            try:
-                self._enqueue(future, fn_id, options_id, flags, pickled, pack if pickled.deps else None, size)
-            except BaseException:
-                self.pending.free(size)
-                raise
-        except BaseException:
-            self.packer.discard_created(pickled)
-            raise
-        return future
-
-    def _enqueue(
-        self,
-        future: TaskFuture[Any],
-        fn_id: int,
-        options_id: int,
-        flags: int,
-        pickled: Pickled,
-        repack: Pack | None,
-        charge: int = -1,
-    ) -> None:
-        core = self.core
-        with self.lock:
-            self.check_usable()
-            alone = not core.records
-            record = core.new_task(future, UNSENT, time.time())
-            record.charge = charge
-            if repack is not None:
-                record.repack = (repack, options_id)
-            if alone:
-                flags |= TaskFlags.REPLY_DIRECT  # a sequential caller's: its result may come straight back
-                if self.inbox is not None and PICK_UP:
-                    future._pickup = self._pickup_hook
-            item = TaskItem(record.n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects)
-            future._on_cancel = self.cancel_hook
-            if alone and self.lane.open and options_id == 0 and not pickled.deps and not pickled.objects:
-                record.where = LANE
-                if self.lane.submit(record, item):
-                    future.mark_running()  # (unless its result was read, and completed it, already)
-                    return
-            core.queue(record, item)
-        self.wake()
-
-    def _park(self, future: TaskFuture[Any], pack: Pack, options_id: int, note: Callable[[], str], lane_future: Future[Any]) -> None:
-        """A task with an argument that is a running lane task's future (or one of a task
-        parked like this): the daemon never held that task, so this one waits here,
-        outstanding and PENDING, and is pickled again (the value inlined) and sent once
-        that future is done."""
-        with self.lock:
-            self.check_usable()
-            record = self.core.new_task(future, PARKED, time.time())
-        future._on_cancel = self.cancel_hook
-        lane_future.add_done_callback(lambda _done: self._unpark(record, pack, options_id, note))
-
-    def _unpark(self, record: TaskRecord, pack: Pack, options_id: int, note: Callable[[], str]) -> None:
-        core = self.core
-        if core.records.get(record.n) is not record:
-            return  # cancelled (or failed with the executor) meanwhile
-        future = record.future
-        try:
-            fn_id, flags, pickled = pack()
-        except AfterLane as after:  # another argument is such a task too
-            after.args[0].add_done_callback(lambda _done: self._unpark(record, pack, options_id, note))
-            return
-        except BaseException as exc:  # noqa: BLE001 - it fails its future, whatever it is
-            if isinstance(exc, DependencyFailed):
-                exc = exc.args[0]
-                if isinstance(exc, CancelledError):
-                    future.cancel()  # as the daemon cancels the dependents of a cancelled task
-                    return
-            else:
-                exc.add_note(note())
-            if core.claim(record.n) is record:
-                settle(future, False, exc)
-            return
-        with self.lock:
-            if core.records.get(record.n) is not record or record.where is not PARKED:
-                self.packer.discard_created(pickled)
-                return
-            if pickled.deps:
-                record.repack = (pack, options_id)
-            core.move(record, "unpark")
-            core.outbox.append(TaskItem(record.n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects))
-        self.wake()
-
     def graph_batch(self) -> GraphBatch:
         """Collects a graph's tasks, to send them in one transmission (see GraphBatch)."""
         self.check_usable()
         return GraphBatch(self)
-
-    def resend(self, n: int) -> None:
-        """DEP_GONE: a dependency finished before the daemon saw this task: pickle it again,
-        the value inlined."""
-        core = self.core
-        record = core.records.get(n)
-        if record is None:
-            return
-        if record.repack is None:
-            if core.claim(n) is record:
-                settle(record.future, False, RuntimeError(f"task {n} lost a dependency it could not send again"))
-            return
-        repack, options_id = record.repack
-        try:
-            fn_id, flags, pickled = repack()
-        except DependencyFailed as failed:
-            if core.claim(n) is record:
-                settle(record.future, False, failed.args[0])
-            return
-        with self.lock:
-            if core.records.get(n) is not record or record.where is not SENT:
-                self.packer.discard_created(pickled)
-                return  # cancelled meanwhile
-            record.repack = (repack, options_id) if pickled.deps else None
-            core.move(record, "resend")
-            core.outbox.append(TaskItem(n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects))
-        self.wake()
-
-    def _submit_again(self, record: TaskRecord) -> None:
-        """(Agent thread) A lane task that did not run to the end (its processor died, or
-        the lane closed): to the daemon, under a new number (the worker may still hold
-        the old one), which retries it by the usual rules."""
-        core = self.core
-        item = record.item
-        assert item is not None
-        with self.lock:
-            if core.records.get(record.n) is not record:
-                return  # completed meanwhile (its result came straight)
-            n = core.renumber(record)
-            core.move(record, "lane-lost")
-            flags = item.flags | TaskFlags.LANE_RETRY  # the daemon counts the attempt made on the lane
-            fn_id = item.fn_id
-            if fn_id and fn_id not in core.fn_payloads and record.blob is not None:
-                # Its callable was released meanwhile: registered again, for this task only.
-                fn_id = core.register_function(record.blob)
-                core.fn_payloads.pop(fn_id, None)
-                core.outbox.append(item._replace(n=n, fn_id=fn_id, flags=flags))
-                core.outbox.append((RELEASE_FN, fn_id))
-            else:
-                core.outbox.append(item._replace(n=n, flags=flags))
 
     # ------------------------------------------------------------------ registries and objects
 
@@ -532,11 +349,15 @@ class ClientAgent:
             self.inbox = ReplyInbox.bind(self.cluster.directory, poller, self._open_lane)
         self.authkey = AuthkeyFile.reserve(self.cluster.directory if self.cluster is not None else None)
         self.daemon = daemon
+        # What the loop serves (routes.Route), the daemon first; the lane's is None until it opens.
+        self.routes: list[Route] = [daemon, self.lane]
+        if self.inbox is not None:
+            self.routes.append(self.inbox)
         daemon.send([self._hello()])
         self.authkey.write()  # before any task is sent: this thread sends them
         if self.cluster is not None:
             # The store's module now, while our daemon starts (~100 ms): its Welcome names
-            # the store, which _on_welcome maps before the first task goes out, and the
+            # the store, which inbound.py's _on_welcome maps before the first task goes out, and the
             # import there (~4 ms alone, ~11 ms in a cold start) delayed the first result.
             import scaler_executor.objstore  # noqa: F401
 
@@ -569,7 +390,7 @@ class ClientAgent:
             now = time.monotonic()
             completer.check(now)
             if self.broken is None:
-                self._check_daemon(now)
+                check_daemon(self, now)
             if self.broken is not None:
                 return
             if daemon.welcomed:
@@ -588,42 +409,40 @@ class ClientAgent:
                         return
 
     def _serve(self, ready: list[Any]) -> None:
-        """Read whatever the poll found ready (and what was read earlier, still buffered)."""
-        daemon, lane, inbox = self.daemon, self.lane.dealer, self.inbox
-        if daemon.buffered and daemon.pollable not in ready:
-            self._receive()  # transmissions read earlier and not yet handled
-        if lane is not None and lane.buffered and lane.pollable not in ready:
-            self._receive_lane()
-        for target in ready:
-            if target == daemon.pollable:
-                self._receive()
-            elif inbox is not None and target == inbox.fd:
-                results = inbox.read()
-                if results:
-                    self._take_results(results)
-            elif self.lane.dealer is not None and target == self.lane.dealer.pollable:  # (opened meanwhile, maybe)
-                self._receive_lane()
-            else:
-                # Read, then clear: clearing first lets a wake() in between write, have
-                # its write consumed here, and leave the flag set on an empty eventfd,
-                # after which no wake() would ever write again (found by the benchmarks).
-                try:
-                    os.eventfd_read(self._wake_fd)
-                except BlockingIOError:
-                    pass
-                self._wake_pending = False
+        """Serve each route the poll found ready (or that holds what it read earlier)."""
+        for route in self.routes:
+            pollable = route.pollable
+            if pollable is not None and (pollable in ready or route.buffered):
+                route.serve(self)
+        if self._wake_fd in ready:
+            # Read, then clear: clearing first lets a wake() in between write, have
+            # its write consumed here, and leave the flag set on an empty eventfd,
+            # after which no wake() would ever write again (found by the benchmarks).
+            try:
+                os.eventfd_read(self._wake_fd)
+            except BlockingIOError:
+                pass
+            self._wake_pending = False
 
-    def _receive_lane(self) -> None:
-        results, again = self.lane.receive(self._poller)
-        for record in again:
-            self._submit_again(record)
-        pins = [oid for r in results for oid in r.objects]
-        if pins:
-            # Made by the processor for us, unknown to the daemon: held for us from now on,
-            # released (ReleaseObjects, after this in the outbox) once read.
-            self.core.outbox.append((PIN_OBJECTS, pins))
-        if results:
-            self._take_results(results)
+    # -------------------------------------------------- what the routes hand over (RouteSink)
+
+    def on_message(self, message: Any, buffers: list[Any]) -> None:
+        handler = self.messages.table.get(type(message))
+        if handler is None:
+            log.warning("client: dropped a %s from the daemon", type(message).__name__)
+            return
+        handler(message, buffers)
+
+    def on_results(self, results: list[m.TaskResult]) -> None:
+        self.take_results(results)
+
+    def send_again(self, records: list[TaskRecord]) -> None:
+        for record in records:
+            self.submitter.submit_again(record)
+
+    def pin(self, object_ids: list[bytes]) -> None:
+        # Held for us from now on, released (ReleaseObjects, after this in the outbox) once read.
+        self.core.outbox.append((PIN_OBJECTS, object_ids))
 
     def _hello(self) -> m.Hello:
         return m.Hello(
@@ -657,131 +476,6 @@ class ClientAgent:
             if not more:
                 return
 
-    def _receive(self) -> None:
-        handlers = self._handlers
-        for messages, buffers in self.daemon.receive(TURN_SECONDS):
-            for message in messages:
-                handler = handlers.get(type(message))
-                if handler is None:
-                    log.warning("client: dropped a %s from the daemon", type(message).__name__)
-                    continue
-                handler(message, buffers)
-
-    # ------------------------------------------------------------------ the daemon's messages
-
-    def _on_results(self, message: m.TaskResults, _buffers: list[Any]) -> None:
-        if self.core.sent_unacked is None or not self.resume.refused(self.core, message.results):
-            self.resume.received += 1  # (refusals for a full journal are not counted: never kept)
-        if self.core.sent_unacked is not None:
-            for result in message.results:
-                if result.objects and not result.delivered:  # held for us until we read it
-                    self.core.count_holds(result.objects, 1)
-        self._take_results(message.results)
-
-    def _on_running(self, message: m.TasksRunning, _buffers: list[Any]) -> None:
-        if len(message.task_ids) <= RUNNING_INLINE:
-            self.completion.mark_running(message.task_ids)  # runs no user code: no thread woken for it
-        else:
-            self.completer.put(RUNNING, message.task_ids)
-
-    def _on_ack(self, message: m.SubmitAck, _buffers: list[Any]) -> None:
-        self.core.acknowledged(message.count)
-
-    def _on_welcome(self, message: m.Welcome, _buffers: list[Any]) -> None:
-        resumed = self.resume.welcomed(message)
-        if message.journal and self.core.sent_unacked is None:
-            self.core.sent_unacked = deque()
-        if resumed:
-            log.warning("client: resumed with the daemon at %s after its restart", self.address)
-            with self.lock:
-                report = self.resume.report(self.core)
-            self.daemon.send([report])  # before anything the outbox holds
-            if message.object_store != getattr(self.packer.store, "name", message.object_store):
-                self._attach_store(message.object_store)  # (objects in the old region are gone)
-        self.daemon.welcomed = True
-        self.welcome.set()
-        if self.listener is not None:
-            self.listener.welcomed(message.heartbeat_interval)
-        self.core.base = message.peer_id << m.TASK_ID_BITS
-        # The daemon judges our liveness by its settings, not ours.
-        self.daemon.heartbeat_interval = min(self.config.heartbeat_interval, message.heartbeat_interval)
-        self._attach_store(message.object_store)
-
-    def _on_object_part(self, message: m.ObjectPart, buffers: list[Any]) -> None:
-        self.incoming.part(message, buffers[0] if buffers else b"")
-        self.core.outbox.append((PARTS_TAKEN, 1))  # the daemon's window moves on
-
-    def _on_object_data(self, message: m.ObjectData, buffers: list[Any]) -> None:
-        data = iter(buffers)
-        got: dict[bytes, Any] = {}
-        failed: BaseException | None = None
-        for oid, ok in zip(message.object_ids, message.found, strict=False):
-            if ok:
-                try:
-                    # bytes, views of large frames (wire.recv) or of what came in parts: not copied here
-                    got[oid] = self.incoming.take(oid, next(data, b""))
-                except StreamError as exc:
-                    failed = exc
-        if self.fetch_waiters:
-            waiter = self.fetch_waiters.popleft()
-            missing = [oid.hex() for oid, ok in zip(message.object_ids, message.found, strict=False) if not ok]
-            if failed is not None:
-                waiter.set_exception(failed)
-            elif missing:
-                waiter.set_exception(LookupError(f"objects no longer in the store: {missing}"))
-            else:
-                waiter.set_result(got)
-
-    def _on_object_stored(self, message: m.ObjectStored, _buffers: list[Any]) -> None:
-        if self.remote_store is not None:
-            self.remote_store.stored(message)
-
-    def _on_stats(self, message: m.Stats, _buffers: list[Any]) -> None:
-        if self.stats_waiters:
-            # Imported when first asked for: no start-up cost for a client that never asks.
-            from scaler_executor.scheduler.stats import Statistics
-
-            self.stats_waiters.popleft().set_result(Statistics.from_message(message))
-
-    def _on_history(self, message: m.History, _buffers: list[Any]) -> None:
-        if self.history_waiters:
-            self.history_waiters.popleft().set_result(message)
-
-    def _on_cluster_broken(self, message: m.ClusterBroken, _buffers: list[Any]) -> None:
-        self.break_with(_initializer_failed(message))
-
-    def _on_refused(self, message: m.Refused, _buffers: list[Any]) -> None:
-        if is_unknown_peer(message.reason) and not is_not_resumable(message.reason) and self.resume.journal:
-            # Policy (d): the daemon restarted on its journal; the refusals of what we sent
-            # before our Resume follow it, and are ignored.
-            if not self.resume.resuming:
-                log.warning("client: the daemon at %s restarted; resuming on its journal", self.address)
-                self.daemon.welcomed = False  # the outbox waits for its Welcome
-                self.daemon.send([self.resume.start(time.monotonic())])
-            return
-        if is_not_resumable(message.reason):
-            self.break_with(DaemonLost(
-                f"the daemon at {self.address} restarted and cannot resume this client ({message.reason}); "
-                "its pending tasks are lost"
-            ))
-            return
-        if is_unknown_peer(message.reason):  # policy (c) of protocol/rejoin.py: its tasks are gone
-            self.break_with(DaemonLost(
-                f"the daemon at {self.address} no longer knows this client: it restarted without a "
-                f"journal, or dropped the client after client_timeout; its pending tasks are lost"
-            ))
-            return
-        self.break_with(DaemonLost(f"the daemon at {self.address} refused this client: {message.reason}"))
-
-    def _on_goodbye(self, message: m.Goodbye, _buffers: list[Any]) -> None:
-        self.break_with(DaemonLost(f"the daemon at {self.address} stopped ({message.reason})"))
-
-    def _on_heartbeat(self, message: m.Heartbeat, _buffers: list[Any]) -> None:
-        pass  # any message counts: DaemonRoute.last_recv is set for each transmission
-
-    def _on_tasks_without_worker(self, message: m.TasksWithoutWorker, _buffers: list[Any]) -> None:
-        warn_no_worker(message, self.address, self.cluster is not None)
-
     # ------------------------------------------------------------------ results
 
     def _pick_up(self, future: TaskFuture[Any], timeout: float | None) -> float | None:
@@ -796,66 +490,14 @@ class ClientAgent:
                 self.completion.complete(result, quietly=True)  # outside the inbox's locks
         return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-    def _take_results(self, results: list[m.TaskResult]) -> None:
+    def take_results(self, results: list[m.TaskResult]) -> None:
         lane = self.lane
         if lane.tasks:
             for result in results:
                 lane.delivered(result.task_id & TASK_MASK)
         self.completer.put_results(results)
 
-    def _attach_store(self, name: str) -> None:
-        if name:
-            try:
-                from scaler_executor.objstore import ObjectStore
-
-                self.packer.store = ObjectStore.attach(name, fallback_dir=tempfile.gettempdir())
-            except Exception as exc:  # noqa: BLE001 - another host: objects travel through the daemon
-                log.info("client cannot map the object store %s (%s): objects travel over the network", name, exc)
-                self.remote_store = self.packer.store = RemoteStore(self, name)
-        self.packer.store_ready.set()
-
     # ------------------------------------------------------------------ the end
-
-    def _check_daemon(self, now: float) -> None:
-        if self.cluster is not None:
-            how = self.cluster.exit_status()
-            if how is not None and self.config.journal and not self.shutdown_requested:
-                refused = self.cluster.restart(now)  # its workers wait for it (client/cluster.py)
-                if refused is None:
-                    log.warning("client: the embedded scaler-daemon exited (%s); restarted it on its journal", how)
-                    return
-                self.break_with(DaemonLost(f"the embedded scaler-daemon exited ({how}): {refused}"))
-                return
-            if how is not None:
-                self.break_with(DaemonLost(f"the embedded scaler-daemon exited unexpectedly ({how})"))
-                return
-        daemon = self.daemon
-        resume = self.resume
-        if resume.resuming:
-            if resume.again_due(now):  # no Welcome yet: that daemon died too, say
-                daemon.send([resume.start(now)])
-        elif not daemon.welcomed and self.cluster is None:
-            if now - daemon.started > self.config.connect_timeout:  # no answer to the first Hello
-                self.break_with(DaemonLost(connect.no_welcome(self.address, now - daemon.started)))
-            return
-        silence = now - daemon.last_recv
-        listener = self.listener
-        # A journaled daemon may be down for its restart: refused connections are expected
-        # then, for its grace period (connect.py's ListenerProbe is asked after it).
-        waited = resume.silence_limit(daemon.heartbeat_interval)
-        if listener is not None and silence > max(listener.silent_after, waited):
-            gone = listener.check(now)  # refused: the daemon is gone, not slow (connect.py)
-            if gone is not None:
-                self.break_with(DaemonLost(f"the daemon at {self.address} is gone (it died or was stopped): no message for {silence:.1f} s, and {gone}"))
-                return
-        elif listener is not None:
-            listener.quiet()
-        if silence > max(self.config.daemon_loss_timeout, waited):
-            if daemon.welcomed or resume.resuming:
-                text = f"no message from the daemon at {self.address} for {silence:.1f} s (daemon_loss_timeout)"
-            else:
-                text = f"could not reach the daemon at {self.address} within {now - daemon.started:.1f} s (daemon_loss_timeout)"
-            self.break_with(DaemonLost(text))
 
     def break_with(self, exc: BaseException) -> None:
         with self.lock:
@@ -906,10 +548,3 @@ def _release_function(agent_ref: weakref.ref[ClientAgent], fn_id: int) -> None:
     agent = agent_ref()
     if agent is not None and agent.broken is None:
         agent.release_function(fn_id)
-
-
-def _initializer_failed(message: m.ClusterBroken) -> InitializerFailed:
-    error = InitializerFailed(f"{message.reason}; the executor is broken (as ProcessPoolExecutor's would be)")
-    if message.payload:
-        error.__cause__ = ser.rebuild_exception(message.payload)
-    return error

@@ -3,6 +3,9 @@
 Every ``set_result``, ``set_exception`` and running/cancelled transition of a task's
 future goes through this module (``settle``, ``Completion``) or ``TaskFuture``'s own
 methods (``mark_running``, ``cancel_now``, ``settle_if_no_callbacks``) that it calls.
+A result or a running notice is an event for the client core (``state.py``:
+``result_in``, ``running_in``, ``handle``); ``Completion.execute`` carries out the
+commands it returns (``Settle``, ``Resend``, ``MarkRunning``, ``FailTasks``).
 
 ::
 
@@ -31,7 +34,15 @@ from typing import TYPE_CHECKING, Any
 from scaler_executor.client import serialization as ser
 from scaler_executor.client.forward import Forwarder
 from scaler_executor.client.future import TaskFuture
-from scaler_executor.client.state import TASK_MASK, TaskRecord
+from scaler_executor.client.state import (
+    Broken,
+    Command,
+    FailTasks,
+    MarkRunning,
+    Resend,
+    Settle,
+    TaskRecord,
+)
 from scaler_executor.exceptions import BrokenScalerExecutor, ResultUnreadable
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol import output as capture
@@ -119,13 +130,26 @@ class Completion:
         """Complete one future from its result (on a completion thread, where it runs its
         callbacks; or ``quietly`` on a caller's thread that picked its own result up,
         where callbacks, if any, are still handed to a pool thread)."""
-        n = result.task_id & TASK_MASK
-        if result.status == Status.DEP_GONE:
-            self.agent.resend(n)
-            return
-        record = self.core.claim(n)
-        if record is None:
-            return  # cancelled, or a late duplicate
+        command = self.core.result_in(result)  # the core's command for it (state.py)
+        if type(command) is Settle:  # (the common one, without execute's dispatch)
+            self._settle(command.record, command.result, quietly)
+        elif command is not None:
+            self.execute(command, quietly)
+
+    def execute(self, command: Command, quietly: bool = False) -> None:
+        """Carry out one of the core's commands (``ClientCore.handle``)."""
+        match command:
+            case Settle(record, result):
+                self._settle(record, result, quietly)
+            case Resend(n):
+                self.agent.resend(n)
+            case MarkRunning(records):
+                for record in records:
+                    record.future.mark_running()
+            case FailTasks(records, error):
+                self._fail(records, error)
+
+    def _settle(self, record: TaskRecord, result: m.TaskResult, quietly: bool) -> None:
         future = record.future
         try:
             ok, value = self._outcome(result, record)
@@ -178,27 +202,30 @@ class Completion:
         return ok, value
 
     def mark_running(self, task_ids: list[int]) -> None:
-        records = self.core.records
-        for task_id in task_ids:
-            record = records.get(task_id & TASK_MASK)
-            if record is not None:
-                record.future.mark_running()
+        running = self.core.running_in(task_ids)
+        if running is not None:
+            self.execute(running)
 
     def fail_all(self, exc: BaseException) -> None:
         agent = self.agent
         with agent.lock:
-            records = self.core.forget_all()
-        for record in records:
-            if record.cancel is not None:
-                record.cancel.event.set()  # no answer will come: cancel() returns False at once
-            if record.future is not None:
-                settle(record.future, False, type(exc)(*exc.args) if exc.__cause__ is None else exc)
+            commands = self.core.handle(Broken(exc))
+        for command in commands:
+            self.execute(command)
         for waiters in (agent.stats_waiters, agent.fetch_waiters, agent.history_waiters):
             while waiters:
                 try:
                     waiters.popleft().set_exception(type(exc)(*exc.args))
                 except InvalidStateError:
                     pass
+
+    @staticmethod
+    def _fail(records: list[TaskRecord], exc: BaseException) -> None:
+        for record in records:
+            if record.cancel is not None:
+                record.cancel.event.set()  # no answer will come: cancel() returns False at once
+            if record.future is not None:
+                settle(record.future, False, type(exc)(*exc.args) if exc.__cause__ is None else exc)
 
 
 class CancelWait:

@@ -14,7 +14,7 @@ the inside, exactly like a daemon that is slow to answer.  Two things make that 
   daemon is our own child, whose exit the agent watches, and its start is part of the
   cold start the first task pays anyway.
 * Once ``connect_timeout`` passed without a Welcome, every future fails with the same
-  error (the agent's ``_check_daemon``; the constructor's wait ends there too).
+  error (``watchdog.check_daemon``; the constructor's wait ends there too).
 
 The message names the address and the likely cause.  To tell the causes apart, the
 failing client probes the address once, on the way to the error: for ``ipc://``, whether

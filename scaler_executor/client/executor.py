@@ -118,40 +118,14 @@ class ScalerExecutor(Executor):
         journal: str | os.PathLike[str] | None = None,
     ) -> None:
         _check_pool_arguments(mp_context, initializer, max_tasks_per_child)
-        if dashboard is not None:
-            from scaler_executor.config import parse_listen
-
-            if not isinstance(dashboard, str):
-                raise TypeError(f"dashboard must be a 'HOST:PORT' string, got {type(dashboard).__name__}")
-            if address is not None:
-                raise ValueError(
-                    "dashboard= serves the embedded cluster's dashboard; for a running daemon start it "
-                    "with scaler-daemon --dashboard HOST:PORT, or run scaler-dashboard ADDRESS"
-                )
-            parse_listen(dashboard)  # ValueError naming the fix
-        if config is None:
-            config = ClusterConfig.load()
-        elif not isinstance(config, ClusterConfig):
-            raise TypeError(f"config must be a ClusterConfig, got {type(config).__name__}")
-        if journal is not None:
-            if address is not None:
-                raise ValueError(
-                    "journal= is the embedded cluster's journal (its daemon is restarted on it when it "
-                    "dies); a running daemon keeps its own: start it with scaler-daemon --journal PATH"
-                )
-            if not isinstance(journal, (str, os.PathLike)):
-                raise TypeError(f"journal must be a directory path, got {type(journal).__name__}")
-            config = config.replace(journal=os.path.abspath(os.fspath(journal)))
+        _check_dashboard(dashboard, address)
+        config = _config_for(config, journal, address)
         self._cluster: EmbeddedCluster | None = None
         security = None
         if address is not None:
             check_address(address)
             _check_remote_arguments(max_workers, initializer, max_tasks_per_child, min_workers)
-            if credentials is not None:
-                config = config.replace(credentials=credentials)
-            from scaler_executor.security import for_connecting
-
-            security = for_connecting(config, address, "client")  # ConfigError: no key on tcp://
+            config, security = _remote_security(config, address, credentials)
             self._max_workers = 0
         else:
             if credentials is not None:
@@ -447,6 +421,50 @@ class _OptionsView:
 
 
 # --------------------------------------------------------------------------- map
+
+
+def _check_dashboard(dashboard: str | None, address: str | None) -> None:
+    if dashboard is None:
+        return
+    from scaler_executor.config import parse_listen
+
+    if not isinstance(dashboard, str):
+        raise TypeError(f"dashboard must be a 'HOST:PORT' string, got {type(dashboard).__name__}")
+    if address is not None:
+        raise ValueError(
+            "dashboard= serves the embedded cluster's dashboard; for a running daemon start it "
+            "with scaler-daemon --dashboard HOST:PORT, or run scaler-dashboard ADDRESS"
+        )
+    parse_listen(dashboard)  # ValueError naming the fix
+
+
+def _config_for(
+    config: ClusterConfig | None, journal: str | os.PathLike[str] | None, address: str | None
+) -> ClusterConfig:
+    """The executor's config: the one given (or loaded), with the embedded cluster's journal."""
+    if config is None:
+        config = ClusterConfig.load()
+    elif not isinstance(config, ClusterConfig):
+        raise TypeError(f"config must be a ClusterConfig, got {type(config).__name__}")
+    if journal is not None:
+        if address is not None:
+            raise ValueError(
+                "journal= is the embedded cluster's journal (its daemon is restarted on it when it "
+                "dies); a running daemon keeps its own: start it with scaler-daemon --journal PATH"
+            )
+        if not isinstance(journal, (str, os.PathLike)):
+            raise TypeError(f"journal must be a directory path, got {type(journal).__name__}")
+        config = config.replace(journal=os.path.abspath(os.fspath(journal)))
+    return config
+
+
+def _remote_security(config: ClusterConfig, address: str, credentials: str | None) -> tuple[ClusterConfig, Any]:
+    """The config and the security context (ConfigError: no key on tcp://) for a running daemon."""
+    if credentials is not None:
+        config = config.replace(credentials=credentials)
+    from scaler_executor.security import for_connecting
+
+    return config, for_connecting(config, address, "client")
 
 
 def _check_pool_arguments(mp_context: Any, initializer: Any, max_tasks_per_child: Any) -> None:

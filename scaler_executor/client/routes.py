@@ -14,6 +14,13 @@ way back"): the daemon's socket, a worker's *lane* and the *reply inbox*.
   itself while it waits in ``result()`` (``pick_up``), which saves the thread wake-up
   between a result and its waiting caller.
 
+All three offer the agent loop one interface, ``Route``: ``pollable`` (what the loop
+polls; None while closed), ``buffered`` (read earlier, not yet handled) and
+``serve(sink)``, which reads what is waiting and hands it to the ``RouteSink`` (the
+agent): daemon messages, results, lane tasks to send again, objects to pin.  The loop
+(``ClientAgent._serve``) only polls and calls ``serve`` on each ready route, the way
+``scheduler/loop.py`` only polls and dispatches.
+
 Lock order (outermost first; take none of them in code a finalizer can reach):
 ``ClientAgent._io`` (10) → ``ClientAgent.lock`` (20) → ``ReplyInbox.pickup_lock`` (25;
 a datagram read by a picking-up caller may name a lane, which it then connects) →
@@ -29,7 +36,7 @@ import select
 import socket
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from scaler_executor._locks import ranked_lock
 from scaler_executor.client.future import TaskFuture
@@ -44,6 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("scaler_executor.client")
 
 RECV_BURST = 1024
+TURN_SECONDS = 0.02  # most a turn spends receiving, so heartbeats and submissions still go out under floods
 # A sequential caller polls its reply socket without sleeping for up to this long before it
 # blocks (ReplyInbox.pick_up): a blocked caller leaves its vCPU idle, and waking an idle
 # vCPU of a VM costs ~0.2-1 ms, most of the slowest 1 % of round trips.  Spinning only
@@ -51,6 +59,37 @@ RECV_BURST = 1024
 # to longer tasks; it yields the CPU on every empty poll, so the processes it waits on run.
 PICKUP_SPIN_SECONDS = 0.002
 SPIN_WORTHWHILE = len(os.sched_getaffinity(0)) > 1  # on one CPU the work waited on needs it
+
+
+class RouteSink(Protocol):
+    """What a route hands over, on the agent thread (``ClientAgent`` implements it)."""
+
+    def on_message(self, message: Any, buffers: list[Any]) -> None:
+        """One message of the daemon (``inbound.py`` has a handler per type)."""
+
+    def on_results(self, results: list[m.TaskResult]) -> None:
+        """Results to complete (``completion.py``)."""
+
+    def send_again(self, records: list[TaskRecord]) -> None:
+        """Lane tasks that did not run to the end: to the daemon (``submit.py``)."""
+
+    def pin(self, object_ids: list[bytes]) -> None:
+        """Objects made for us that the daemon does not know of: held until read."""
+
+
+class Route(Protocol):
+    """One way results come back, as the agent loop sees it."""
+
+    @property
+    def pollable(self) -> Any:
+        """What the loop polls for this route; None while it is closed."""
+
+    @property
+    def buffered(self) -> bool:
+        """Read earlier and not yet handled: serve it even if the poll did not report it."""
+
+    def serve(self, sink: RouteSink) -> None:
+        """Read what is waiting (bounded per turn) and hand it to ``sink``."""
 
 
 class DaemonRoute:
@@ -115,6 +154,11 @@ class DaemonRoute:
             except codec.DecodeError as exc:
                 log.warning("client: dropped a bad transmission from the daemon: %s", exc)
 
+    def serve(self, sink: RouteSink) -> None:
+        for messages, buffers in self.receive(TURN_SECONDS):
+            for message in messages:
+                sink.on_message(message, buffers)
+
     def close(self, goodbye: bool) -> None:
         if goodbye:
             try:
@@ -136,10 +180,32 @@ class LaneRoute:
         self.refused: set[str] = set()  # lanes that could not be connected
         self.fns: set[int] = set()  # callables sent down the current lane
         self.tasks: dict[int, TaskRecord] = {}  # what is on the lane now, by task number
+        self.poller: channel.Poller | None = None  # the agent loop's, once a lane was connected
 
     @property
     def open(self) -> bool:
         return self.dealer is not None
+
+    @property
+    def pollable(self) -> Any:
+        dealer = self.dealer
+        return None if dealer is None else dealer.pollable
+
+    @property
+    def buffered(self) -> bool:
+        dealer = self.dealer
+        return dealer is not None and bool(dealer.buffered)
+
+    def serve(self, sink: RouteSink) -> None:
+        assert self.poller is not None  # set when the lane was connected
+        results, again = self.receive(self.poller)
+        if again:
+            sink.send_again(again)
+        pins = [oid for r in results for oid in r.objects]
+        if pins:
+            sink.pin(pins)  # made by the processor for us, unknown to the daemon
+        if results:
+            sink.on_results(results)
 
     def submit(self, record: TaskRecord, item: TaskItem) -> bool:
         """Send a task submitted alone down the lane; False: it goes to the daemon instead.
@@ -195,6 +261,7 @@ class LaneRoute:
                 return
             self.fns.clear()
             poller.register(dealer.pollable)
+            self.poller = poller
             self.dealer = dealer
 
     def receive(self, poller: channel.Poller) -> tuple[list[m.TaskResult], list[TaskRecord]]:
@@ -300,6 +367,17 @@ class ReplyInbox:
         self.spin = SPIN_WORTHWHILE  # the last pick-up came within PICKUP_SPIN_SECONDS
         self.tearing = False
         poller.register(self.fd)
+
+    @property
+    def pollable(self) -> int:
+        return self.fd
+
+    buffered = False  # a datagram socket: the poll sees everything waiting
+
+    def serve(self, sink: RouteSink) -> None:
+        results = self.read()
+        if results:
+            sink.on_results(results)
 
     @classmethod
     def bind(cls, directory: str, poller: channel.Poller, on_lane: Callable[[str], None]) -> ReplyInbox | None:

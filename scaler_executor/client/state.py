@@ -18,7 +18,11 @@ Threads: user threads (submit, cancel), the agent thread (drain, results, notice
 completion threads (results) call the core.  Every method that changes more than one
 field runs under the agent's ``lock`` (its callers hold it, as each docstring says);
 ``claim`` is one ``dict.pop``, atomic under the GIL, so exactly one thread completes a
-task however many paths its result takes.  ``validate()`` checks the invariants; the
+task however many paths its result takes.  Results, running notices and the breaking of
+the executor are events (``handle``: ``ResultIn``, ``RunningIn``, ``Broken``), whose
+commands (``Settle``, ``Resend``, ``MarkRunning``, ``FailTasks``) ``completion.py``
+executes; submits, drains and cancels are still direct calls under the lock.
+``validate()`` checks the invariants; the
 unit tests (``tests/unit/test_client_state.py``) call it after every step.
 """
 
@@ -65,6 +69,58 @@ TRANSITIONS: dict[tuple[str, str], str | None] = {
 
 class IllegalTransition(RuntimeError):
     pass
+
+
+# Events in (``ClientCore.handle``): what the routes and the agent report.
+class ResultIn(NamedTuple):
+    """A task's result came, by any route (the daemon, a lane, the reply inbox)."""
+
+    result: m.TaskResult
+
+
+class RunningIn(NamedTuple):
+    """The daemon's running notice (``TasksRunning``) for these task ids."""
+
+    task_ids: list[int]
+
+
+class Broken(NamedTuple):
+    """The executor is broken (the daemon lost, a bug): every outstanding task fails.
+    (Under the agent's lock.)"""
+
+    error: BaseException
+
+
+# Commands out, executed by ``completion.py`` (the one module that settles futures).
+class Settle(NamedTuple):
+    """Complete ``record``'s future from ``result`` (its record has left the core)."""
+
+    record: TaskRecord
+    result: m.TaskResult
+
+
+class Resend(NamedTuple):
+    """DEP_GONE: a dependency finished before the daemon saw task ``n``: pickle it again,
+    the value inlined (``submit.py``); its record stays."""
+
+    n: int
+
+
+class MarkRunning(NamedTuple):
+    """Mark these records' futures running (no callback runs: any thread may do it)."""
+
+    records: list[TaskRecord]
+
+
+class FailTasks(NamedTuple):
+    """Fail these records' futures (and wake their cancellers) with ``error``."""
+
+    records: list[TaskRecord]
+    error: BaseException
+
+
+Event = ResultIn | RunningIn | Broken
+Command = Settle | Resend | MarkRunning | FailTasks
 
 
 # Outbox entries other than tasks: (kind, data).
@@ -243,6 +299,39 @@ class ClientCore:
                 out.append((record, verdict))
         return out
 
+    # ------------------------------------------------------------------ events in, commands out
+
+    def handle(self, event: Event) -> list[Command]:
+        """Apply ``event``; the commands the agent and ``completion.py`` then execute.
+        (The hot paths call ``result_in`` and ``running_in`` directly: same code, no list.)"""
+        match event:
+            case ResultIn(result):
+                command = self.result_in(result)
+                return [] if command is None else [command]
+            case RunningIn(task_ids):
+                running = self.running_in(task_ids)
+                return [] if running is None else [running]
+            case Broken(error):
+                return [FailTasks(self.forget_all(), error)]
+        raise TypeError(f"not a client core event: {event!r}")
+
+    def result_in(self, result: m.TaskResult) -> Settle | Resend | None:
+        """A result: Settle its task (claimed here: exactly one route's copy wins), Resend
+        it (DEP_GONE), or None (a late duplicate, or its task was cancelled).  Lock-free:
+        the claim is one ``dict.pop``."""
+        n = result.task_id & TASK_MASK
+        if result.status == m.Status.DEP_GONE:
+            return Resend(n) if n in self.records else None
+        record = self.claim(n)
+        return None if record is None else Settle(record, result)
+
+    def running_in(self, task_ids: list[int]) -> MarkRunning | None:
+        """A running notice: the outstanding tasks among ``task_ids`` (completed ones are
+        skipped; a result that comes first marks its future running itself)."""
+        records = self.records
+        found = [record for task_id in task_ids if (record := records.get(task_id & TASK_MASK)) is not None]
+        return MarkRunning(found) if found else None
+
     # ------------------------------------------------------------------ registries
 
     def function_id(self, fn: Callable[..., Any], payload: bytes) -> tuple[int, bool]:
@@ -302,13 +391,7 @@ class ClientCore:
                     break
                 outbox.popleft()
                 record.where = SENT
-                if retained is not None:
-                    if item.flags & TaskFlags.REPLY_DIRECT:  # acknowledged, to be kept till then
-                        item = item._replace(flags=item.flags & ~TaskFlags.REPLY_DIRECT)
-                    retained.append(item.spec(base))
-                    specs.append(retained[-1])
-                else:
-                    specs.append(item.spec(base))
+                specs.append(item.spec(base) if retained is None else self._retain(item, retained))
                 if not item.flags & TaskFlags.REPLY_DIRECT:  # a sequential caller's is never acked
                     self.unacked += 1
                 continue
@@ -336,6 +419,14 @@ class ClientCore:
         if forced:
             batch.append(m.CancelTasks(forced, True))
         return batch, flushed
+
+    def _retain(self, item: TaskItem, retained: deque[m.TaskSpec]) -> m.TaskSpec:
+        """A task's spec, kept until acknowledged (under a journaled daemon: resume.py)."""
+        if item.flags & TaskFlags.REPLY_DIRECT:  # acknowledged, to be kept till then
+            item = item._replace(flags=item.flags & ~TaskFlags.REPLY_DIRECT)
+        spec = item.spec(self.base)
+        retained.append(spec)
+        return spec
 
     def _graph(self, tasks: list[TaskItem]) -> m.SubmitTasks:
         """A graph: all its tasks in one SubmitTasks, so that the daemon links every

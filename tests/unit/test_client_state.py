@@ -24,8 +24,15 @@ from scaler_executor.client.state import (
     SUBMIT_BATCH,
     TASK_MASK,
     UNSENT,
+    Broken,
     ClientCore,
+    FailTasks,
     IllegalTransition,
+    MarkRunning,
+    Resend,
+    ResultIn,
+    RunningIn,
+    Settle,
     TaskItem,
     TaskRecord,
 )
@@ -268,6 +275,85 @@ def test_validate_catches_a_broken_invariant() -> None:
         c.core.validate()
 
 
+def result_of(task_id: int, status: int = m.Status.OK) -> m.TaskResult:
+    return m.TaskResult(task_id, 0, status, b"r", m.NO_FACTS, [])
+
+
+def test_a_result_in_settles_its_task_once_whichever_route_brings_it() -> None:
+    """Events in, commands out: the first copy of a result is Settle (its record leaves
+    the core), a second copy (the same result by another route) or one for a cancelled
+    task is nothing."""
+    c = Client()
+    record = c.submit()
+    c.drain()
+    result = result_of(BASE | record.n)
+    assert c.core.handle(ResultIn(result)) == [Settle(record, result)]
+    c.check()
+    assert record.n not in c.core.records
+    assert c.core.handle(ResultIn(result)) == []
+    c.check()
+    taken = c.submit()
+    assert c.core.cancel(taken) == "taken"
+    assert c.core.handle(ResultIn(result_of(BASE | taken.n))) == []
+    c.check()
+
+
+def test_a_result_for_an_unsent_or_parked_task_settles_it_too() -> None:
+    """A task that fails before it was sent (its argument failed, the executor broke)."""
+    c = Client()
+    unsent = c.submit()
+    parked = c.core.new_task(TaskFuture(), PARKED, c.now)
+    for record in (unsent, parked):
+        (command,) = c.core.handle(ResultIn(result_of(BASE | record.n, m.Status.ERROR)))
+        assert command == Settle(record, result_of(BASE | record.n, m.Status.ERROR))
+        c.check()
+    assert not c.core.records
+    assert c.drain() == [], "the unsent task's item is skipped"
+
+
+def test_dep_gone_is_a_resend_and_the_task_stays_outstanding() -> None:
+    c = Client()
+    record = c.submit()
+    c.drain()
+    assert c.core.handle(ResultIn(result_of(BASE | record.n, m.Status.DEP_GONE))) == [Resend(record.n)]
+    c.check()
+    assert c.core.records[record.n] is record and record.where is SENT
+    claimed = c.submit()
+    c.core.claim(claimed.n)
+    assert c.core.handle(ResultIn(result_of(BASE | claimed.n, m.Status.DEP_GONE))) == [], "completed meanwhile"
+
+
+def test_a_running_notice_marks_only_outstanding_tasks() -> None:
+    c = Client()
+    a, b, done = c.submit(), c.submit(), c.submit()
+    c.drain()
+    c.core.handle(ResultIn(result_of(BASE | done.n)))
+    assert c.core.handle(RunningIn([BASE | a.n, BASE | done.n, BASE | b.n])) == [MarkRunning([a, b])]
+    assert c.core.handle(RunningIn([BASE | done.n])) == []
+    c.check()
+    assert c.core.records == {a.n: a, b.n: b}, "a running task stays outstanding"
+
+
+def test_broken_fails_every_outstanding_task_and_empties_the_core() -> None:
+    c = Client()
+    records = [c.submit() for _ in range(3)]
+    c.drain()
+    records.append(c.submit())
+    c.core.outbox.append((PIN_OBJECTS, [b"o"]))
+    error = RuntimeError("daemon lost")
+    (command,) = c.core.handle(Broken(error))
+    assert type(command) is FailTasks and command.error is error
+    assert sorted(r.n for r in command.records) == sorted(r.n for r in records)
+    assert not c.core.records and not c.core.outbox
+    c.check()
+    assert c.core.handle(Broken(error)) == [FailTasks([], error)]
+
+
+def test_handle_refuses_what_is_not_an_event() -> None:
+    with pytest.raises(TypeError, match="not a client core event"):
+        Client().core.handle("result")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_randomized_every_task_ends_once(seed: int) -> None:
     """Submits, drains, acks, cancels (taken, asked, answered either way) and results in
@@ -311,10 +397,13 @@ def test_randomized_every_task_ends_once(seed: int) -> None:
         elif daemon:
             wire = rng.choice(list(daemon))
             del daemon[wire]
-            record = c.core.claim(wire & TASK_MASK)
-            if record is not None:
-                assert record.n not in ended, "a task ended twice"
-                ended[record.n] = "result"
+            for _ in range(rng.choice([1, 1, 2])):  # sometimes by two routes (inbox and daemon)
+                commands = c.core.handle(ResultIn(result_of(wire)))
+                if commands:
+                    (settle,) = commands
+                    assert type(settle) is Settle and settle.result.task_id == wire
+                    assert settle.record.n not in ended, "a task ended twice"
+                    ended[settle.record.n] = "result"
         c.check()
     c.core.acknowledged(c.core.unacked)
     while c.core.records:  # run everything still outstanding to its end

@@ -191,7 +191,7 @@ def test_a_running_notice_racing_its_result_never_strands_the_future() -> None:
     through mark_running(), an atomic check-and-set: neither raises, and the future ends
     FINISHED with its value. (Before it, a check-then-set on two threads raised
     InvalidStateError on the loser and stranded the future.)"""
-    from scaler_executor.client.agent import settle
+    from scaler_executor.client.completion import settle
 
     n = 2000
     futures: list[TaskFuture[int]] = [TaskFuture() for _ in range(n)]
