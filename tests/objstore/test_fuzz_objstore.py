@@ -58,8 +58,12 @@ def _missing_libfuzzer() -> str | None:
 
 
 def _run(binary: Path, args: list[str], env: dict[str, str], timeout: float) -> str:
+    # Through a shell that forks it (the ``exit`` stops the shell from exec'ing it in its
+    # place): libFuzzer's RSS limit reads the peak RSS (getrusage), which Linux carries
+    # across exec from the forking process's memory — a pytest process grown to 3 GB by the
+    # whole suite made the fuzzer report "out-of-memory" before its first input.
     run = subprocess.run(
-        [str(binary), *args],
+        ["/bin/sh", "-c", '"$@"; exit $?', "sh", str(binary), *args],
         check=False,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
