@@ -167,7 +167,7 @@ class Daemon:
                 interval=config.journal_fsync_interval, log=log,
             )
         adopt = live.get(b"s", b"").decode()  # the store region of the previous run (durable.py)
-        self.objects = HostStore(config, adopt=adopt)
+        self.objects = HostStore(config, adopt=adopt, journaled=self.journal is not None)
         if self.journal is not None:
             from scaler_executor.scheduler.durable import DurableScheduler
 
@@ -559,7 +559,8 @@ class Daemon:
     # ------------------------------------------------------------------ stop
 
     def _shutdown(self) -> None:
-        if self.journal is None or not self.core.tasks:
+        pause = self.journal is not None and bool(self.core.tasks)
+        if not pause:
             # Without a journal, or with nothing in it to resume (an embedded cluster whose
             # client shut down, say), a stop is the end: its workers go now, not after the grace.
             if self.journal is not None:
@@ -583,7 +584,7 @@ class Daemon:
             self.security.close()  # its ZAP socket first: the channel's close ends their context
         self.sock.close(linger=0)
         self.outbound.peers.clear()  # their views, before the store closes
-        self.objects.close()
+        self.objects.close(keep=pause)  # a pause keeps the region and its objects for the restart
         if self.address.startswith("ipc://"):
             try:
                 os.unlink(self.address[len("ipc://") :])

@@ -85,9 +85,14 @@ def index_size(size: int, config: ClusterConfig) -> int:
 class HostStore:
     """The daemon's handle on its host's store."""
 
-    def __init__(self, config: ClusterConfig, adopt: str = "") -> None:
+    def __init__(self, config: ClusterConfig, adopt: str = "", journaled: bool = False) -> None:
         """``adopt``: the region of this daemon's previous run, named by its journal: kept
-        (with the objects in it) if it is still there, and removed by this daemon in turn."""
+        (with the objects in it) if it is still there, and removed by this daemon in turn.
+
+        ``journaled``: the region outlives this daemon when it dies, for its restart, so it
+        is named ``scalerj-<pid>-<random>``, which no other daemon's sweep of dead daemons'
+        regions (``scaler-<pid>-...``) touches; its own daemon removes it when it stops with
+        nothing left to resume (``close``)."""
         from scaler_executor.objstore import ObjectStore
 
         self.store: Any = None
@@ -108,7 +113,7 @@ class HostStore:
         remove_stale_regions(keep=self.name)
         if self.store is not None:
             return
-        name = f"scaler-{os.getpid()}-{os.urandom(8).hex()}"
+        name = f"{'scalerj' if journaled else 'scaler'}-{os.getpid()}-{os.urandom(8).hex()}"
         try:
             self.store = ObjectStore.create(
                 name, size, max_objects=index_size(size, config), fallback_dir=tempfile.gettempdir()
@@ -202,12 +207,14 @@ class HostStore:
             except Exception as exc:  # noqa: BLE001 - already gone: nothing to free
                 log.debug("abort of partial object %s: %s", object_id.hex(), exc)
 
-    def close(self) -> None:
+    def close(self, keep: bool = False) -> None:
+        """Close the region; ``keep``: leave it (and its objects) for a restart on the journal."""
         for object_id in list(self.partial):
             self._abort(object_id)
         if self.store is not None:
             try:
-                self.store.unlink()
+                if not keep:
+                    self.store.unlink()
                 self.store.close()
             except Exception as exc:  # noqa: BLE001 - shutdown goes on; the log names the region
                 log.warning("closing the object store %s: %s", self.name, exc)
