@@ -126,6 +126,8 @@ class HostStore:
             )
             return
         self.name = name
+        if journaled:  # it outlives a killed daemon: name it where an operator will look
+            log.info("object store %s (kept for a restart on the journal while tasks remain)", name)
 
     def figures(self) -> dict[str, int]:
         """The store's figures for a statistics snapshot (ObjectStoreStats), {} without a store."""
