@@ -166,7 +166,7 @@ class _Kept(NamedTuple):
 
 
 class _Finished(NamedTuple):
-    result: bytes | None
+    result: bytes  # (a finished task holds its result for its dependents)
     objects: list[bytes]
 
 

@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
+import hypothesis
 import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -33,13 +36,11 @@ from test_core import CONFIG, hello, spec, tid
 from test_core_fuzz import (
     _BYTES,
     _INTS,
-    _ROLE_OF,
     PEERS,
     _at,
     _describe,
     _Failures,
     event,
-    failures,  # noqa: F401  (the fixture)
     strategy_for,
 )
 
@@ -49,7 +50,7 @@ from scaler_executor.scheduler.core import PeerUnreachable, Received, Send, Tick
 from scaler_executor.scheduler.durable import LOGICAL, DurableScheduler, JournalWrite
 from scaler_executor.scheduler.journal import JournalError, JournalRecordInvalid
 
-EXAMPLES = int(os.environ.get("SCALER_DURABLE_FUZZ_EXAMPLES", "30"))
+EXAMPLES = int(os.environ.get("SCALER_DURABLE_FUZZ_EXAMPLES", "50"))
 pytestmark = pytest.mark.timeout(max(120, EXAMPLES // 2))
 
 _SETTINGS = settings(
@@ -61,6 +62,18 @@ _SETTINGS = settings(
 
 def _config() -> Any:
     return dataclasses.replace(CONFIG, restart_grace=3.0)
+
+
+@pytest.fixture
+def failures() -> Iterator[_Failures]:
+    """Handler exceptions the core logged (test_core_fuzz's: each counts as a failure)."""
+    handler = _Failures()
+    logger = logging.getLogger("scaler_executor.daemon")
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
 
 
 def live_map(entries: list[tuple[bytes, bytes | None]]) -> dict[bytes, bytes]:
@@ -84,6 +97,7 @@ class DurableWorld:
         self.entries: list[tuple[bytes, bytes | None]] = []
         self.welcomes: list[tuple[int, bytes]] = []
         self.crashes = 0
+        self.resumed = 0  # Resumes welcomed after a crash
 
     def _fresh(self) -> DurableScheduler:
         return DurableScheduler(_config(), token=lambda: b"token-%d" % next(self.tokens))
@@ -162,16 +176,16 @@ class Crash:
 @st.composite
 def durable_event(draw: st.DrawFn) -> Any:
     roll = draw(st.integers(0, 19))
-    if roll < 11:
+    if roll < 9:
         return draw(event())
     peer = draw(st.sampled_from([*PEERS, b"n1", b"n2"]))  # n1, n2: new connections after a crash
-    if roll < 15:
+    if roll < 13:
         messages = draw(st.lists(_journal_messages, min_size=1, max_size=3))
         return Received(peer, messages, 0.0)
-    if roll < 18:
+    if roll < 17:
         then = draw(st.lists(st.one_of(_journal_messages, st.builds(m.Heartbeat, st.integers(0, 2), st.integers(0, 2))), max_size=2))
         return ResumeAs(peer, draw(st.integers(0, 30)), draw(st.integers(0, 5)) == 0, then)
-    if roll < 19:
+    if roll < 18:
         return PeerUnreachable(peer, 0.0)
     return Crash()
 
@@ -192,7 +206,9 @@ def _run(events: list[Any], dts: list[float], failures: _Failures) -> DurableWor
                 peer_id, token = world.welcomes[ev.index % len(world.welcomes)]
                 if ev.spoil:
                     token = token + b"x"
-                world.step(Received(ev.conn, [m.Resume(peer_id, token), *ev.then], world.now))
+                sends = world.step(Received(ev.conn, [m.Resume(peer_id, token), *ev.then], world.now))
+                if world.crashes and any(type(x) is m.Welcome for c in sends for x in c.messages):
+                    world.resumed += 1
         else:
             world.step(_at(ev, world.now))
         assert not failures.records, _describe(failures.records)
@@ -207,6 +223,8 @@ def _run(events: list[Any], dts: list[float], failures: _Failures) -> DurableWor
     assert not world.core.tasks, list(world.core.tasks.values())[:3]
     left = set(live_map(world.entries))
     assert left <= {b"n"}, sorted(left)[:5]
+    hypothesis.event(f"crashes: {min(world.crashes, 3)}{'+' if world.crashes >= 3 else ''}")
+    hypothesis.event(f"resumed after a crash: {'yes' if world.resumed else 'no'}")
     return world
 
 
@@ -259,7 +277,7 @@ def garbled(draw: st.DrawFn, value: bytes) -> bytes:
         return value[: draw(st.integers(0, len(value) - 1))]
     try:
         fields = msgpack.unpackb(value, raw=False, strict_map_key=False)
-    except Exception:
+    except (ValueError, TypeError, msgpack.exceptions.UnpackException):
         return draw(st.binary(max_size=12))
     if type(fields) is list and fields:  # one field replaced (a wrong type, or a right one)
         fields = list(fields)
@@ -366,4 +384,15 @@ def test_a_huge_hold_count_is_refused_not_allocated() -> None:
     key = next(k for k in live if k[:1] == b"o")
     live[key] = (2**63).to_bytes(8, "big")
     with pytest.raises(JournalRecordInvalid, match="hold count"):
+        DurableScheduler(_config()).restore(live, 1000.0)
+
+
+def test_a_finished_record_without_its_result_is_refused() -> None:
+    """Found by the garbled-journal fuzz: an ``r`` record of [nil, []] restored a finished
+    task without a result (validate: "finished but kept for nothing"); its dependents would
+    have been sent None."""
+    live = dict(_POPULATED)
+    key = next(k for k in live if k[:1] == b"r")
+    live[key] = msgpack.packb([None, []])
+    with pytest.raises(JournalRecordInvalid, match="finished record"):
         DurableScheduler(_config()).restore(live, 1000.0)
