@@ -808,6 +808,10 @@ class DurableScheduler(Scheduler):
         finished = dict(by_kind.get(b"r", []))
         for task_id, value in by_kind.get(b"t", []):
             self._restore_task(task_id, value, dispatched, finished, garbage)
+        for task_id in list(self._jr):  # a result kept for no dependent (a garbled record's): forgotten
+            task = self.tasks[task_id]
+            if task.holds <= 0:
+                self._maybe_release(task)
         for task_id in dispatched:
             if task_id not in self._dkeys:
                 garbage.append(_key(b"d", task_id))

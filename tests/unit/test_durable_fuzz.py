@@ -396,3 +396,22 @@ def test_a_finished_record_without_its_result_is_refused() -> None:
     live[key] = msgpack.packb([None, []])
     with pytest.raises(JournalRecordInvalid, match="finished record"):
         DurableScheduler(_config()).restore(live, 1000.0)
+
+
+def test_a_kept_result_no_dependent_needs_is_forgotten_at_restore() -> None:
+    """Found by the garbled-journal fuzz: a dependent's record without its dependency (its
+    deps field replaced) left the ``r`` record's task finished and held by nothing
+    (validate: "finished but kept for nothing").  It is forgotten, its records deleted."""
+    live = dict(_POPULATED)
+    key = b"t" + tid(1, 2).to_bytes(8, "big")  # the dependent of task 1, whose result is kept
+    fields = msgpack.unpackb(live[key])
+    fields[3] = []
+    live[key] = msgpack.packb(fields)
+    world = DurableWorld()
+    world.entries = list(live.items())
+    world.core.restore(live, world.now)
+    world.core.validate()
+    assert tid(1, 1) not in world.core.tasks
+    world.step(Tick(world.now))
+    left = live_map(world.entries)
+    assert b"r" + tid(1, 1).to_bytes(8, "big") not in left and b"t" + tid(1, 1).to_bytes(8, "big") not in left
