@@ -47,12 +47,13 @@ import struct
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import messages as m
+from scaler_executor.protocol.codec import DecodeError, _record
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS, Role, Status
 from scaler_executor.protocol.rejoin import JOURNAL_FULL, NOT_RESUMABLE, UNKNOWN_PEER
 from scaler_executor.scheduler.core import (
@@ -65,6 +66,7 @@ from scaler_executor.scheduler.core import (
     Tick,
     _pack_lost,
 )
+from scaler_executor.scheduler.journal_format import JournalRecordInvalid
 from scaler_executor.scheduler.state import (
     AT_WORKER_STATES,
     ClientRecord,
@@ -81,6 +83,8 @@ NEXT_PEER = b"n"
 STORE = b"s"  # the host's store region: kept by a restarted daemon (scheduler/objects.py)
 
 Entries = list[tuple[bytes, bytes | None]]
+MAX_PEER_ID = 1 << (64 - m.TASK_ID_BITS)  # a client's id prefixes its 64-bit task ids
+MAX_HOLDS = 1 << 24  # holds of one object by one client: more is a garbled record
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,9 +131,73 @@ def _unpack(data: bytes) -> Any:
 KEPT = "kept"  # first field of a ``t`` record that holds the task's result, not the task
 
 
-def _result(fields: list[Any]) -> m.TaskResult:
-    fields[4] = m.TaskFacts(*fields[4])
-    return m.TaskResult(*fields)
+# The shapes of the records' values, checked at restore (the codec's validators): a record
+# the files hold intact but whose value makes no sense is refused, naming its key
+# (JournalRecordInvalid), never a crash inside restore or a core in a state it never had.
+class _Client(NamedTuple):
+    name: str
+    host: str
+    reply_to: str
+    authkey_file: str
+    token: bytes
+
+
+class _Worker(NamedTuple):
+    name: str
+    capacity: int
+    resources: dict[str, float]
+    tags: list[str]
+    pid: int
+    host: str
+    token: bytes
+
+
+class _Task(NamedTuple):
+    fn_id: int
+    flags: int
+    payload: bytes
+    deps: list[int]
+    objects: list[bytes]
+    parent: int
+    options: m.TaskOptions | None
+    attempt: int
+    failures: list[str] | None  # one line per failed attempt
+    dispatch: bytes  # b"", or the worker's id (8 bytes) and the attempt (4)
+
+
+class _Kept(NamedTuple):
+    kept: str
+    result: m.TaskResult
+
+
+class _Finished(NamedTuple):
+    result: bytes  # (a finished task holds its result for its dependents)
+    objects: list[bytes]
+
+
+_SHAPES: dict[type, Callable[[Any], Any]] = {}
+
+
+def _fields(key: bytes, value: bytes) -> Any:
+    try:
+        return _unpack(value)
+    except (ValueError, TypeError, msgpack.exceptions.UnpackException) as exc:  # (a list as a map key: TypeError)
+        raise JournalRecordInvalid(key, f"its value is not msgpack ({type(exc).__name__}: {exc})") from None
+
+
+def _load(key: bytes, value: bytes, shape: type, fields: Any = None) -> Any:
+    """The record's value as ``shape``, or JournalRecordInvalid naming ``key``."""
+    check = _SHAPES.get(shape) or _SHAPES.setdefault(shape, _record(shape))
+    try:
+        return check(_fields(key, value) if fields is None else fields)
+    except DecodeError as exc:
+        raise JournalRecordInvalid(key, f"its value is not a {shape.__name__.strip('_').lower()} record: {exc}") from None
+
+
+def _number(key: bytes, value: bytes) -> int:
+    if len(value) != 8:
+        raise JournalRecordInvalid(key, f"its value is {len(value)} bytes, not an 8-byte number")
+    return int.from_bytes(value, "big")
 
 
 class Ledger:
@@ -279,7 +347,7 @@ class DurableScheduler(Scheduler):
         self._entries.append((NEXT_PEER, self._next_peer_id.to_bytes(8, "big")))
 
     def _on_resume(self, conn: bytes, message: m.Resume) -> None:
-        peer = logical(message.peer_id)
+        peer = logical(message.peer_id) if 0 < message.peer_id < 1 << 64 else b""  # (no such id)
         record: Any = self.clients.get(peer) or self.workers.get(peer)
         token = self._tokens.get(peer)
         if record is None or token is None or not hmac.compare_digest(token, message.token):
@@ -345,7 +413,12 @@ class DurableScheduler(Scheduler):
         for object_id, count in old.items():
             self._drop([object_id] * count)
             self._odirty.add((peer, object_id))
-        lost = [t for t in message.awaiting if t not in self.tasks and t not in ledger.kept]
+        # (Only its own ids: another's, or one out of range, would be journaled as this
+        # client's result under another client's key, or not at all.)
+        lost = [
+            t for t in dict.fromkeys(message.awaiting)
+            if t >> m.TASK_ID_BITS == client.client_id and t not in self.tasks and t not in ledger.kept
+        ]
         for task_id in lost:
             text = (
                 f"task {task_id:#x} was lost across the daemon's restart: its journal has no record of it "
@@ -447,8 +520,16 @@ class DurableScheduler(Scheduler):
         if ledger is None:
             return  # the client is gone (or not a client): nobody waits for it
         super()._result_to(peer, result)
-        ledger.kept[result.task_id] = result
-        self._kpending[result.task_id] = result
+        if result.task_id >> m.TASK_ID_BITS == int.from_bytes(peer[len(LOGICAL):], "big"):  # its client id
+            ledger.kept[result.task_id] = result
+            self._kpending[result.task_id] = result
+        # else the refusal of an id not its own (a bad id): sent, never journaled under
+        # another client's key (or an impossible one)
+
+    def _on_lane_started(self, peer: bytes, message: m.LaneStarted) -> None:
+        # Clients use no lane under a journal (client/agent.py): a lane task's record has
+        # no payload to journal, so none is taken.
+        self._refuse(peer, "lane-started", "a daemon with a journal takes no lane tasks (lanes are off under a journal)")
 
     def _on_task_results(self, peer: bytes, message: m.TaskResults) -> None:
         super()._on_task_results(peer, message)
@@ -684,18 +765,27 @@ class DurableScheduler(Scheduler):
         by_kind: dict[bytes, list[tuple[int, bytes]]] = {}
         for key, value in live.items():
             if key == NEXT_PEER:
-                self._next_peer_id = max(self._next_peer_id, int.from_bytes(value, "big"))
+                number = _number(key, value)
+                if not 0 < number < MAX_PEER_ID:
+                    raise JournalRecordInvalid(key, f"next peer id {number} out of range")
+                self._next_peer_id = max(self._next_peer_id, number)
             elif key == STORE:
-                self._sweep = self.object_store == value.decode()  # the loop kept that region
-            elif key[:1] == b"o" and len(key) > 9:
+                try:
+                    self._sweep = self.object_store == value.decode()  # the loop kept that region
+                except UnicodeDecodeError:
+                    raise JournalRecordInvalid(key, "its value is not a store region's name") from None
+            elif key[:1] == b"o" and len(key) >= 9:  # (an object id may be empty)
                 holds.append((key, value))
             elif len(key) == 9 and key[:1] in b"cwftdrk":
-                by_kind.setdefault(key[:1], []).append((int.from_bytes(key[1:], "big"), value))
+                number = int.from_bytes(key[1:], "big")
+                if key[:1] in b"cw" and not 0 < number < MAX_PEER_ID:
+                    raise JournalRecordInvalid(key, f"peer id {number} out of range")
+                by_kind.setdefault(key[:1], []).append((number, value))
             else:
-                raise ValueError(f"journal record with an unknown key {key[:16]!r}: not a journal of this version")
+                raise JournalRecordInvalid(key, "an unknown key: not a journal of this version")
         liveness = self.config.heartbeat_interval * self.config.heartbeat_liveness
         for peer_id, value in by_kind.get(b"c", []):
-            name, host, reply_to, authkey_file, token = _unpack(value)
+            name, host, reply_to, authkey_file, token = _load(_key(b"c", peer_id), value, _Client)
             peer = logical(peer_id)
             self.clients[peer] = ClientRecord(peer, peer_id, name, grace_end, host=host, reply_to=reply_to, authkey_file=authkey_file)
             self._tokens[peer] = token
@@ -704,7 +794,9 @@ class DurableScheduler(Scheduler):
             self._liveness.add(peer, grace_end + max(liveness, self.config.client_timeout))
             self._next_peer_id = max(self._next_peer_id, peer_id + 1)
         for peer_id, value in by_kind.get(b"w", []):
-            name, capacity, resources, tags, pid, host, token = _unpack(value)
+            name, capacity, resources, tags, pid, host, token = _load(_key(b"w", peer_id), value, _Worker)
+            if capacity < 1 or any(not 0.0 <= q < float("inf") for q in resources.values()):
+                raise JournalRecordInvalid(_key(b"w", peer_id), f"capacity {capacity} or resources {resources!r} out of range")
             peer = logical(peer_id)
             self.workers[peer] = WorkerRecord(
                 peer, peer_id, name, capacity, resources, frozenset(tags), grace_end, pid=pid, host=host,
@@ -723,9 +815,11 @@ class DurableScheduler(Scheduler):
             if client is None:
                 garbage.append(key)
                 continue
-            object_id, count = key[9:], int.from_bytes(value, "big")
+            object_id, count = key[9:], _number(key, value)
+            if not 0 < count <= MAX_HOLDS:
+                raise JournalRecordInvalid(key, f"a hold count of {count} (a hold that ended is deleted)")
             client.objects[object_id] = count
-            self._hold([object_id] * count)
+            self.object_holds[object_id] = self.object_holds.get(object_id, 0) + count
             self._jo[(peer, object_id)] = count
         for fn_id, value in by_kind.get(b"f", []):
             client = self.clients.get(logical(fn_id >> m.TASK_ID_BITS))
@@ -738,6 +832,10 @@ class DurableScheduler(Scheduler):
         finished = dict(by_kind.get(b"r", []))
         for task_id, value in by_kind.get(b"t", []):
             self._restore_task(task_id, value, dispatched, finished, garbage)
+        for task_id in list(self._jr):  # a result kept for no dependent (a garbled record's): forgotten
+            task = self.tasks[task_id]
+            if task.holds <= 0:
+                self._maybe_release(task)
         for task_id in dispatched:
             if task_id not in self._dkeys:
                 garbage.append(_key(b"d", task_id))
@@ -749,7 +847,10 @@ class DurableScheduler(Scheduler):
             if ledger is None:
                 garbage.append(_key(b"k", task_id))
                 continue
-            ledger.kept[task_id] = _result(_unpack(value))
+            kept = _load(_key(b"k", task_id), value, m.TaskResult)
+            if kept.task_id != task_id:
+                raise JournalRecordInvalid(_key(b"k", task_id), f"it holds the result of task {kept.task_id:#x}")
+            ledger.kept[task_id] = kept
             self._kkey[task_id] = b"k"
         self._entries.extend((key, None) for key in garbage)
         if any(True for _ in self.workers):
@@ -764,21 +865,27 @@ class DurableScheduler(Scheduler):
     def _restore_task(
         self, task_id: int, value: bytes, dispatched: dict[int, bytes], finished: dict[int, bytes], garbage: list[bytes]
     ) -> None:
+        tkey = _key(b"t", task_id)
         peer = logical(task_id >> m.TASK_ID_BITS)
         client = self.clients.get(peer)
-        fields = _unpack(value)
-        if fields[0] == KEPT:  # the task ended; its result waits for its client's acknowledgement
+        fields = _fields(tkey, value)
+        if type(fields) is list and fields and fields[0] == KEPT:  # the task ended; its result waits for its client's acknowledgement
+            kept = _load(tkey, value, _Kept, fields).result
+            if kept.task_id != task_id:
+                raise JournalRecordInvalid(tkey, f"it holds the result of task {kept.task_id:#x}")
             if client is None:
-                garbage.append(_key(b"t", task_id))
+                garbage.append(tkey)
             else:
-                self._ledgers[peer].kept[task_id] = _result(fields[1])
+                self._ledgers[peer].kept[task_id] = kept
                 self._kkey[task_id] = b"t"
             return
-        fn_id, flags, payload, deps, objects, parent, options, attempt, failures, in_t = fields
+        fn_id, flags, payload, deps, objects, parent, options, attempt, failures, in_t = _load(tkey, value, _Task, fields)
+        if not 0 <= attempt < 1 << 32 or len(in_t) not in (0, 12) or flags & m.TaskFlags.ON_LANE:
+            raise JournalRecordInvalid(tkey, f"attempt {attempt}, flags {flags:#x} or dispatch {in_t!r} impossible")
         if client is None or (fn_id and fn_id not in self.functions):
             garbage.append(_key(b"t", task_id))
             return
-        task_options = DEFAULT_OPTIONS if options is None else m.TaskOptions(*options)
+        task_options = DEFAULT_OPTIONS if options is None else options
         task = TaskRecord(
             task_id, peer, fn_id, task_options, flags, payload, objects or NONE, deps or NONE, parent, self.state_counts
         )
@@ -793,7 +900,7 @@ class DurableScheduler(Scheduler):
             self.function_refs[fn_id] = self.function_refs.get(fn_id, 0) + 1
         kept = finished.get(task_id)
         if kept is not None:  # done, its result kept for dependents
-            result, result_objects = _unpack(kept)
+            result, result_objects = _load(_key(b"r", task_id), kept, _Finished)
             task.deps_released = True
             task.set_state(TaskState.FINISHED)
             task.result = result
@@ -808,6 +915,8 @@ class DurableScheduler(Scheduler):
         key = constraint_key(task_options.resources, task_options.tags) if task_options is not DEFAULT_OPTIONS else None
         task.queue_key = key
         record = dispatched.get(task_id) or in_t
+        if len(record) not in (0, 12):
+            raise JournalRecordInvalid(_key(b"d", task_id), f"its value is {len(record)} bytes, not a worker id and attempt (12)")
         if record:
             worker = self.workers.get(logical(int.from_bytes(record[:8], "big")))
             if worker is not None and int.from_bytes(record[8:], "big") == attempt:

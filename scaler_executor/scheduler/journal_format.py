@@ -51,6 +51,7 @@ __all__ = [
     "JournalError",
     "JournalFull",
     "JournalLocked",
+    "JournalRecordInvalid",
     "JournalVersionMismatch",
     "Loaded",
     "encode_record",
@@ -103,6 +104,22 @@ class JournalFull(JournalError):
 
 class JournalLocked(JournalError):
     """Another live process holds the journal's lock."""
+
+
+class JournalRecordInvalid(JournalError):
+    """A record the files hold intact (checksums right) whose value does not make sense for
+    its key (scheduler/durable.py's restore): refused, never half loaded.  ``path`` is the
+    journal's directory once the daemon knows it."""
+
+    def __init__(self, key: bytes, reason: str, path: str = "") -> None:
+        self.key = key
+        self.reason = reason
+        self.path = path
+        where = f"journal {path}" if path else "the journal"
+        super().__init__(
+            f"{where} holds a record that does not make sense: key {key[:64]!r}: {reason}. The journal was "
+            f"not loaded (nothing of it is used); {_MOVE_AWAY}, or restore it from a copy"
+        )
 
 
 def header_bytes(package_version: str) -> bytes:

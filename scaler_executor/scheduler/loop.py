@@ -173,7 +173,14 @@ class Daemon:
 
             self.core: Scheduler = DurableScheduler(config, self.objects.name)
             if live:
-                self.core.restore(live, time.monotonic())
+                from scaler_executor.scheduler.journal import JournalRecordInvalid
+
+                try:
+                    self.core.restore(live, time.monotonic())
+                except JournalRecordInvalid as exc:  # reported as any unusable journal (cli/daemon.py)
+                    self.objects.close()
+                    self.journal.close()
+                    raise JournalRecordInvalid(exc.key, exc.reason, config.journal or "") from None
         else:
             self.core = Scheduler(config, self.objects.name)
         self.core.store_stats = self.objects.figures

@@ -224,6 +224,27 @@ def test_a_journal_of_another_version_is_refused(cluster: Cluster) -> None:
     assert cluster.journal in text and "0.0.0-elsewhere" in text, text
 
 
+def test_a_journal_with_a_garbled_record_is_refused_naming_it(cluster: Cluster) -> None:
+    """A record intact on disk (its checksum right) whose value makes no sense for its key
+    (here a worker whose capacity is a string): the daemon exits at once naming the journal,
+    the key and the fix; no traceback."""
+    import msgpack
+
+    from scaler_executor.scheduler.journal import open_journal
+    from scaler_executor.scheduler.loop import journal_version
+
+    writer, _ = open_journal(cluster.journal, package_version=journal_version())
+    writer.append([(b"n", (3).to_bytes(8, "big")), (b"w" + (2).to_bytes(8, "big"), msgpack.packb(["w", "two", {}, [], 1, "h", b"t"]))])
+    writer.close()
+    proc = cluster.start(
+        "--address", cluster.address, "--journal", cluster.journal, module="scaler_executor.cli.daemon"
+    )
+    assert proc.wait(60) != 0
+    text = cluster.text()
+    assert cluster.journal in text and repr(b"w" + (2).to_bytes(8, "big")) in text and "capacity" in text, text
+    assert "move the journal directory away" in text and "Traceback" not in text, text
+
+
 # --------------------------------------------------------------------------- the embedded cluster
 
 
