@@ -1302,6 +1302,19 @@ class Scheduler:
         # Only the workers that may have room (placement.py): those found full, broken or
         # draining leave the open set until they grow; the policy sees the rest, in join order.
         max_prefetch, placement = self.config.max_prefetch, self.placement
+        if type(self.policy) is LeastLoaded:
+            # Its first choices without a pass over every open worker: the idle ones, in join
+            # order, one task each (placement.py, "Idle workers"); the pass below is for the rest.
+            idle = placement.take_idle(self.ready.live)
+            for i, worker in enumerate(idle):
+                task = self.ready.pop()
+                if task is None:
+                    for unused in idle[i:]:
+                        placement.put_back(unused)
+                    return
+                self._assign(worker, task, out)
+            if not self.ready.live:
+                return
         workers, slots = [], []
         for w in placement.open_workers(self.workers):
             slot = WorkerSlot(w.capacity, len(w.inflight) - len(w.seceded), w.mean_task_seconds)

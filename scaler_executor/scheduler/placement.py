@@ -14,7 +14,16 @@ number of such queues.  This module removes both factors:
   the workers that may have room, ``open``, not over every worker: a worker leaves the set
   when a dispatch pass finds it full (or broken, or draining) and comes back when it grows
   (below).  With a backlog, most workers are full and a pass costs what the few that
-  freed a slot cost; with idle workers and a thin queue it is still one entry per idle worker.
+  freed a slot cost.
+* **Idle workers.**  With many idle workers and a thin queue (a few tasks ready per turn),
+  the open set is nearly every worker, and a pass over it cost O(workers) per turn, divided
+  among few tasks.  The least-loaded policy's first choices are known without a pass: the
+  idle workers (nothing in flight but seceded tasks, so load 0), in join order, one task
+  each.  ``take_idle`` pops them from a heap by join order, filled by ``refresh`` with the
+  workers that grew while idle; entries that went stale (the worker got tasks, left,
+  drains) are dropped when popped.  The core gives them the first ready tasks and runs the
+  full pass only for what remains, so the placement is the policy's, at O(tasks · log
+  workers) a turn for a thin queue.
 * **Stuck keys.**  When a pass over a key's fitting workers leaves tasks in its queue, no
   worker can take one more of them *now* (its tasks all need the same): the key is *stuck*
   and is not tried again until a worker that could ever run it may have room for more:
@@ -41,6 +50,7 @@ fitting workers; ``placement_retries``, passes over a stuck key's candidates alo
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Iterable
 
 from scaler_executor.scheduler.state import ConstraintKey, WorkerRecord
@@ -150,6 +160,10 @@ class Placement:
         # Workers that may have room for a plain task (a superset: the dispatch pass drops
         # those it finds full, broken or draining; refresh adds back those that grew).
         self.open: dict[bytes, WorkerRecord] = {}
+        # (worker id, peer) of workers idle when they last grew, a heap by join order, and
+        # the same entries as a set (module doc, "Idle workers")
+        self._idle: list[tuple[int, bytes]] = []
+        self._idle_in: set[tuple[int, bytes]] = set()
         self.scans = 0
         self.retries = 0
 
@@ -220,11 +234,16 @@ class Placement:
         grown = self._grown
         if not grown:
             return
-        profiles, classes, open_ = self._profile, self.classes, self.open
+        profiles, classes, open_, idle, idle_in = self._profile, self.classes, self.open, self._idle, self._idle_in
         for peer in grown:
             profile = profiles.get(peer)
             if profile is not None:
-                open_[peer] = classes[profile][peer]
+                worker = open_[peer] = classes[profile][peer]
+                if len(worker.inflight) == len(worker.seceded):  # idle (seceded tasks are no load)
+                    entry = (worker.worker_id, peer)
+                    if entry not in idle_in:
+                        idle_in.add(entry)
+                        heapq.heappush(idle, entry)
         if self._stuck_by_profile:
             profiles, stuck, active = self._profile, self.stuck, self.active
             by_profile = self._stuck_by_profile
@@ -251,6 +270,32 @@ class Placement:
         found = list(open_.values())
         found.sort(key=_joined)
         return found
+
+    def take_idle(self, n: int) -> list[WorkerRecord]:
+        """Up to ``n`` open workers with nothing in flight (seceded tasks aside) that may take
+        a task, in join order: the least-loaded policy's first ``n`` choices when there are at
+        least ``n`` (each gets one task: its load is then above every other idle worker's).
+        Taken off the heap: a worker the caller gives no task goes back by :meth:`put_back`."""
+        out: list[WorkerRecord] = []
+        idle, idle_in, open_ = self._idle, self._idle_in, self.open
+        while idle and len(out) < n:
+            entry = heapq.heappop(idle)
+            idle_in.discard(entry)
+            worker = open_.get(entry[1])
+            if (
+                worker is None or worker.worker_id != entry[0] or len(worker.inflight) != len(worker.seceded)
+                or worker.broken is not None or worker.draining or worker.capacity <= 0
+            ):
+                continue  # stale: it grows again (and comes back here) when it may take one
+            out.append(worker)
+        return out
+
+    def put_back(self, worker: WorkerRecord) -> None:
+        """An idle worker :meth:`take_idle` gave out that got no task."""
+        entry = (worker.worker_id, worker.peer)
+        if entry not in self._idle_in:
+            self._idle_in.add(entry)
+            heapq.heappush(self._idle, entry)
 
     def closed(self, peer: bytes) -> None:
         """This worker has no room for a plain task now (until it grows)."""
@@ -314,3 +359,10 @@ class Placement:
         for key, candidates in self.stuck.items():
             assert not candidates or key in self.active, f"stuck key {key} has candidates but is not tried"
         assert all(workers.get(peer) is w for peer, w in self.open.items()), "an open worker is not connected"
+        assert len(self._idle) == len(self._idle_in) and set(self._idle) == self._idle_in, "idle heap and set differ"
+        for peer, worker in self.open.items():
+            if (
+                peer not in self._grown and len(worker.inflight) == len(worker.seceded) and worker.broken is None
+                and not worker.draining and worker.capacity > 0
+            ):
+                assert (worker.worker_id, peer) in self._idle_in, f"idle {worker!r} is not in the idle heap"
