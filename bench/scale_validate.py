@@ -34,6 +34,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -47,19 +49,53 @@ from bench.scale import DaemonProcess, Sim, _phase, pin, raise_nofile
 from scaler_executor.protocol import messages as m
 
 NOOP = cloudpickle.dumps((int, (), {}))  # what a real processor runs: int() -> 0
+TOPUP = 7  # tasks a processor is topped up with (worker/dealing.py MAX_DEPTH - REFILL_AT): the first guess
+PACE_ROUNDS = 6  # warm-ups at most, tuning the wake-up
+PACE_TOLERANCE = 0.05
+TURNS_TOLERANCE = 0.10
 
 
 def _workers_connected(sim: Sim) -> int:
     return int(sim.request_stats()["workers"])
 
 
+def _tap_snapshot(daemon: DaemonProcess, path: str, sim: Sim) -> dict[str, int]:
+    """The tap's counts so far (bench/scale_tap.py: SIGUSR1 appends them to ``path``)."""
+    lines = 0
+    if os.path.exists(path):
+        with open(path) as f:
+            lines = sum(1 for _ in f)
+    daemon.proc.send_signal(signal.SIGUSR1)
+    sim.request_stats()  # a turn of the daemon's after the signal, so the line is written
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            with open(path) as f:
+                rows = f.read().splitlines()
+            if len(rows) > lines and rows[-1].endswith("}"):
+                return dict(json.loads(rows[-1]))
+        time.sleep(0.01)
+    raise TimeoutError("scale_validate.py: the daemon's tap wrote no counts")
+
+
 def run_once(mode: str, *, workers: int, tasks: int, warm: int, window: int, workdir: str,
-             prefix: list[str], worker_cpus: str, service: float = 0.0) -> dict[str, Any]:
-    """One run; ``service``: a simulated worker's own time per task (0: answered at once)."""
+             prefix: list[str], worker_cpus: str, pace: float = 0.0, pace_turns: float = 0.0,
+             tap: bool = False) -> dict[str, Any]:
+    """One run; ``pace``: the time per task per worker, and ``pace_turns`` the daemon's turns
+    per task, that the simulated peers' wake-ups and quantum are tuned to during the warm-up
+    (0: none, answered at once); ``tap``: the daemon counts what it receives and sends
+    (bench/scale_tap.py), per task."""
     address = f"ipc://{workdir}/daemon.sock"
-    daemon = DaemonProcess(address, [], prefix, os.path.join(workdir, f"daemon-{mode}.log"))
+    tap_path = os.path.join(workdir, "tap.jsonl") if tap else ""
+    daemon = DaemonProcess(address, [], prefix, os.path.join(workdir, f"daemon-{mode}.log"), tap=tap_path)
+    # Paced: every simulated peer reacts after a wake-up drawn from one exponential
+    # distribution, as processes the OS schedules on a busy core do: a processor per top-up
+    # of tasks (bench/scale_worker.py), the client after results came.  Its mean is tuned in
+    # the warm-up until a simulated worker takes ``pace`` per task, as a real one did.
+    mean = [TOPUP * pace]
+    wake = (lambda: random.expovariate(1 / mean[0])) if pace else (lambda: 0.0)
     sim = Sim(address, window=window, payload=NOOP, faithful=(mode != "sim-bare"), max_peers=workers + 8,
-              service=service)
+              wake=wake, client_wake=wake if pace else None)
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
     try:
@@ -87,17 +123,41 @@ def run_once(mode: str, *, workers: int, tasks: int, warm: int, window: int, wor
             end = time.monotonic() + 0.2
             sim.run_until(lambda end=end: time.monotonic() >= end, 60, "a pause")  # type: ignore[misc]
         client = sim.clients[0]
-        client.quota = warm
-        sim.run_until(lambda: client.quota == 0 and client.outstanding == 0, 300, "the warm-up")
+        tuning = []
+        sim.quantum = mean[0] / 2 if pace_turns else 0.0
+        for _ in range(PACE_ROUNDS if pace else 1):
+            client.quota = warm
+            turns0 = int(sim.request_stats()["turns"]) if pace else 0
+            t0 = time.monotonic()
+            sim.run_until(lambda: client.quota == 0 and client.outstanding == 0, 300, "the warm-up")
+            took = workers * (time.monotonic() - t0) / warm
+            if not pace:
+                break
+            turns = (int(sim.request_stats()["turns"]) - turns0 - 1) / warm  # less the stats request's own
+            tuning.append((round(1e3 * mean[0], 3), round(1e3 * sim.quantum, 3), round(1e3 * took, 3), round(turns, 4)))
+            rate_ok = abs(took / pace - 1) < PACE_TOLERANCE
+            turns_ok = not pace_turns or abs(turns / pace_turns - 1) < TURNS_TOLERANCE
+            if rate_ok and turns_ok:
+                break
+            mean[0] *= min(4.0, max(0.25, pace / took))
+            if pace_turns:  # fewer turns than real: answers too bunched, a shorter quantum
+                sim.quantum *= min(4.0, max(0.25, turns / pace_turns))
+                # no longer a cycle (a top-up's tasks) than the rate allows
+                sim.quantum = min(sim.quantum, TOPUP * pace)
+        counts0 = _tap_snapshot(daemon, tap_path, sim) if tap else {}
         stats0 = sim.request_stats()
         client.quota = tasks
         load = _phase(sim, daemon, lambda: sim.run_until(
             lambda: client.quota == 0 and client.outstanding == 0, 600, "the measured tasks"))
         stats1 = sim.request_stats()
+        counts1 = _tap_snapshot(daemon, tap_path, sim) if tap else {}
         finished = int(stats1["finished"]) - int(stats0["finished"])
         return {
             "mode": mode,
-            "sim_service_ms": 1e3 * service if mode != "real" else None,
+            "pace_ms": 1e3 * pace if pace else None,
+            "wake_ms": 1e3 * mean[0] if pace else None,  # the tuned mean wake-up
+            "quantum_ms": 1e3 * sim.quantum if pace_turns else None,
+            "tuning": tuning if pace else None,  # (wake ms, quantum ms, ms per task per worker, turns per task) per warm-up
             # what one real (or simulated) worker took per task, queueing at the daemon included
             "ms_per_task_per_worker": 1e3 * workers * load["wall"] / tasks,
             "us_per_task": 1e6 * load["daemon_cpu"] / tasks,
@@ -108,6 +168,8 @@ def run_once(mode: str, *, workers: int, tasks: int, warm: int, window: int, wor
             "turns": int(stats1["turns"]) - int(stats0["turns"]),
             "finished": finished,
             "failed": int(stats1.get("failed", 0)) - int(stats0.get("failed", 0)),
+            **({"per_task": {k: round((n - counts0.get(k, 0)) / tasks, 4) for k, n in sorted(counts1.items())
+                             if n != counts0.get(k, 0)}} if tap else {}),
         }
     finally:
         sim.close()
@@ -133,10 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=100, help="tasks the client keeps outstanding")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--bare", action="store_true", help="also the harness's first simulated workers (sim-bare)")
-    p.add_argument("--matched", action="store_true",
-                   help="also sim-matched: simulated workers that take what a real worker took per task in the "
-                        "last real run (workers * wall / tasks) as their own time per task (Sim's service; the "
-                        "facts still report a no-op's run), so the daemon sees the same rate")
+    p.add_argument("--match-turns", action="store_true",
+                   help="sim-paced also tunes a quantum (Sim.quantum: peers answer together, as processes sharing a "
+                        "busy core do) until the daemon's turns per task are the last real run's")
+    p.add_argument("--tap", action="store_true",
+                   help="count what the daemon receives and sends per task (bench/scale_tap.py; costs the daemon CPU "
+                        "of its own: compare counts, not CPU, of tapped runs)")
+    p.add_argument("--modes", default="", help="comma-separated modes to run (default: real, sim and the flags' ones)")
     p.add_argument("--json", help="append each run as a JSON line to this file")
     args = p.parse_args(argv)
     raise_nofile()
@@ -144,14 +209,18 @@ def main(argv: list[str] | None = None) -> int:
     worker_cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))) if pinned else ""
     print(f"# daemon {'pinned: ' + ' '.join(prefix) if pinned else 'NOT pinned'}; client and workers on CPUs "
           f"{worker_cpus or 'any'}; load average {os.getloadavg()[0]:.2f}", flush=True)
-    modes = ["real", "sim", *(["sim-bare"] if args.bare else []), *(["sim-matched"] if args.matched else [])]
+    modes = ["real", "sim-paced", "sim", *(["sim-bare"] if args.bare else [])]
+    if args.modes:
+        modes = args.modes.split(",")
     rows: list[dict[str, Any]] = []
     per_task = 0.0  # a real worker's time per task, from the last real run
-    if args.matched:
+    turns_per_task = 0.0  # and the daemon's turns per task then
+    if "sim-paced" in modes:
         with tempfile.TemporaryDirectory(prefix="scale-validate-") as workdir:
             calib = run_once("real", workers=args.workers, tasks=args.tasks // 4, warm=args.warm, window=args.window,
                              workdir=workdir, prefix=prefix, worker_cpus=worker_cpus)
         per_task = calib["ms_per_task_per_worker"] / 1e3
+        turns_per_task = calib["turns"] / (args.tasks // 4)
         print(f"# calibration (unmeasured): a real worker took {1e3 * per_task:.3f} ms per task", flush=True)
     for rnd in range(args.rounds):
         order = modes[rnd % len(modes):] + modes[:rnd % len(modes)]
@@ -159,9 +228,12 @@ def main(argv: list[str] | None = None) -> int:
             with tempfile.TemporaryDirectory(prefix="scale-validate-") as workdir:
                 row = run_once(mode, workers=args.workers, tasks=args.tasks, warm=args.warm, window=args.window,
                                workdir=workdir, prefix=prefix, worker_cpus=worker_cpus,
-                               service=per_task if mode == "sim-matched" else 0.0)
+                               pace=per_task if mode == "sim-paced" else 0.0,
+                               pace_turns=turns_per_task if mode == "sim-paced" and args.match_turns else 0.0,
+                               tap=args.tap)
             if mode == "real":
                 per_task = row["ms_per_task_per_worker"] / 1e3
+                turns_per_task = row["turns"] / args.tasks
             row["round"] = rnd
             row["loadavg"] = os.getloadavg()[0]
             rows.append(row)
@@ -171,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                     f.write(json.dumps(row) + "\n")
     medians = {mode: statistics.median(r["us_per_task"] for r in rows if r["mode"] == mode) for mode in modes}
     for mode in modes:
-        ratio = medians[mode] / medians["real"]
-        print(f"{mode:9s} median {medians[mode]:6.1f} µs CPU/task  ({ratio:.3f} of real)")
+        ratio = f"  ({medians[mode] / medians['real']:.3f} of real)" if "real" in medians else ""
+        print(f"{mode:9s} median {medians[mode]:6.1f} µs CPU/task{ratio}")
     return 0
 
 
