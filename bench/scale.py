@@ -162,6 +162,10 @@ class Sim:
         # ``quantum`` seconds (0: any time): simulated peers that share one busy core, as real
         # ones do, get to run in the same slices, so their answers reach the daemon together.
         self.quantum = 0.0
+        # Every peer's wake-up (a processor's per top-up, a client's) is CPU time on one
+        # simulated core, served in turn (bench/scale_worker.py); False: each its own.
+        self.shared_core = False
+        self._core_free = 0.0
         # What each simulated task carries: None, its submit time (the simulated workers read it
         # for submit→dispatch); or a fixed payload, e.g. a pickled no-op a real worker can run.
         self.payload = payload
@@ -330,7 +334,7 @@ class Sim:
                 peer.results += 1
                 peer.outstanding -= 1
             if self.client_wake is not None and not peer.react_at:
-                peer.react_at = self._slot(now + self.client_wake())
+                peer.react_at = self._slot(self._woken(now, self.client_wake))
         elif kind is m.SubmitAck:
             peer.acked += message.count
         elif kind is m.Heartbeat:
@@ -389,7 +393,7 @@ class Sim:
         procs = worker.procs
         wall = time.time() - now
         while worker.held:
-            dealt = procs.deal(worker.held, now, self.duration, self.wake)
+            dealt = procs.deal(worker.held, now, self.duration, lambda: self._woken(now, self.wake))
             if not dealt:
                 return
             worker.running = procs.running()
@@ -404,6 +408,12 @@ class Sim:
                                                  wall + start, seconds))
             if not instant:
                 return
+
+    def _woken(self, now: float, wake: Callable[[], float]) -> float:
+        if not self.shared_core:
+            return now + wake()
+        self._core_free = max(now, self._core_free) + wake()
+        return self._core_free
 
     def _slot(self, t: float) -> float:
         q = self.quantum
@@ -536,6 +546,7 @@ class Size:
     daemon_tree: str = ""  # run the daemon from this checkout (A/B of two versions); "" this one
     wake: str = "0"  # a simulated processor's wake-up per top-up of tasks (a --duration spelling)
     client_wake: str = ""  # a simulated client's delay before it submits more ("": none)
+    shared_core: bool = False  # the wake-ups are CPU time on one simulated core, in turn (Sim.shared_core)
 
 
 def _phase(sim: Sim, daemon: DaemonProcess, body: Callable[[], None]) -> dict[str, float]:
@@ -589,6 +600,7 @@ def run_size(size: Size, workdir: str, prefix: list[str] | None = None) -> dict[
     peers = size.clients + 2 * size.workers + 1  # the pending phase adds the workers again; a monitor
     sim = Sim(address, credentials=credentials, duration=duration_sampler(size.duration), window=size.window, max_peers=peers,
               wake=duration_sampler(size.wake), client_wake=duration_sampler(size.client_wake) if size.client_wake else None)
+    sim.shared_core = size.shared_core
     row: dict[str, Any] = {
         "transport": size.transport + ("" if size.transport == "ipc" else (" insecure" if size.insecure else " curve")),
         "workers": size.workers, "processors": size.processors, "clients": size.clients,
@@ -716,6 +728,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wake", default="0", help="a simulated processor's wake-up per top-up of tasks, as --duration "
                    "(bench/scale_worker.py; bench/scale_validate.py's sim-paced tunes it against real workers)")
     p.add_argument("--client-wake", default="", help="a simulated client's delay before it submits more, as --duration")
+    p.add_argument("--shared-core", action="store_true",
+                   help="the wake-ups are CPU time on one simulated core, served in turn (peers sharing a busy core)")
     p.add_argument("--transport", choices=("ipc", "tcp"), default="ipc")
     p.add_argument("--insecure", action="store_true", help="tcp without CURVE")
     p.add_argument("--repeat", type=int, default=1, help="runs of every size, alternated")
@@ -765,7 +779,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     duration_sampler(args.wake, "--wake"), args.client_wake and duration_sampler(args.client_wake, "--client-wake")
     sizes = [Size(w, pr, c, args.tasks, args.window, args.idle, args.pending, args.duration, args.transport, args.insecure,
-                  wake=args.wake, client_wake=args.client_wake)
+                  wake=args.wake, client_wake=args.client_wake, shared_core=args.shared_core)
              for w in _ints(args.workers) for pr in _ints(args.processors) for c in _ints(args.clients)]
     trees = [os.path.abspath(t) for t in args.daemon_trees.split(",")] if args.daemon_trees else [""]
     for rep in range(args.repeat):

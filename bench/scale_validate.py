@@ -80,7 +80,7 @@ def _tap_snapshot(daemon: DaemonProcess, path: str, sim: Sim) -> dict[str, int]:
 
 def run_once(mode: str, *, workers: int, tasks: int, warm: int, window: int, workdir: str,
              prefix: list[str], worker_cpus: str, pace: float = 0.0, pace_turns: float = 0.0,
-             tap: bool = False) -> dict[str, Any]:
+             shared_core: bool = False, tap: bool = False) -> dict[str, Any]:
     """One run; ``pace``: the time per task per worker, and ``pace_turns`` the daemon's turns
     per task, that the simulated peers' wake-ups and quantum are tuned to during the warm-up
     (0: none, answered at once); ``tap``: the daemon counts what it receives and sends
@@ -92,10 +92,16 @@ def run_once(mode: str, *, workers: int, tasks: int, warm: int, window: int, wor
     # distribution, as processes the OS schedules on a busy core do: a processor per top-up
     # of tasks (bench/scale_worker.py), the client after results came.  Its mean is tuned in
     # the warm-up until a simulated worker takes ``pace`` per task, as a real one did.
-    mean = [TOPUP * pace]
-    wake = (lambda: random.expovariate(1 / mean[0])) if pace else (lambda: 0.0)
+    mean = [TOPUP * pace / (workers if shared_core else 1)]  # a shared core serves every worker's top-ups
+    if not pace:
+        wake = lambda: 0.0  # noqa: E731
+    elif shared_core:  # CPU work of one kind, served in turn: about as long each time
+        wake = lambda: mean[0]  # noqa: E731
+    else:
+        wake = lambda: random.expovariate(1 / mean[0])  # noqa: E731
     sim = Sim(address, window=window, payload=NOOP, faithful=(mode != "sim-bare"), max_peers=workers + 8,
               wake=wake, client_wake=wake if pace else None)
+    sim.shared_core = shared_core
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
     try:
@@ -209,13 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     worker_cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))) if pinned else ""
     print(f"# daemon {'pinned: ' + ' '.join(prefix) if pinned else 'NOT pinned'}; client and workers on CPUs "
           f"{worker_cpus or 'any'}; load average {os.getloadavg()[0]:.2f}", flush=True)
-    modes = ["real", "sim-paced", "sim", *(["sim-bare"] if args.bare else [])]
+    modes = ["real", "sim-core", "sim-paced", "sim", *(["sim-bare"] if args.bare else [])]
     if args.modes:
         modes = args.modes.split(",")
     rows: list[dict[str, Any]] = []
     per_task = 0.0  # a real worker's time per task, from the last real run
     turns_per_task = 0.0  # and the daemon's turns per task then
-    if "sim-paced" in modes:
+    if "sim-paced" in modes or "sim-core" in modes:
         with tempfile.TemporaryDirectory(prefix="scale-validate-") as workdir:
             calib = run_once("real", workers=args.workers, tasks=args.tasks // 4, warm=args.warm, window=args.window,
                              workdir=workdir, prefix=prefix, worker_cpus=worker_cpus)
@@ -228,9 +234,9 @@ def main(argv: list[str] | None = None) -> int:
             with tempfile.TemporaryDirectory(prefix="scale-validate-") as workdir:
                 row = run_once(mode, workers=args.workers, tasks=args.tasks, warm=args.warm, window=args.window,
                                workdir=workdir, prefix=prefix, worker_cpus=worker_cpus,
-                               pace=per_task if mode == "sim-paced" else 0.0,
-                               pace_turns=turns_per_task if mode == "sim-paced" and args.match_turns else 0.0,
-                               tap=args.tap)
+                               pace=per_task if mode.startswith("sim-") and mode != "sim-bare" else 0.0,
+                               pace_turns=turns_per_task if mode in ("sim-paced", "sim-core") and args.match_turns else 0.0,
+                               shared_core=mode == "sim-core", tap=args.tap)
             if mode == "real":
                 per_task = row["ms_per_task_per_worker"] / 1e3
                 turns_per_task = row["turns"] / args.tasks

@@ -10,7 +10,10 @@ top-ups, and the daemon sees fewer, larger transmissions than one answer per tas
 by the processors' wake-ups.  ``Processors`` keeps that shape: each top-up (the same
 decisions, from the same functions) starts after a wake-up drawn from ``wake`` (seconds;
 the time a real processor takes to be scheduled and read its pipe, which a loaded host
-makes long), and its tasks then run in series for their drawn durations.
+makes long), and its tasks then run in series for their drawn durations.  With
+``Sim.shared_core`` the wake-ups (and the client's) are CPU time on one simulated core,
+served in turn, as the processes of real workers sharing a core are: their answers reach
+the daemon one after another, not in a burst, and their rate is the core's.
 
 Not modelled: recalls (a real agent takes back the tasks queued behind a task that turned
 out long when another processor idles, worker/dealing.py ``recall_due``); with mixed long
@@ -49,9 +52,11 @@ class Processors:
         self.head_since[index] = now
 
     def deal(self, queue: deque[tuple[int, int, bytes]], now: float, duration: Callable[[], float],
-             wake: Callable[[], float]) -> list[tuple[int, float, float, float, tuple[int, int, bytes]]]:
+             woken: Callable[[], float]) -> list[tuple[int, float, float, float, tuple[int, int, bytes]]]:
         """Take tasks off ``queue`` as the agent's ``_assign`` would; for each, (processor, when
-        it starts, when it ends, its run time, the task), in the order they run."""
+        it starts, when it ends, its run time, the task), in the order they run.  ``woken()``:
+        when a processor dealt a top-up now has woken to run it (Sim: now plus a drawn wake-up,
+        or after the shared core's earlier work)."""
         if not queue:
             return []
         mean = self.mean
@@ -67,7 +72,7 @@ class Processors:
             for i in live:
                 while held[i] < level and queue:
                     if i not in ready:  # one write, one wake-up, per processor per top-up
-                        ready[i] = now + wake()
+                        ready[i] = woken()
                     if not held[i]:
                         self.head_since[i] = now
                     held[i] += 1
