@@ -15,7 +15,12 @@ because a ``DealerChannel`` per peer would start a ZeroMQ context and I/O thread
 
 * A simulated **worker** says ``Hello`` as a worker with P processors and answers each
   dispatched task with ``TaskResults`` after a duration drawn from ``--duration`` (``0``,
-  ``fixed:S``, ``uniform:A:B``, ``exp:MEAN``), at most P at a time.  On the wire it does what
+  ``fixed:S``, ``uniform:A:B``, ``exp:MEAN``).  It deals tasks to its P processors as the
+  agent does (bench/scale_worker.py: top-ups of up to 8 sub-millisecond tasks, each after a
+  wake-up drawn from ``--wake``, then in series); ``--client-wake`` delays a client's next
+  submit after results, and ``--shared-core`` serves every wake-up in turn on one simulated
+  core.  Without them every peer answers at once, in lockstep, offering the daemon fewer,
+  fuller turns than real workers (docs/scaling.rst).  On the wire it does what
   a real worker (worker/agent.py) does: each result carries ``TaskFacts`` with the task's
   run time (the daemon sizes its prefetch windows from them), a ``Heartbeat`` goes every
   ``heartbeat_interval`` (from ``Welcome``) beside results or alone after silence, and while
@@ -54,7 +59,6 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
-import math
 import os
 import random
 import socket
@@ -69,7 +73,7 @@ from typing import Any
 
 import cloudpickle  # type: ignore[import-untyped]
 
-from bench.scale_daemon import DaemonProcess, cpu_busy, daemon_cpu, pin, raise_nofile  # noqa: F401  # re-exported
+from bench.scale_daemon import DaemonProcess, _pctl, _phase, cpu_busy, daemon_cpu, pin, raise_nofile  # noqa: F401
 from bench.scale_worker import Processors
 from bench.scale_zmq import SharedZmqDealer
 from scaler_executor._compat import python_version
@@ -158,10 +162,6 @@ class Sim:
         # A client's delay before it submits more after results came (a process the OS must
         # schedule); None: at once, on the harness's next turn.
         self.client_wake = client_wake
-        # Reactions (a processor's top-up ending, a client's submit) only at multiples of
-        # ``quantum`` seconds (0: any time): simulated peers that share one busy core, as real
-        # ones do, get to run in the same slices, so their answers reach the daemon together.
-        self.quantum = 0.0
         # Every peer's wake-up (a processor's per top-up, a client's) is CPU time on one
         # simulated core, served in turn (bench/scale_worker.py); False: each its own.
         self.shared_core = False
@@ -334,7 +334,7 @@ class Sim:
                 peer.results += 1
                 peer.outstanding -= 1
             if self.client_wake is not None and not peer.react_at:
-                peer.react_at = self._slot(self._woken(now, self.client_wake))
+                peer.react_at = self._woken(now, self.client_wake)
         elif kind is m.SubmitAck:
             peer.acked += message.count
         elif kind is m.Heartbeat:
@@ -404,7 +404,7 @@ class Sim:
                     self._finish(worker, index, task_id, attempt, payload, wall + start, seconds)
                 else:
                     self._seq += 1
-                    heapq.heappush(self.timers, (self._slot(end), self._seq, worker, index, task_id, attempt, payload,
+                    heapq.heappush(self.timers, (end, self._seq, worker, index, task_id, attempt, payload,
                                                  wall + start, seconds))
             if not instant:
                 return
@@ -414,10 +414,6 @@ class Sim:
             return now + wake()
         self._core_free = max(now, self._core_free) + wake()
         return self._core_free
-
-    def _slot(self, t: float) -> float:
-        q = self.quantum
-        return math.ceil(t / q) * q if q > 0 else t
 
     def _finish(self, worker: Peer, index: int, task_id: int, attempt: int, payload: bytes, started: float,
                 seconds: float) -> None:
@@ -547,26 +543,6 @@ class Size:
     wake: str = "0"  # a simulated processor's wake-up per top-up of tasks (a --duration spelling)
     client_wake: str = ""  # a simulated client's delay before it submits more ("": none)
     shared_core: bool = False  # the wake-ups are CPU time on one simulated core, in turn (Sim.shared_core)
-
-
-def _phase(sim: Sim, daemon: DaemonProcess, body: Callable[[], None]) -> dict[str, float]:
-    """Run ``body``; the wall time, the daemon's and this process's CPU, and how busy the
-    daemon's core was with other processes (``others``: the machine is shared)."""
-    core = daemon.core
-    cpu0, own0, t0 = daemon.cpu(), time.process_time(), time.monotonic()
-    busy0 = cpu_busy(core) if core is not None else 0.0
-    body()
-    wall = time.monotonic() - t0
-    used = daemon.cpu() - cpu0
-    others = (cpu_busy(core) - busy0 - used) / wall if core is not None else float("nan")
-    return {"wall": wall, "daemon_cpu": used, "harness_cpu": time.process_time() - own0, "others": max(0.0, others)}
-
-
-def _pctl(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def run_size(size: Size, workdir: str, prefix: list[str] | None = None) -> dict[str, Any]:

@@ -7,6 +7,9 @@ import resource
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Callable
+from typing import Any
 
 import psutil
 
@@ -80,3 +83,21 @@ class DaemonProcess:
         self.log.close()
 
 
+def _phase(sim: Any, daemon: DaemonProcess, body: Callable[[], None]) -> dict[str, float]:
+    """Run ``body``; the wall time, the daemon's and this process's CPU, and how busy the
+    daemon's core was with other processes (``others``: the machine is shared)."""
+    core = daemon.core
+    cpu0, own0, t0 = daemon.cpu(), time.process_time(), time.monotonic()
+    busy0 = cpu_busy(core) if core is not None else 0.0
+    body()
+    wall = time.monotonic() - t0
+    used = daemon.cpu() - cpu0
+    others = (cpu_busy(core) - busy0 - used) / wall if core is not None else float("nan")
+    return {"wall": wall, "daemon_cpu": used, "harness_cpu": time.process_time() - own0, "others": max(0.0, others)}
+
+
+def _pctl(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]

@@ -4,7 +4,7 @@ The issue's check before any of bench/scale.py's figures count: at 10 workers, t
 CPU per task under the harness is within 15 % of what it is under real ``scaler-worker``
 processes.  A script, not a test::
 
-    PYTHONPATH=. python bench/scale_validate.py --rounds 4 --tasks 20000
+    PYTHONPATH=. chrt -r 1 python bench/scale_validate.py --rounds 4 --tasks 20000
 
 Each round starts a fresh daemon per mode (``--workers 0``, pinned with ``taskset`` to the
 first CPU, as in bench/scale.py) and offers it the same workload from the same simulated
@@ -14,13 +14,24 @@ an inline no-op, ``cloudpickle.dumps((int, (), {}))``, that a real processor run
 * ``real``: ``--workers`` ``scaler-worker --processors 1`` processes, pinned with the client
   to the other CPU;
 * ``sim``: as many simulated workers of 1 processor in the client's process, sending what
-  real workers send (task facts with each result, a heartbeat every interval beside results);
-* ``sim-matched`` (with ``--matched``): as ``sim``, but each simulated worker takes as long per
-  task as a real one did in the last real run (``Sim``'s ``service``: the agent → processor →
-  agent time a real worker spends beyond the task's own run; its facts still report a no-op),
-  so the daemon sees the same rate and batches as with real workers;
+  real workers send (task facts with each result, a heartbeat every interval beside results,
+  results held back while saturated), dealing to their processors as the agent does
+  (bench/scale_worker.py), but answering at once: every simulated peer in lockstep;
+* ``sim-core``: as ``sim``, but every wake-up (a processor's per top-up of tasks, the
+  client's before it submits more) is CPU time on one simulated core, served in turn
+  (``Sim.shared_core``), as the real workers' and the client's processes share one core;
+  the time per wake-up is tuned during the warm-up (up to ``PACE_ROUNDS`` warm-ups) until a
+  simulated worker takes what a real one took per task in the last real run;
+* ``sim-paced``: as ``sim-core``, but each peer's wake-up is its own, drawn from an
+  exponential distribution (tuned the same way): peers on cores of their own, at the rate
+  of the real ones;
 * ``sim-bare`` (with ``--bare``): the harness's first simulated workers (no facts, heartbeats
   only after silence), to show what faithfulness changed.
+
+``--tap`` runs each daemon under bench/scale_tap.py and adds, per run, what the daemon
+received and sent per task (messages and transmissions by type, batch sizes by powers of
+two) over the measured tasks: the way to see why two modes cost the daemon differently
+(the tap costs CPU of its own, so compare tapped runs' counts, not their CPU).
 
 The modes' order rotates every round (A/B alternation on a shared machine).  After the
 workers join, ``--warm`` tasks run unmeasured; then the daemon's CPU
@@ -52,7 +63,6 @@ NOOP = cloudpickle.dumps((int, (), {}))  # what a real processor runs: int() -> 
 TOPUP = 7  # tasks a processor is topped up with (worker/dealing.py MAX_DEPTH - REFILL_AT): the first guess
 PACE_ROUNDS = 6  # warm-ups at most, tuning the wake-up
 PACE_TOLERANCE = 0.05
-TURNS_TOLERANCE = 0.10
 
 
 def _workers_connected(sim: Sim) -> int:
@@ -79,12 +89,12 @@ def _tap_snapshot(daemon: DaemonProcess, path: str, sim: Sim) -> dict[str, int]:
 
 
 def run_once(mode: str, *, workers: int, tasks: int, warm: int, window: int, workdir: str,
-             prefix: list[str], worker_cpus: str, pace: float = 0.0, pace_turns: float = 0.0,
-             shared_core: bool = False, tap: bool = False) -> dict[str, Any]:
-    """One run; ``pace``: the time per task per worker, and ``pace_turns`` the daemon's turns
-    per task, that the simulated peers' wake-ups and quantum are tuned to during the warm-up
-    (0: none, answered at once); ``tap``: the daemon counts what it receives and sends
-    (bench/scale_tap.py), per task."""
+             prefix: list[str], worker_cpus: str, pace: float = 0.0, shared_core: bool = False,
+             tap: bool = False) -> dict[str, Any]:
+    """One run; ``pace``: the time per task per worker the simulated peers' wake-ups are
+    tuned to during the warm-up (0: none, answered at once); ``shared_core``: the wake-ups
+    are served in turn (Sim.shared_core); ``tap``: the daemon counts what it receives and
+    sends (bench/scale_tap.py), per task."""
     address = f"ipc://{workdir}/daemon.sock"
     tap_path = os.path.join(workdir, "tap.jsonl") if tap else ""
     daemon = DaemonProcess(address, [], prefix, os.path.join(workdir, f"daemon-{mode}.log"), tap=tap_path)
@@ -130,7 +140,6 @@ def run_once(mode: str, *, workers: int, tasks: int, warm: int, window: int, wor
             sim.run_until(lambda end=end: time.monotonic() >= end, 60, "a pause")  # type: ignore[misc]
         client = sim.clients[0]
         tuning = []
-        sim.quantum = mean[0] / 2 if pace_turns else 0.0
         for _ in range(PACE_ROUNDS if pace else 1):
             client.quota = warm
             turns0 = int(sim.request_stats()["turns"]) if pace else 0
@@ -140,16 +149,10 @@ def run_once(mode: str, *, workers: int, tasks: int, warm: int, window: int, wor
             if not pace:
                 break
             turns = (int(sim.request_stats()["turns"]) - turns0 - 1) / warm  # less the stats request's own
-            tuning.append((round(1e3 * mean[0], 3), round(1e3 * sim.quantum, 3), round(1e3 * took, 3), round(turns, 4)))
-            rate_ok = abs(took / pace - 1) < PACE_TOLERANCE
-            turns_ok = not pace_turns or abs(turns / pace_turns - 1) < TURNS_TOLERANCE
-            if rate_ok and turns_ok:
+            tuning.append((round(1e3 * mean[0], 3), round(1e3 * took, 3), round(turns, 4)))
+            if abs(took / pace - 1) < PACE_TOLERANCE:
                 break
             mean[0] *= min(4.0, max(0.25, pace / took))
-            if pace_turns:  # fewer turns than real: answers too bunched, a shorter quantum
-                sim.quantum *= min(4.0, max(0.25, turns / pace_turns))
-                # no longer a cycle (a top-up's tasks) than the rate allows
-                sim.quantum = min(sim.quantum, TOPUP * pace)
         counts0 = _tap_snapshot(daemon, tap_path, sim) if tap else {}
         stats0 = sim.request_stats()
         client.quota = tasks
@@ -162,8 +165,7 @@ def run_once(mode: str, *, workers: int, tasks: int, warm: int, window: int, wor
             "mode": mode,
             "pace_ms": 1e3 * pace if pace else None,
             "wake_ms": 1e3 * mean[0] if pace else None,  # the tuned mean wake-up
-            "quantum_ms": 1e3 * sim.quantum if pace_turns else None,
-            "tuning": tuning if pace else None,  # (wake ms, quantum ms, ms per task per worker, turns per task) per warm-up
+            "tuning": tuning if pace else None,  # (wake ms, ms per task per worker, turns per task) per warm-up
             # what one real (or simulated) worker took per task, queueing at the daemon included
             "ms_per_task_per_worker": 1e3 * workers * load["wall"] / tasks,
             "us_per_task": 1e6 * load["daemon_cpu"] / tasks,
@@ -201,13 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=100, help="tasks the client keeps outstanding")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--bare", action="store_true", help="also the harness's first simulated workers (sim-bare)")
-    p.add_argument("--match-turns", action="store_true",
-                   help="sim-paced also tunes a quantum (Sim.quantum: peers answer together, as processes sharing a "
-                        "busy core do) until the daemon's turns per task are the last real run's")
     p.add_argument("--tap", action="store_true",
                    help="count what the daemon receives and sends per task (bench/scale_tap.py; costs the daemon CPU "
                         "of its own: compare counts, not CPU, of tapped runs)")
-    p.add_argument("--modes", default="", help="comma-separated modes to run (default: real, sim and the flags' ones)")
+    p.add_argument("--modes", default="", help="comma-separated modes to run (default: real, sim-core, sim-paced, sim "
+                   "and the flags' ones)")
     p.add_argument("--json", help="append each run as a JSON line to this file")
     args = p.parse_args(argv)
     raise_nofile()
@@ -220,13 +220,11 @@ def main(argv: list[str] | None = None) -> int:
         modes = args.modes.split(",")
     rows: list[dict[str, Any]] = []
     per_task = 0.0  # a real worker's time per task, from the last real run
-    turns_per_task = 0.0  # and the daemon's turns per task then
     if "sim-paced" in modes or "sim-core" in modes:
         with tempfile.TemporaryDirectory(prefix="scale-validate-") as workdir:
             calib = run_once("real", workers=args.workers, tasks=args.tasks // 4, warm=args.warm, window=args.window,
                              workdir=workdir, prefix=prefix, worker_cpus=worker_cpus)
         per_task = calib["ms_per_task_per_worker"] / 1e3
-        turns_per_task = calib["turns"] / (args.tasks // 4)
         print(f"# calibration (unmeasured): a real worker took {1e3 * per_task:.3f} ms per task", flush=True)
     for rnd in range(args.rounds):
         order = modes[rnd % len(modes):] + modes[:rnd % len(modes)]
@@ -235,11 +233,9 @@ def main(argv: list[str] | None = None) -> int:
                 row = run_once(mode, workers=args.workers, tasks=args.tasks, warm=args.warm, window=args.window,
                                workdir=workdir, prefix=prefix, worker_cpus=worker_cpus,
                                pace=per_task if mode.startswith("sim-") and mode != "sim-bare" else 0.0,
-                               pace_turns=turns_per_task if mode in ("sim-paced", "sim-core") and args.match_turns else 0.0,
                                shared_core=mode == "sim-core", tap=args.tap)
             if mode == "real":
                 per_task = row["ms_per_task_per_worker"] / 1e3
-                turns_per_task = row["turns"] / args.tasks
             row["round"] = rnd
             row["loadavg"] = os.getloadavg()[0]
             rows.append(row)
