@@ -15,7 +15,12 @@ because a ``DealerChannel`` per peer would start a ZeroMQ context and I/O thread
 
 * A simulated **worker** says ``Hello`` as a worker with P processors and answers each
   dispatched task with ``TaskResults`` after a duration drawn from ``--duration`` (``0``,
-  ``fixed:S``, ``uniform:A:B``, ``exp:MEAN``), at most P at a time.  On the wire it does what
+  ``fixed:S``, ``uniform:A:B``, ``exp:MEAN``).  It deals tasks to its P processors as the
+  agent does (bench/scale_worker.py: top-ups of up to 8 sub-millisecond tasks, each after a
+  wake-up drawn from ``--wake``, then in series); ``--client-wake`` delays a client's next
+  submit after results, and ``--shared-core`` serves every wake-up in turn on one simulated
+  core.  Without them every peer answers at once, in lockstep, offering the daemon fewer,
+  fuller turns than real workers (docs/scaling.rst).  On the wire it does what
   a real worker (worker/agent.py) does: each result carries ``TaskFacts`` with the task's
   run time (the daemon sizes its prefetch windows from them), a ``Heartbeat`` goes every
   ``heartbeat_interval`` (from ``Welcome``) beside results or alone after silence, and while
@@ -56,11 +61,8 @@ import heapq
 import json
 import os
 import random
-import resource
-import shutil
 import socket
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -70,8 +72,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle  # type: ignore[import-untyped]
-import psutil
 
+from bench.scale_daemon import DaemonProcess, _pctl, _phase, cpu_busy, daemon_cpu, pin, raise_nofile  # noqa: F401
+from bench.scale_worker import Processors
 from bench.scale_zmq import SharedZmqDealer
 from scaler_executor._compat import python_version
 from scaler_executor._version import __version__
@@ -86,32 +89,7 @@ _STAMP = struct.Struct("<d")
 _VALUE = struct.Struct("<q")  # a graph node's value (bench/scale_graph.py)
 
 
-def daemon_cpu(pid: int) -> float:
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            pass
-    return total / 1e9
-
-
-def cpu_busy(cpu: int) -> float:
-    """Seconds CPU ``cpu`` was busy (any process), from /proc/stat; 0.0 where unreadable."""
-    try:
-        with open("/proc/stat") as f:
-            for line in f:
-                if line.startswith(f"cpu{cpu} "):
-                    v = [int(x) for x in line.split()[1:]]
-                    idle = v[3] + (v[4] if len(v) > 4 else 0)
-                    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-    except OSError:
-        pass
-    return 0.0
-
-
-def duration_sampler(text: str) -> Callable[[], float]:
+def duration_sampler(text: str, option: str = "--duration") -> Callable[[], float]:
     """``0``, ``fixed:S``, ``uniform:A:B`` or ``exp:MEAN`` (seconds) as a sampler."""
     kind, _, rest = text.partition(":")
     try:
@@ -128,7 +106,7 @@ def duration_sampler(text: str) -> Callable[[], float]:
             return lambda: random.expovariate(1 / mean) if mean > 0 else 0.0
     except ValueError:
         pass
-    raise SystemExit(f"scale.py: bad --duration {text!r}; use 0, fixed:S, uniform:A:B or exp:MEAN (seconds)")
+    raise SystemExit(f"scale.py: bad {option} {text!r}; use 0, fixed:S, uniform:A:B or exp:MEAN (seconds)")
 
 
 # --------------------------------------------------------------------------- transports
@@ -152,7 +130,8 @@ class Peer:
     hello: Any = None
     # worker
     running: int = 0
-    held: deque[tuple[int, int, bytes]] = field(default_factory=deque)  # dispatched, not yet started
+    held: deque[tuple[int, int, bytes]] = field(default_factory=deque)  # dispatched, not yet dealt
+    procs: Processors = field(default_factory=lambda: Processors(0))
     last_heartbeat: float = 0.0
     finished: list[Any] = field(default_factory=list)  # results not sent yet (faithful: RESULT_LINGER)
     finished_since: float = 0.0
@@ -162,6 +141,7 @@ class Peer:
     quota: int = 0  # tasks this client may still submit
     results: int = 0
     acked: int = 0
+    react_at: float = 0.0  # when it tops up after results came (0: at once; Sim's client_wake)
 
 
 class Sim:
@@ -169,15 +149,23 @@ class Sim:
 
     def __init__(self, address: str, *, hwm: int = 100_000, credentials: dict[str, Any] | None = None,
                  duration: Callable[[], float] = lambda: 0.0, window: int = 100, max_peers: int = 1024,
-                 payload: bytes | None = None, faithful: bool = True, service: float = 0.0) -> None:
+                 payload: bytes | None = None, faithful: bool = True, wake: Callable[[], float] = lambda: 0.0,
+                 client_wake: Callable[[], float] | None = None) -> None:
         self.address = address
         # faithful: simulated workers send what real ones send (task facts with each result, a
         # heartbeat every interval even beside results); False: the harness's first workers
         # (no facts, heartbeats only after silence), kept for bench/scale_validate.py's A/B.
         self.faithful = faithful
-        # A real worker's own time per task beyond the task's run (agent → processor → agent):
-        # added to each task's time at the worker, not to the run time its facts report.
-        self.service = service
+        # faithful: how long a simulated processor takes to wake for a top-up of tasks
+        # (bench/scale_worker.py), drawn per top-up; not part of the run time facts report.
+        self.wake = wake
+        # A client's delay before it submits more after results came (a process the OS must
+        # schedule); None: at once, on the harness's next turn.
+        self.client_wake = client_wake
+        # Every peer's wake-up (a processor's per top-up, a client's) is CPU time on one
+        # simulated core, served in turn (bench/scale_worker.py); False: each its own.
+        self.shared_core = False
+        self._core_free = 0.0
         # What each simulated task carries: None, its submit time (the simulated workers read it
         # for submit→dispatch); or a fixed payload, e.g. a pickled no-op a real worker can run.
         self.payload = payload
@@ -195,7 +183,7 @@ class Sim:
         self.clients: list[Peer] = []
         self.context: Any = None
         self.heartbeat_interval = 0.5
-        self.timers: list[tuple[float, int, Peer, int, int, bytes, float, float]] = []  # task completions
+        self.timers: list[tuple[float, int, Peer, int, int, int, bytes, float, float]] = []  # task completions
         self._lingering = 0.0  # when the first held-back results are due (0: none)
         self._seq = 0
         self._made = 0
@@ -233,7 +221,7 @@ class Sim:
 
     def add(self, role: str, capacity: int = 0) -> Peer:
         self._made += 1
-        peer = Peer(self._made, role, self._channel(role), capacity=capacity)
+        peer = Peer(self._made, role, self._channel(role), capacity=capacity, procs=Processors(capacity))
         self.peers.append(peer)
         (self.workers if role == m.Role.WORKER else self.clients).append(peer)
         self.poller.register(peer.chan.pollable)
@@ -265,6 +253,10 @@ class Sim:
             wait = min(wait, max(0.0, (self.timers[0][0] - now) * 1000))
         if self._lingering:
             wait = min(wait, max(0.0, (self._lingering - now) * 1000))
+        if self.client_wake is not None:
+            for client in self.clients:
+                if client.react_at:
+                    wait = min(wait, max(0.0, (client.react_at - now) * 1000))
         if wait < 1.0:
             wait = 0.0  # epoll rounds a timeout up to whole ms: spin rather than oversleep a timer
         for peer in self.peers:
@@ -282,8 +274,10 @@ class Sim:
                 self._drain(peer, now)
         timers = self.timers
         while timers and timers[0][0] <= now:
-            _, _, worker, task_id, attempt, payload, started, seconds = heapq.heappop(timers)
-            self._finish(worker, task_id, attempt, payload, started, seconds)
+            _, _, worker, index, task_id, attempt, payload, started, seconds = heapq.heappop(timers)
+            self._finish(worker, index, task_id, attempt, payload, started, seconds)
+            if worker.held:
+                self._start(worker, now)
         interval = self.heartbeat_interval
         for peer in self.peers:
             if not peer.welcomed:
@@ -300,7 +294,9 @@ class Sim:
                 peer.out.append(m.Heartbeat(len(peer.held), peer.running))
                 self.heartbeats_sent += 1
         for client in self.clients:
-            self._top_up(client)
+            if client.react_at <= now:
+                client.react_at = 0.0
+                self._top_up(client)
         if self.faithful:
             self._send_results(now)
         self._flush(now)
@@ -337,6 +333,8 @@ class Sim:
                 self.result_ids[result.task_id] = self.result_ids.get(result.task_id, 0) + 1
                 peer.results += 1
                 peer.outstanding -= 1
+            if self.client_wake is not None and not peer.react_at:
+                peer.react_at = self._woken(now, self.client_wake)
         elif kind is m.SubmitAck:
             peer.acked += message.count
         elif kind is m.Heartbeat:
@@ -375,36 +373,69 @@ class Sim:
         return _VALUE.pack(value)
 
     def _start(self, worker: Peer, now: float) -> None:
+        if self.faithful:
+            self._deal(worker, now)
+            return
         while worker.held and worker.running < worker.capacity:
             task_id, attempt, payload = worker.held.popleft()
             worker.running += 1
             seconds = self.duration()
-            started = time.time()
-            if seconds <= 0 and self.service <= 0:
-                self._finish(worker, task_id, attempt, payload, started, seconds)
+            if seconds <= 0:
+                self._finish(worker, -1, task_id, attempt, payload, time.time(), seconds)
             else:
                 self._seq += 1
-                heapq.heappush(self.timers, (now + seconds + self.service, self._seq, worker, task_id, attempt, payload,
-                                             started, seconds))
+                heapq.heappush(self.timers, (now + seconds, self._seq, worker, -1, task_id, attempt, payload,
+                                             time.time(), seconds))
 
-    def _finish(self, worker: Peer, task_id: int, attempt: int, payload: bytes, started: float, seconds: float) -> None:
-        worker.running -= 1
+    def _deal(self, worker: Peer, now: float) -> None:
+        """As a real agent deals to its processors (bench/scale_worker.py): tasks in top-ups,
+        each after a drawn wake-up, then in series; what ends by ``now`` finishes at once."""
+        procs = worker.procs
+        wall = time.time() - now
+        while worker.held:
+            dealt = procs.deal(worker.held, now, self.duration, lambda: self._woken(now, self.wake))
+            if not dealt:
+                return
+            worker.running = procs.running()
+            instant = False
+            for index, start, end, seconds, (task_id, attempt, payload) in dealt:
+                if end <= now:
+                    instant = True
+                    self._finish(worker, index, task_id, attempt, payload, wall + start, seconds)
+                else:
+                    self._seq += 1
+                    heapq.heappush(self.timers, (end, self._seq, worker, index, task_id, attempt, payload,
+                                                 wall + start, seconds))
+            if not instant:
+                return
+
+    def _woken(self, now: float, wake: Callable[[], float]) -> float:
+        if not self.shared_core:
+            return now + wake()
+        self._core_free = max(now, self._core_free) + wake()
+        return self._core_free
+
+    def _finish(self, worker: Peer, index: int, task_id: int, attempt: int, payload: bytes, started: float,
+                seconds: float) -> None:
         if not self.faithful:
+            worker.running -= 1
             result = m.TaskResult(task_id, attempt, m.Status.OK, payload, m.NO_FACTS, m.NO_OBJECTS)
             out = worker.out
             if out and type(out[-1]) is m.TaskResults:
                 out[-1].results.append(result)
             else:
                 out.append(m.TaskResults([result]))
-        else:
-            # Facts as a real processor reports them: the task's own run time (the daemon times
-            # tasks from them, which sizes its prefetch windows, and records each run).
-            facts = m.TaskFacts(worker.hello.name, started, started + max(seconds, 1e-6), 0)
-            if not worker.finished:
-                worker.finished_since = time.monotonic()
-            worker.finished.append(m.TaskResult(task_id, attempt, m.Status.OK, payload, facts, m.NO_OBJECTS))
-        if worker.held:
-            self._start(worker, time.monotonic())
+            return
+        # Facts as a real processor reports them: the task's own run time (the daemon times
+        # tasks from them, which sizes its prefetch windows, and records each run).
+        now = time.monotonic()
+        worker.procs.done(index, now)
+        worker.procs.timed(max(seconds, 1e-6))
+        worker.running = worker.procs.running()
+        facts = m.TaskFacts(worker.hello.name, started, started + max(seconds, 1e-6), 0)
+        if not worker.finished:
+            worker.finished_since = now
+        worker.finished.append(m.TaskResult(task_id, attempt, m.Status.OK, payload, facts, m.NO_OBJECTS))
 
     def _send_results(self, now: float) -> None:
         """Finished tasks' results go as a real agent sends them (worker/agent.py): at once
@@ -492,51 +523,6 @@ class Sim:
             self.context.term()
 
 
-# --------------------------------------------------------------------------- the daemon
-
-
-def raise_nofile() -> tuple[int, int]:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)
-
-
-def pin() -> tuple[list[str], bool]:
-    """(prefix of the daemon's command, whether this process is pinned apart from it)."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) >= 2 and shutil.which("taskset"):
-        os.sched_setaffinity(0, set(cpus[1:]))
-        return ["taskset", "-c", str(cpus[0])], True
-    return [], False
-
-
-class DaemonProcess:
-    def __init__(self, address: str, extra: list[str], prefix: list[str], log_path: str, tree: str = "") -> None:
-        self.log = open(log_path, "wb")  # noqa: SIM115  # closed by stop(), after the process
-        cmd = [*prefix, sys.executable, "-m", "scaler_executor.cli.daemon", "--address", address, "--workers", "0", *extra]
-        env = dict(os.environ, PYTHONPATH=tree) if tree else None  # another checkout's daemon (A/B)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        self.ps = psutil.Process(self.proc.pid)
-        self.core = int(prefix[-1]) if prefix else None  # the CPU it is pinned to
-
-    def cpu(self) -> float:
-        return daemon_cpu(self.proc.pid)
-
-    def rss(self) -> int:
-        return int(self.ps.memory_info().rss)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
 # --------------------------------------------------------------------------- one size
 
 
@@ -554,26 +540,9 @@ class Size:
     insecure: bool = False
     timeout: float = 600.0
     daemon_tree: str = ""  # run the daemon from this checkout (A/B of two versions); "" this one
-
-
-def _phase(sim: Sim, daemon: DaemonProcess, body: Callable[[], None]) -> dict[str, float]:
-    """Run ``body``; the wall time, the daemon's and this process's CPU, and how busy the
-    daemon's core was with other processes (``others``: the machine is shared)."""
-    core = daemon.core
-    cpu0, own0, t0 = daemon.cpu(), time.process_time(), time.monotonic()
-    busy0 = cpu_busy(core) if core is not None else 0.0
-    body()
-    wall = time.monotonic() - t0
-    used = daemon.cpu() - cpu0
-    others = (cpu_busy(core) - busy0 - used) / wall if core is not None else float("nan")
-    return {"wall": wall, "daemon_cpu": used, "harness_cpu": time.process_time() - own0, "others": max(0.0, others)}
-
-
-def _pctl(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
+    wake: str = "0"  # a simulated processor's wake-up per top-up of tasks (a --duration spelling)
+    client_wake: str = ""  # a simulated client's delay before it submits more ("": none)
+    shared_core: bool = False  # the wake-ups are CPU time on one simulated core, in turn (Sim.shared_core)
 
 
 def run_size(size: Size, workdir: str, prefix: list[str] | None = None) -> dict[str, Any]:
@@ -605,7 +574,9 @@ def run_size(size: Size, workdir: str, prefix: list[str] | None = None) -> dict[
             extra += ["--security", keys]
     daemon = DaemonProcess(address, extra, prefix, os.path.join(workdir, "daemon.log"), size.daemon_tree)
     peers = size.clients + 2 * size.workers + 1  # the pending phase adds the workers again; a monitor
-    sim = Sim(address, credentials=credentials, duration=duration_sampler(size.duration), window=size.window, max_peers=peers)
+    sim = Sim(address, credentials=credentials, duration=duration_sampler(size.duration), window=size.window, max_peers=peers,
+              wake=duration_sampler(size.wake), client_wake=duration_sampler(size.client_wake) if size.client_wake else None)
+    sim.shared_core = size.shared_core
     row: dict[str, Any] = {
         "transport": size.transport + ("" if size.transport == "ipc" else (" insecure" if size.insecure else " curve")),
         "workers": size.workers, "processors": size.processors, "clients": size.clients,
@@ -730,6 +701,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle", type=float, default=5.0, help="seconds of the idle phase")
     p.add_argument("--pending", type=int, default=20_000, help="tasks of the pending phase (0: skip)")
     p.add_argument("--duration", default="0", help="task duration: 0, fixed:S, uniform:A:B or exp:MEAN")
+    p.add_argument("--wake", default="0", help="a simulated processor's wake-up per top-up of tasks, as --duration "
+                   "(bench/scale_worker.py; bench/scale_validate.py's sim-paced tunes it against real workers)")
+    p.add_argument("--client-wake", default="", help="a simulated client's delay before it submits more, as --duration")
+    p.add_argument("--shared-core", action="store_true",
+                   help="the wake-ups are CPU time on one simulated core, served in turn (peers sharing a busy core)")
     p.add_argument("--transport", choices=("ipc", "tcp"), default="ipc")
     p.add_argument("--insecure", action="store_true", help="tcp without CURVE")
     p.add_argument("--repeat", type=int, default=1, help="runs of every size, alternated")
@@ -777,7 +753,9 @@ def main(argv: list[str] | None = None) -> int:
                             with open(args.json, "a") as f:
                                 f.write(json.dumps(row) + "\n")
         return 0
-    sizes = [Size(w, pr, c, args.tasks, args.window, args.idle, args.pending, args.duration, args.transport, args.insecure)
+    duration_sampler(args.wake, "--wake"), args.client_wake and duration_sampler(args.client_wake, "--client-wake")
+    sizes = [Size(w, pr, c, args.tasks, args.window, args.idle, args.pending, args.duration, args.transport, args.insecure,
+                  wake=args.wake, client_wake=args.client_wake, shared_core=args.shared_core)
              for w in _ints(args.workers) for pr in _ints(args.processors) for c in _ints(args.clients)]
     trees = [os.path.abspath(t) for t in args.daemon_trees.split(",")] if args.daemon_trees else [""]
     for rep in range(args.repeat):

@@ -93,3 +93,52 @@ def test_graph_cells_are_checked() -> None:
         scale_graph.parse("ring:10")
     deps, values, wanted = scale_graph.tree(8)
     assert len(deps) == 7 and wanted == [6] and scale_graph.evaluate(deps, values)[6] == sum(range(4))
+
+
+@pytest.mark.timeout(120)
+def test_paced_peers_every_task_dispatched_once_and_answered(tmp_path: Path) -> None:
+    """Simulated processors dealt top-ups with wake-ups (bench/scale_worker.py), a client that
+    waits before it submits more, each its own or all on one simulated core: still every task
+    once, to its own client."""
+    size = scale.Size(
+        workers=4, processors=2, clients=2, tasks=600, window=20, idle=0.3, pending=60,
+        duration="exp:0.0002", wake="exp:0.002", client_wake="exp:0.001", timeout=90,
+    )
+    (tmp_path / "own").mkdir()
+    (tmp_path / "shared").mkdir()
+    _check(scale.run_size(size, str(tmp_path / "own")), size)
+    size.shared_core = True
+    size.wake, size.client_wake = "exp:0.0005", "exp:0.0002"
+    _check(scale.run_size(size, str(tmp_path / "shared")), size)
+
+
+def test_processors_are_dealt_as_the_agent_deals() -> None:
+    """bench/scale_worker.py: top-ups as worker/dealing.py decides them, each task dealt
+    once, in series per processor after the top-up's wake-up."""
+    from collections import deque
+    from itertools import pairwise
+
+    from bench.scale_worker import Processors
+    from scaler_executor.worker.dealing import MAX_DEPTH
+
+    procs = Processors(2)
+    queue = deque((i, 0, b"") for i in range(40))
+    dealt = procs.deal(queue, 10.0, lambda: 0.001, lambda: 10.5)
+    assert [(d[0], d[1], d[4][0]) for d in dealt] == [(0, 10.5, 0), (1, 10.5, 1)]  # untimed: one each, after the wake-up
+    assert procs.deal(queue, 10.0, lambda: 0.001, lambda: 10.5) == []  # both busy
+    procs.timed(1e-6)  # now timed as sub-millisecond: a processor holds up to MAX_DEPTH
+    procs.done(0, 10.6)
+    more = procs.deal(queue, 10.6, lambda: 0.001, lambda: 11.1)
+    # processor 1's task has run 0.6 s (past RECALL_AFTER): nothing queued behind it
+    assert {d[0] for d in more} == {0} and len(more) == MAX_DEPTH
+    assert more[0][1] == 11.1 and all(a[2] == b[1] for a, b in pairwise(more))  # in series
+    assert procs.held == [MAX_DEPTH, 1]
+    procs.done(1, 10.61)
+    again = procs.deal(queue, 10.61, lambda: 0.001, lambda: 10.61)
+    assert {d[0] for d in again} == {1} and len(again) == MAX_DEPTH  # a fresh head: topped up
+    for _ in range(MAX_DEPTH - 1):
+        procs.done(0, 10.62)
+    top = procs.deal(queue, 10.62, lambda: 0.001, lambda: 10.62)
+    assert {d[0] for d in top} == {0} and len(top) == MAX_DEPTH - 1  # down to REFILL_AT: one top-up
+    seen = [d[4][0] for d in dealt + more + again + top]
+    assert len(seen) == len(set(seen)) and len(queue) == 40 - len(seen)
