@@ -78,15 +78,12 @@ from bench.scale_worker import Processors
 from bench.scale_zmq import SharedZmqDealer
 from scaler_executor._compat import python_version
 from scaler_executor._version import __version__
-from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.rejoin import is_unknown_peer
 from scaler_executor.scheduler import turns
 from scaler_executor.worker.agent import RESULT_BATCH, RESULT_LINGER
 
-_DEFAULTS = ClusterConfig()
-WORKER_SILENCE_LIMIT = max(_DEFAULTS.heartbeat_interval * _DEFAULTS.heartbeat_liveness, _DEFAULTS.daemon_loss_timeout)
 HARNESS_BOUND = 0.85  # share of a phase's wall time on a CPU above which the harness limited it
 _STAMP = struct.Struct("<d")
 _VALUE = struct.Struct("<q")  # a graph node's value (bench/scale_graph.py)
@@ -232,8 +229,6 @@ class Sim:
         peer.hello = m.Hello(
             role, m.PROTOCOL_VERSION, python_version(), cloudpickle.__version__, __version__,
             f"sim-{role}-{peer.index}", os.getpid(), socket.gethostname(), capacity, {}, [],
-            # as a real worker with the default configuration says (worker/agent.py's _hello)
-            silence_limit=WORKER_SILENCE_LIMIT if role == m.Role.WORKER else 0.0,
         )
         peer.out.append(peer.hello)
         return peer
