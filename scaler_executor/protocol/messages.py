@@ -272,10 +272,6 @@ class Hello(NamedTuple):
     # A client's file (mode 0600, in a 0700 directory) holding its multiprocessing authkey,
     # for processors on its host; "" for none.  Only the path travels (client/authkey.py).
     authkey_file: str = ""
-    # A worker's: how long it waits for a message from the daemon before it judges the
-    # daemon lost (seconds; 0: not said).  The daemon heartbeats it at a third of that, not
-    # every heartbeat_interval (scheduler/core.py, BEAT_AT_MOST): idle workers cost it less.
-    silence_limit: float = 0.0
 
 
 class Welcome(NamedTuple):

@@ -72,9 +72,6 @@ ID_MASK = (1 << m.TASK_ID_BITS) - 1  # the per-client part of a task or function
 # Monitors share one snapshot built at most this often, however many watch or however often
 # they ask: the daemon's monitoring cost is bounded by this, not by its watchers.
 MONITOR_SNAPSHOT_SECONDS = 0.5
-# A worker that waits long for the daemon (Hello.silence_limit) is heartbeated at a third of
-# that, but at least this often (seconds): idle connections stay warm through middleboxes.
-BEAT_AT_MOST = 5.0
 # Monitors (dashboards) share one history, rebuilt at most this often: building one is
 # O(runs kept), up to 20,000, so a monitor asking in a loop cannot make the daemon do it
 # in a loop.  A client's request (ex.report) is always answered fresh.
@@ -259,9 +256,6 @@ class Scheduler:
         self.function_refs: dict[int, int] = {}  # fn_id -> tasks that refer to it
         self.released_functions: set[int] = set()  # released by their client, kept while tasks refer
         self.last_sent: dict[bytes, float] = {}
-        # Workers that said how long they wait for us (Hello.silence_limit): heartbeated at a
-        # third of it (at most every BEAT_AT_MOST s), not every heartbeat_interval.
-        self._beat_every: dict[bytes, float] = {}
         # Clients and workers by when they may next miss their liveness deadline, and every
         # peer by when it may next need a heartbeat from us: no per-tick sweep (deadlines.py).
         wheel = config.heartbeat_interval / 8  # finer than the loop's ticks (interval / 4)
@@ -570,11 +564,7 @@ class Scheduler:
             if hello.role == Role.CLIENT:
                 limit = max(limit, self.config.client_timeout)
             self._liveness.add(peer, self._now + limit)
-        every = self.config.heartbeat_interval
-        if hello.role == Role.WORKER and 0.0 < hello.silence_limit < float("inf"):  # (NaN fails)
-            every = max(every, min(hello.silence_limit / 3, BEAT_AT_MOST))
-            self._beat_every[peer] = every
-        self._quiet.add(peer, self._now + every)
+        self._quiet.add(peer, self._now + self.config.heartbeat_interval)
         self._send(peer, self._welcome(peer, peer_id))
 
     def _welcome(self, peer: bytes, peer_id: int) -> m.Welcome:
@@ -604,7 +594,6 @@ class Scheduler:
         self.managers.lose(peer, f"left: {message.reason[:200]!a}", self._now)
         self._monitors.pop(peer, None)
         self.last_sent.pop(peer, None)
-        self._beat_every.pop(peer, None)
         self._out.pop(peer, None)
 
     # ------------------------------------------------------------------ client controller
@@ -1179,7 +1168,6 @@ class Scheduler:
         self.history.gauge(self._now, len(self.workers), self._memory_total)
         self.managers.worker_left(worker)
         self.last_sent.pop(worker.peer, None)
-        self._beat_every.pop(worker.peer, None)
         self._out.pop(worker.peer, None)
         for task_id in list(worker.inflight):
             task = self.tasks[task_id]
@@ -1589,21 +1577,16 @@ class Scheduler:
             beat = m.Heartbeat(self.ready.live, len(self.tasks) - self.ready.live)
             workers, clients, monitors, out, last_sent = self.workers, self.clients, self._monitors, self._out, self.last_sent
             now_due: list[bytes] = []  # sent to this turn: next due an interval from now
-            beat_every = self._beat_every
             for peer in self._quiet.due(now):
                 if peer not in workers and peer not in clients and peer not in monitors:
                     continue  # gone: its entry ends here
-                every = beat_every.get(peer, interval)
                 if peer not in out:
                     last = last_sent.get(peer, 0.0)
-                    if now - last < every:
-                        self._quiet.add(peer, last + every)
+                    if now - last < interval:
+                        self._quiet.add(peer, last + interval)
                         continue
                     out[peer] = [beat]
-                if every == interval:
-                    now_due.append(peer)
-                else:
-                    self._quiet.add(peer, now + every)
+                now_due.append(peer)
             self._quiet.add_all(now_due, now + interval)
         commands: list[Command] = [Send(peer, messages) for peer, messages in self._out.items()]
         for peer in self._out:

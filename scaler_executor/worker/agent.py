@@ -379,8 +379,6 @@ class WorkerAgent:
             self.capacity,
             self.resources,
             self.tags,
-            # What this worker waits for the daemon at least, whatever the Welcome says (_on_welcome)
-            silence_limit=max(self.config.heartbeat_interval * self.config.heartbeat_liveness, self.config.daemon_loss_timeout),
         )
         self._send_now([hello])
 

@@ -24,7 +24,6 @@ from scaler_executor.protocol.codec import decode, encode
 from scaler_executor.protocol.messages import TASK_ID_BITS, Status, TaskFlags
 from scaler_executor.protocol.rejoin import is_unknown_peer
 from scaler_executor.scheduler.core import (
-    BEAT_AT_MOST,
     PeerUnreachable,
     Received,
     Scheduler,
@@ -1198,28 +1197,6 @@ def test_heartbeats_to_silent_peers(cluster: Cluster) -> None:
         assert out.to(peer) == [m.Heartbeat(2, 2)]
     # Just heard from the daemon: no heartbeat until another interval of silence.
     assert not cluster.tick(INTERVAL / 2).peers
-
-
-def test_a_worker_that_waits_long_is_heartbeated_at_a_third_of_its_limit(cluster: Cluster) -> None:
-    """Hello.silence_limit: the daemon heartbeats such a worker at a third of it, capped at
-    BEAT_AT_MOST, not every interval; other peers (and a worker that said nothing, or
-    nonsense) every interval, as before."""
-    cluster.client(b"c1")
-    cluster.join(b"w1", hello(m.Role.WORKER, name="w1", capacity=1, silence_limit=6.0))  # every 2 s
-    cluster.join(b"w2", hello(m.Role.WORKER, name="w2", capacity=1, silence_limit=600.0))  # every BEAT_AT_MOST
-    cluster.join(b"w3", hello(m.Role.WORKER, name="w3", capacity=1))  # not said: every interval
-    cluster.join(b"w4", hello(m.Role.WORKER, name="w4", capacity=1, silence_limit=float("nan")))  # nonsense: as w3
-    beats: dict[bytes, list[float]] = {}
-    start = cluster.now
-    for _ in range(48):  # 12 s in quarter intervals; the workers keep themselves alive
-        cluster.keepalive(b"c1", b"w1", b"w2", b"w3", b"w4")
-        out = cluster.tick(INTERVAL / 4)
-        for peer in out.peers:
-            assert out.to(peer) == [m.Heartbeat(0, 0)]
-            beats.setdefault(peer, []).append(cluster.now - start)
-    assert len(beats[b"c1"]) == len(beats[b"w3"]) == len(beats[b"w4"]) == 12
-    assert beats[b"w1"] == [2.0, 4.0, 6.0, 8.0, 10.0, 12.0]
-    assert BEAT_AT_MOST == 5.0 and beats[b"w2"] == [5.0, 10.0]
 
 
 def test_no_heartbeat_where_a_message_is_going_anyway(cluster: Cluster) -> None:
