@@ -5,7 +5,7 @@ A client or worker on a host that cannot map the daemon's store asks for objects
 object at a time (scheduler/object_stream.py), then the ``ObjectData`` that ends the answer
 carries an empty frame in its place. The receiver:
 
-* allocates the object's buffer once, at its first part (offset 0, with the total size),
+* allocates the object's buffer once (``allocate``), at its first part (offset 0, with the total size),
   and writes every part straight into it: no part is kept, nothing is joined at the end;
 * checks each part against what came before: the same object, the next offset, the same
   total, nothing beyond it; a part that does not fit fails the object (its answer then
@@ -19,7 +19,9 @@ No socket, no lock: the thread that reads the daemon's connection owns it.
 
 from __future__ import annotations
 
+import mmap
 from collections import deque
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from scaler_executor.protocol import messages as m
@@ -32,11 +34,21 @@ class StreamError(Exception):
 class _Assembly(NamedTuple):
     object_id: bytes
     total: int
-    buffer: memoryview  # writable, over a bytearray of ``total`` bytes
+    buffer: memoryview  # writable, ``total`` bytes (Incoming.allocate)
+
+
+def allocate(total: int) -> memoryview:
+    """A writable buffer of ``total`` bytes: an anonymous mapping, whose pages the kernel
+    zeroes as the parts are first written (``bytearray(total)`` wrote every byte once more)."""
+    return memoryview(mmap.mmap(-1, total))
 
 
 class Incoming:
-    def __init__(self) -> None:
+    """``allocate(total)`` gives each object's buffer: a writable, contiguous byte view
+    (an anonymous mapping by default; a worker's are memfds its processors map)."""
+
+    def __init__(self, allocate: Callable[[int], memoryview] = allocate) -> None:
+        self.allocate = allocate
         self.current: _Assembly | None = None
         self.received = 0  # bytes of ``current`` so far
         self.ready: dict[bytes, deque[memoryview]] = {}  # whole, waiting for their ObjectData
@@ -55,8 +67,8 @@ class Incoming:
                 self._fail(object_id, f"a part of an object of {total} bytes")
                 return
             try:
-                buffer = memoryview(bytearray(total))
-            except MemoryError:
+                buffer = self.allocate(total)
+            except (MemoryError, OSError):
                 self._fail(object_id, f"no memory on this host for an object of {total} bytes")
                 return
             current = self.current = _Assembly(object_id, total, buffer)
