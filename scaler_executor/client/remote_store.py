@@ -10,7 +10,9 @@ value's wire form (header + object ids) is the same on every host:
   store it). Neither side ever holds the whole value twice: the client holds the value,
   the daemon one chunk beside the object.
 * ``get(object_id)`` fetches the bytes through the daemon (``ObjectRequest``; a large
-  object comes as ``ObjectPart`` messages, put together by ``protocol/chunks.py``).
+  object comes as ``ObjectPart`` messages, kept as they came by ``protocol/chunks.py``
+  and put together here); ``stream(object_id)`` reads a pickle stream's object from its
+  parts without putting them together (``pickle.load`` copies each once).
 * ``delete`` has the daemon drop an object nobody was told about (a task never sent, a
   pack undone): a pin then a release, so the daemon's reference counts free it.
 
@@ -25,6 +27,7 @@ from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from typing import TYPE_CHECKING, Any
 
+from scaler_executor.objstore.payload import Fetched
 from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 
@@ -71,7 +74,11 @@ class RemoteStore:
         self.written.add(object_id)
 
     def get(self, object_id: bytes) -> memoryview:
-        return memoryview(self.agent.fetch_objects([object_id])[object_id])
+        return Fetched(self.agent.fetch_objects([object_id])).get(object_id)
+
+    def stream(self, object_id: bytes) -> Any:
+        """A pickle stream's object, read from the parts it came in (objstore.payload.unpack)."""
+        return Fetched(self.agent.fetch_objects([object_id])).stream(object_id)
 
     def contains(self, object_id: bytes) -> bool:
         return object_id in self.written  # written by this client and not deleted by it

@@ -19,6 +19,7 @@ No socket, no lock: the thread that reads the daemon's connection owns it.
 
 from __future__ import annotations
 
+import io
 import mmap
 from collections import deque
 from collections.abc import Callable
@@ -34,7 +35,8 @@ class StreamError(Exception):
 class _Assembly(NamedTuple):
     object_id: bytes
     total: int
-    buffer: memoryview  # writable, ``total`` bytes (Incoming.allocate)
+    buffer: memoryview | None  # writable, ``total`` bytes (Incoming.allocate); None: parts kept
+    parts: list[memoryview]  # the frames as they came (Incoming(keep_parts=True))
 
 
 def allocate(total: int) -> memoryview:
@@ -43,15 +45,69 @@ def allocate(total: int) -> memoryview:
     return memoryview(mmap.mmap(-1, total))
 
 
+class Parts:
+    """An object kept as the frames it came in (views of libzmq's messages, no copy made):
+    read once as a stream (``reader``: ``pickle.load`` copies each part straight into the
+    objects it builds), or put together (``join``: one copy, as an assembly would have made).
+    Read-only either way."""
+
+    __slots__ = ("views", "nbytes")
+
+    def __init__(self, views: list[memoryview], nbytes: int) -> None:
+        self.views = views
+        self.nbytes = nbytes
+
+    def reader(self) -> PartsReader:
+        return PartsReader(self.views)
+
+    def join(self) -> memoryview:
+        whole = allocate(self.nbytes)
+        offset = 0
+        for view in self.views:
+            whole[offset : offset + view.nbytes] = view
+            offset += view.nbytes
+        return whole.toreadonly()
+
+
+class PartsReader(io.RawIOBase):
+    """A binary file over ``Parts``' frames (``readinto`` copies from them, nothing else)."""
+
+    def __init__(self, views: list[memoryview]) -> None:
+        super().__init__()
+        self._views = deque(views)
+        self._offset = 0  # into the first view
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        target = memoryview(buffer).cast("B")
+        want, done = target.nbytes, 0
+        views = self._views
+        while done < want and views:
+            view = views[0]
+            count = min(want - done, view.nbytes - self._offset)
+            target[done : done + count] = view[self._offset : self._offset + count]
+            done += count
+            self._offset += count
+            if self._offset == view.nbytes:
+                views.popleft()  # read: the frame can go
+                self._offset = 0
+        return done
+
+
 class Incoming:
     """``allocate(total)`` gives each object's buffer: a writable, contiguous byte view
-    (an anonymous mapping by default; a worker's are memfds its processors map)."""
+    (an anonymous mapping by default; a worker's are memfds its processors map). With
+    ``keep_parts`` no buffer is made: the parts' frames are kept as they came, and ``take``
+    gives a ``Parts`` (a client: ``pickle.load`` reads them, one copy in all)."""
 
-    def __init__(self, allocate: Callable[[int], memoryview] = allocate) -> None:
+    def __init__(self, allocate: Callable[[int], memoryview] = allocate, keep_parts: bool = False) -> None:
         self.allocate = allocate
+        self.keep_parts = keep_parts
         self.current: _Assembly | None = None
         self.received = 0  # bytes of ``current`` so far
-        self.ready: dict[bytes, deque[memoryview]] = {}  # whole, waiting for their ObjectData
+        self.ready: dict[bytes, deque[memoryview | Parts]] = {}  # whole, waiting for their ObjectData
         self.failed: dict[bytes, str] = {}
 
     def part(self, message: m.ObjectPart, data: Any) -> None:
@@ -67,11 +123,11 @@ class Incoming:
                 self._fail(object_id, f"a part of an object of {total} bytes")
                 return
             try:
-                buffer = self.allocate(total)
+                buffer = None if self.keep_parts else self.allocate(total)
             except (MemoryError, OSError):
                 self._fail(object_id, f"no memory on this host for an object of {total} bytes")
                 return
-            current = self.current = _Assembly(object_id, total, buffer)
+            current = self.current = _Assembly(object_id, total, buffer, [])
             self.received = 0
         elif current is None or current.object_id != object_id:
             if object_id not in self.failed:
@@ -84,10 +140,15 @@ class Incoming:
                 f"{self.received} bytes of {current.total}",
             )
             return
-        current.buffer[offset : offset + size] = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        if current.buffer is None:
+            current.parts.append(view.toreadonly())
+        else:
+            current.buffer[offset : offset + size] = view
         self.received += size
         if self.received == total:
-            self.ready.setdefault(object_id, deque()).append(current.buffer.toreadonly())
+            whole = Parts(current.parts, total) if current.buffer is None else current.buffer.toreadonly()
+            self.ready.setdefault(object_id, deque()).append(whole)
             self.current = None
 
     def take(self, object_id: bytes, frame: Any) -> Any:
