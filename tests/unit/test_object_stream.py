@@ -301,3 +301,16 @@ def incoming_parts(data: bytes) -> Parts:
     parts = incoming.take(B, b"")
     assert isinstance(parts, Parts)
     return parts
+
+
+def test_a_put_in_parts_is_cut_into_chunks_without_joining_a_large_part() -> None:
+    from scaler_executor.client import remote_store
+
+    big = _bytes(2 * remote_store.CHUNK_BYTES + 7)
+    parts = [memoryview(b"abc"), memoryview(big), memoryview(b"xy")]
+    chunks = remote_store._chunks(parts, sum(p.nbytes for p in parts))
+    assert [offset for offset, _ in chunks] == [0, remote_store.CHUNK_BYTES, 2 * remote_store.CHUNK_BYTES]
+    assert b"".join(bytes(c) for _, c in chunks) == b"abc" + big + b"xy"
+    # The middle chunk lies within the large part: a view of it, not a copy.
+    assert isinstance(chunks[1][1], memoryview) and chunks[1][1].obj is big
+    assert remote_store._chunks([], 0) == [(0, b"")]
