@@ -58,9 +58,15 @@ class Parts:
         self.nbytes = nbytes
 
     def reader(self) -> PartsReader:
-        return PartsReader(self.views)
+        """Read once: the reader takes the parts, and lets each go once read past."""
+        views, self.views = self.views, []
+        if not views and self.nbytes:
+            raise StreamError("an object's parts were read already")
+        return PartsReader(views)
 
     def join(self) -> memoryview:
+        if not self.views and self.nbytes:
+            raise StreamError("an object's parts were read already")
         whole = allocate(self.nbytes)
         offset = 0
         for view in self.views:

@@ -277,6 +277,8 @@ def test_a_client_keeps_the_parts_as_they_came_and_joins_them_only_when_asked(si
     joined = whole.join()
     assert joined.readonly and bytes(joined) == data
     assert whole.reader().read() == data
+    with pytest.raises(StreamError, match="read already"):  # a reader takes the parts
+        whole.join()
 
 
 def test_a_pickle_stream_in_parts_unpickles_from_them_without_joining() -> None:
@@ -287,9 +289,9 @@ def test_a_pickle_stream_in_parts_unpickles_from_them_without_joining() -> None:
         incoming.part(m.ObjectPart(A, offset, len(stream)), stream[offset : offset + CHUNK])
     parts = incoming.take(A, b"")
     assert isinstance(parts, Parts)
-    fetched = Fetched({A: parts})
-    assert not isinstance(fetched.stream(A), memoryview)  # a reader of the parts
-    assert unpack(stream_in_store_header(), [A], fetched) == value
+    assert unpack(stream_in_store_header(), [A], Fetched({A: parts})) == value
+    assert parts.views == []  # read from the parts, which the reader let go as it went
+    assert not isinstance(Fetched({A: incoming_parts(stream)}).stream(A), memoryview)  # a reader
     # A store object that is no stream (an out-of-band buffer) is joined: one copy.
     assert bytes(Fetched({A: incoming_parts(stream)}).get(A)) == stream
 
