@@ -108,8 +108,14 @@ class Incoming:
     ``keep_parts`` no buffer is made: the parts' frames are kept as they came, and ``take``
     gives a ``Parts`` (a client: ``pickle.load`` reads them, one copy in all)."""
 
-    def __init__(self, allocate: Callable[[int], memoryview] = allocate, keep_parts: bool = False) -> None:
+    def __init__(
+        self,
+        allocate: Callable[[int], memoryview] = allocate,
+        keep_parts: bool = False,
+        finish: Callable[[memoryview], memoryview] = memoryview.toreadonly,
+    ) -> None:
         self.allocate = allocate
+        self.finish = finish  # an allocated buffer, written whole -> the read-only object
         self.keep_parts = keep_parts
         self.current: _Assembly | None = None
         self.received = 0  # bytes of ``current`` so far
@@ -153,9 +159,13 @@ class Incoming:
             current.buffer[offset : offset + size] = view
         self.received += size
         if self.received == total:
-            whole = Parts(current.parts, total) if current.buffer is None else current.buffer.toreadonly()
-            self.ready.setdefault(object_id, deque()).append(whole)
             self.current = None
+            try:
+                whole = Parts(current.parts, total) if current.buffer is None else self.finish(current.buffer)
+            except OSError as exc:
+                self._fail(object_id, f"could not keep it on this host ({exc})")
+                return
+            self.ready.setdefault(object_id, deque()).append(whole)
 
     def take(self, object_id: bytes, frame: Any) -> Any:
         """The bytes of ``object_id`` as its ObjectData frame ``frame`` stands for: the object

@@ -9,7 +9,8 @@ out of it; with 100 MB that was ~0.3 s of the 0.5 s a remote task took to read i
 result came back the same way. Now:
 
 * the agent writes an object's parts (``chunks.Incoming``, ``allocate``) straight into a
-  memfd mapping (``SharedBlob``): the one copy a fetch needs;
+  memfd mapping (``SharedBlob``): the one copy a fetch needs; then seals the memfd against
+  writes (``seal``): processors of other clients' tasks may be given the same object;
 * a RUN names such an object by its size, and its descriptor travels beside the message
   (``SCM_RIGHTS``, ``framing.send_with_fds``); the processor maps it read-only (``attach``)
   and closes the descriptor: the processor reads the agent's pages, no copy;
@@ -23,6 +24,7 @@ nothing to sweep in /dev/shm).
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import pickle
@@ -53,7 +55,7 @@ class SharedBlob(mmap.mmap):
 
 def allocate(total: int) -> memoryview:
     """A writable buffer of ``total`` bytes in a fresh memfd (``chunks.Incoming``'s allocator)."""
-    fd = os.memfd_create("scaler-object", os.MFD_CLOEXEC)
+    fd = os.memfd_create("scaler-object", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.ftruncate(fd, total)
         blob = SharedBlob(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -62,6 +64,28 @@ def allocate(total: int) -> memoryview:
         raise
     blob.fd = fd
     return memoryview(blob)
+
+
+def seal(buffer: memoryview) -> memoryview:
+    """The object ``allocate`` gave, once written whole (``chunks.Incoming``'s ``finish``):
+    its writable mapping goes and the memfd is sealed against writes, shrinking and growing
+    (``F_SEAL_WRITE``...), so a processor given it (tasks of other clients may read the same
+    object on this worker) can neither write it nor map it writable, even by ``mprotect``.
+    Returns a read-only view of a read-only mapping that holds the descriptor."""
+    blob = buffer.obj
+    assert type(blob) is SharedBlob, blob
+    fd, size = blob.fd, len(blob)
+    blob.fd = -1  # the descriptor is the new mapping's
+    buffer.release()
+    try:
+        blob.close()  # (no other view of it exists: Incoming held the only one)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        sealed = SharedBlob(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+    except BaseException:
+        os.close(fd)
+        raise
+    sealed.fd = fd
+    return memoryview(sealed)
 
 
 def fd_of(value: Any) -> int:
