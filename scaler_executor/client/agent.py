@@ -164,7 +164,7 @@ class ClientAgent:
         self.history_waiters: deque[Future[m.History]] = deque()
         self.fetch_waiters: deque[Future[dict[bytes, bytes]]] = deque()
         self.remote_store: RemoteStore | None = None  # the daemon's store, when this host cannot map it
-        self.incoming = Incoming()  # objects fetched from it that come in parts (protocol/chunks.py)
+        self.incoming = Incoming(keep_parts=True)  # objects fetched from it that come in parts (protocol/chunks.py)
         self.shutdown_requested = False
         self.broken: BaseException | None = None
         self.welcome = threading.Event()  # set at the daemon's Welcome, or when the agent breaks first

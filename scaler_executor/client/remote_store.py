@@ -10,7 +10,9 @@ value's wire form (header + object ids) is the same on every host:
   store it). Neither side ever holds the whole value twice: the client holds the value,
   the daemon one chunk beside the object.
 * ``get(object_id)`` fetches the bytes through the daemon (``ObjectRequest``; a large
-  object comes as ``ObjectPart`` messages, put together by ``protocol/chunks.py``).
+  object comes as ``ObjectPart`` messages, kept as they came by ``protocol/chunks.py``
+  and put together here); ``stream(object_id)`` reads a pickle stream's object from its
+  parts without putting them together (``pickle.load`` copies each once).
 * ``delete`` has the daemon drop an object nobody was told about (a task never sent, a
   pack undone): a pin then a release, so the daemon's reference counts free it.
 
@@ -25,6 +27,7 @@ from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from typing import TYPE_CHECKING, Any
 
+from scaler_executor.objstore.payload import Fetched
 from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 
@@ -54,11 +57,18 @@ class RemoteStore:
         view = memoryview(data)
         if view.ndim != 1 or view.itemsize != 1:
             view = view.cast("B")
-        total = view.nbytes
+        self.put_parts(object_id, [view])
+
+    def put_parts(self, object_id: bytes, parts: list[memoryview]) -> None:
+        """One object of ``parts`` (1-D byte views) end to end, streamed in chunks cut from
+        them: a chunk within one part is a view of it, one across parts (small pieces of a
+        pickle stream between large ones) is joined (at most CHUNK_BYTES). So a large pickle
+        stream (objstore.payload) goes out without being joined whole first."""
+        total = sum(part.nbytes for part in parts)
         waiter: Future[str] = Future()
         chunks = [
-            (object_id, codec.encode([m.ObjectChunk(object_id, offset, total)], [view[offset : offset + CHUNK_BYTES]]))
-            for offset in range(0, max(total, 1), CHUNK_BYTES)
+            (object_id, codec.encode([m.ObjectChunk(object_id, offset, total)], [chunk]))
+            for offset, chunk in _chunks(parts, total)
         ]
         self.agent.check_usable()
         with self.lock:
@@ -71,7 +81,11 @@ class RemoteStore:
         self.written.add(object_id)
 
     def get(self, object_id: bytes) -> memoryview:
-        return memoryview(self.agent.fetch_objects([object_id])[object_id])
+        return Fetched(self.agent.fetch_objects([object_id])).get(object_id)
+
+    def stream(self, object_id: bytes) -> Any:
+        """A pickle stream's object, read from the parts it came in (objstore.payload.unpack)."""
+        return Fetched(self.agent.fetch_objects([object_id])).stream(object_id)
 
     def contains(self, object_id: bytes) -> bool:
         return object_id in self.written  # written by this client and not deleted by it
@@ -122,3 +136,27 @@ class RemoteStore:
                 waiter.set_exception(type(exc)(*exc.args))
             except InvalidStateError:
                 pass
+
+
+def _chunks(parts: list[memoryview], total: int) -> list[tuple[int, Any]]:
+    """(offset, frame) of each chunk of ``parts`` end to end: CHUNK_BYTES each (the last
+    shorter), a view where a chunk lies within one part, else the pieces joined."""
+    if total == 0:
+        return [(0, b"")]
+    out: list[tuple[int, Any]] = []
+    pieces: list[memoryview] = []
+    size = offset = 0
+    for part in parts:
+        at = 0
+        while at < part.nbytes:
+            take = min(CHUNK_BYTES - size, part.nbytes - at)
+            pieces.append(part[at : at + take])
+            size += take
+            at += take
+            if size == CHUNK_BYTES:
+                out.append((offset, pieces[0] if len(pieces) == 1 else b"".join(pieces)))
+                offset += size
+                pieces, size = [], 0
+    if pieces:
+        out.append((offset, pieces[0] if len(pieces) == 1 else b"".join(pieces)))
+    return out

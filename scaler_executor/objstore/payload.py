@@ -327,8 +327,16 @@ class _Writer:
                 return self.fresh(raw)
         if not hasattr(self.store, "create_buffer"):
             # The daemon's store seen from another host (client/remote_store.py) is written
-            # through the network in chunks: one joined copy here, then the wire.
-            return self.fresh(b"".join(parts))
+            # through the network in chunks cut from the parts: no copy here.
+            oid = os.urandom(16)
+            views = [pickle.PickleBuffer(part).raw() for part in parts]  # 1-D bytes, whatever its shape
+            try:
+                self.store.put_parts(oid, views)  # type: ignore[attr-defined]  # a RemoteStore
+            finally:
+                for view in views:
+                    view.release()
+            self.created.append(oid)
+            return oid
         oid = os.urandom(16)
         target = self.store.create_buffer(oid, size)
         try:
@@ -430,9 +438,17 @@ class Fetched:
 
     def get(self, object_id: bytes) -> memoryview:
         try:
-            return memoryview(self.blobs[object_id])
+            blob: Any = self.blobs[object_id]
         except KeyError:
             raise LookupError(f"object {object_id.hex()} was not fetched for this task") from None
+        # An object kept as the parts it came in (protocol/chunks.py Parts): put together.
+        return blob.join() if hasattr(blob, "reader") else memoryview(blob)
+
+    def stream(self, object_id: bytes) -> Any:
+        """A pickle stream's object: a reader of its parts if it came in parts (``pickle.load``
+        then copies each part once, into the objects it builds), else its view."""
+        blob: Any = self.blobs.get(object_id)
+        return blob.reader() if hasattr(blob, "reader") else self.get(object_id)
 
 
 def unpack(
@@ -461,24 +477,33 @@ def unpack(
     views: list[memoryview] = []
     buffers: list[Any] = []
     done = False
+    reader: Any = None  # the stream as a file (a store that has it in parts: Fetched.stream)
+    in_views = stream_in_store  # the stream is views[0]
     try:
-        for oid in object_ids:
+        ids = iter(object_ids)
+        if stream_in_store and hasattr(store, "stream"):
+            source = store.stream(next(ids))  # type: ignore[union-attr]  # checked above
+            if type(source) is memoryview:
+                views.append(source)
+            else:
+                reader, in_views = source, False
+        for oid in ids:
             views.append(store.get(oid))  # type: ignore[union-attr]  # checked above
-        if stream_in_store:
+        if in_views:
             body = views[0]
-        for view in views[stream_in_store:]:
+        for view in views[in_views:]:
             buffers.append(bytearray(view) if writable else view)
-        # a stream view is read in place: the objects pickle builds are the one copy
-        value = pickle.loads(body, buffers=buffers)
+        # a stream view (or its parts) is read in place: the objects pickle builds are the one copy
+        value = pickle.load(reader, buffers=buffers) if reader is not None else pickle.loads(body, buffers=buffers)
         done = True
         return value
     finally:
         # Release now what nothing uses any more (copied buffers, the stream; every view
         # if unpickling failed, since a traceback would keep this frame's views alive);
         # views the value's arrays use are released when those arrays go.
-        del body, buffers
+        del body, buffers, reader
         for index, view in enumerate(views):
-            if not done or writable or (stream_in_store and index == 0):
+            if not done or writable or (in_views and index == 0):
                 try:
                     view.release()
                 except BufferError:  # still used by a half-built object: freed with it

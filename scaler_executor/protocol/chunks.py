@@ -5,7 +5,7 @@ A client or worker on a host that cannot map the daemon's store asks for objects
 object at a time (scheduler/object_stream.py), then the ``ObjectData`` that ends the answer
 carries an empty frame in its place. The receiver:
 
-* allocates the object's buffer once, at its first part (offset 0, with the total size),
+* allocates the object's buffer once (``allocate``), at its first part (offset 0, with the total size),
   and writes every part straight into it: no part is kept, nothing is joined at the end;
 * checks each part against what came before: the same object, the next offset, the same
   total, nothing beyond it; a part that does not fit fails the object (its answer then
@@ -19,7 +19,10 @@ No socket, no lock: the thread that reads the daemon's connection owns it.
 
 from __future__ import annotations
 
+import io
+import mmap
 from collections import deque
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from scaler_executor.protocol import messages as m
@@ -32,14 +35,91 @@ class StreamError(Exception):
 class _Assembly(NamedTuple):
     object_id: bytes
     total: int
-    buffer: memoryview  # writable, over a bytearray of ``total`` bytes
+    buffer: memoryview | None  # writable, ``total`` bytes (Incoming.allocate); None: parts kept
+    parts: list[memoryview]  # the frames as they came (Incoming(keep_parts=True))
+
+
+def allocate(total: int) -> memoryview:
+    """A writable buffer of ``total`` bytes: an anonymous mapping, whose pages the kernel
+    zeroes as the parts are first written (``bytearray(total)`` wrote every byte once more)."""
+    return memoryview(mmap.mmap(-1, total))
+
+
+class Parts:
+    """An object kept as the frames it came in (views of libzmq's messages, no copy made):
+    read once as a stream (``reader``: ``pickle.load`` copies each part straight into the
+    objects it builds), or put together (``join``: one copy, as an assembly would have made).
+    Read-only either way."""
+
+    __slots__ = ("views", "nbytes")
+
+    def __init__(self, views: list[memoryview], nbytes: int) -> None:
+        self.views = views
+        self.nbytes = nbytes
+
+    def reader(self) -> PartsReader:
+        """Read once: the reader takes the parts, and lets each go once read past."""
+        views, self.views = self.views, []
+        if not views and self.nbytes:
+            raise StreamError("an object's parts were read already")
+        return PartsReader(views)
+
+    def join(self) -> memoryview:
+        if not self.views and self.nbytes:
+            raise StreamError("an object's parts were read already")
+        whole = allocate(self.nbytes)
+        offset = 0
+        for view in self.views:
+            whole[offset : offset + view.nbytes] = view
+            offset += view.nbytes
+        return whole.toreadonly()
+
+
+class PartsReader(io.RawIOBase):
+    """A binary file over ``Parts``' frames (``readinto`` copies from them, nothing else)."""
+
+    def __init__(self, views: list[memoryview]) -> None:
+        super().__init__()
+        self._views = deque(views)
+        self._offset = 0  # into the first view
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        target = memoryview(buffer).cast("B")
+        want, done = target.nbytes, 0
+        views = self._views
+        while done < want and views:
+            view = views[0]
+            count = min(want - done, view.nbytes - self._offset)
+            target[done : done + count] = view[self._offset : self._offset + count]
+            done += count
+            self._offset += count
+            if self._offset == view.nbytes:
+                views.popleft()  # read: the frame can go
+                self._offset = 0
+        return done
 
 
 class Incoming:
-    def __init__(self) -> None:
+    """``allocate(total)`` gives each object's buffer: a writable, contiguous byte view
+    (an anonymous mapping by default; a worker's are memfds its processors map). With
+    ``keep_parts`` no buffer is made: the parts' frames are kept as they came, and ``take``
+    gives a ``Parts`` (a client: ``pickle.load`` reads them, one copy in all)."""
+
+    def __init__(
+        self,
+        allocate: Callable[[int], memoryview] = allocate,
+        keep_parts: bool = False,
+        finish: Callable[[memoryview], memoryview] = memoryview.toreadonly,
+    ) -> None:
+        self.allocate = allocate
+        self.finish = finish  # an allocated buffer, written whole -> the read-only object
+        self.keep_parts = keep_parts
         self.current: _Assembly | None = None
         self.received = 0  # bytes of ``current`` so far
-        self.ready: dict[bytes, deque[memoryview]] = {}  # whole, waiting for their ObjectData
+        self.ready: dict[bytes, deque[memoryview | Parts]] = {}  # whole, waiting for their ObjectData
         self.failed: dict[bytes, str] = {}
 
     def part(self, message: m.ObjectPart, data: Any) -> None:
@@ -55,11 +135,11 @@ class Incoming:
                 self._fail(object_id, f"a part of an object of {total} bytes")
                 return
             try:
-                buffer = memoryview(bytearray(total))
-            except MemoryError:
+                buffer = None if self.keep_parts else self.allocate(total)
+            except (MemoryError, OSError):
                 self._fail(object_id, f"no memory on this host for an object of {total} bytes")
                 return
-            current = self.current = _Assembly(object_id, total, buffer)
+            current = self.current = _Assembly(object_id, total, buffer, [])
             self.received = 0
         elif current is None or current.object_id != object_id:
             if object_id not in self.failed:
@@ -72,11 +152,20 @@ class Incoming:
                 f"{self.received} bytes of {current.total}",
             )
             return
-        current.buffer[offset : offset + size] = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        if current.buffer is None:
+            current.parts.append(view.toreadonly())
+        else:
+            current.buffer[offset : offset + size] = view
         self.received += size
         if self.received == total:
-            self.ready.setdefault(object_id, deque()).append(current.buffer.toreadonly())
             self.current = None
+            try:
+                whole = Parts(current.parts, total) if current.buffer is None else self.finish(current.buffer)
+            except OSError as exc:
+                self._fail(object_id, f"could not keep it on this host ({exc})")
+                return
+            self.ready.setdefault(object_id, deque()).append(whole)
 
     def take(self, object_id: bytes, frame: Any) -> Any:
         """The bytes of ``object_id`` as its ObjectData frame ``frame`` stands for: the object

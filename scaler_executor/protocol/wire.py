@@ -75,13 +75,15 @@ def recv_with_user(sock: zmq.Socket[Any]) -> tuple[list[bytes], str, Any]:
     The identity frame is the ROUTER's own and carries no metadata; the body frames carry the
     connection's (ZMTP properties and what the ZAP handler answered)."""
     frame = _recv(sock, _NOBLOCK, False)
-    frames = [frame.bytes]
+    frames: list[Any] = [frame.bytes]
     body: Any = None
     while frame.more:
         frame = _recv(sock, _NOBLOCK, False)
         if body is None:
             body = frame
-        frames.append(frame.bytes)
+        # A put's chunk (ObjectChunk, 4 MiB) as a view of libzmq's message, as in recv: the
+        # daemon writes it into the store from there, without a copy of its own first.
+        frames.append(frame.bytes if len(frame) < ZERO_COPY_BYTES else frame.buffer)
     user = ""  # no User-Id (a connection no ZAP handler answered): the caller refuses it
     if body is not None:
         try:

@@ -57,10 +57,10 @@ from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.chunks import Incoming, StreamError
 from scaler_executor.protocol.messages import Status
 from scaler_executor.protocol.rejoin import Backoff, is_not_resumable, is_unknown_peer
-from scaler_executor.worker import capture
+from scaler_executor.worker import capture, handoff
 from scaler_executor.worker import processor as proc
 from scaler_executor.worker.dealing import MAX_DEPTH, recall_due, takes_more, task_depth
-from scaler_executor.worker.framing import FrameReader
+from scaler_executor.worker.framing import FrameReader, send_with_fds
 from scaler_executor.worker.lanes import Lane, Lanes
 from scaler_executor.worker.memory import OomCounter, cpu_seconds, private_memory
 from scaler_executor.worker.resume import WorkerResume
@@ -113,7 +113,8 @@ class Processor:
         self.pid = pid
         self.conn = conn
         self.fd = conn.fileno()
-        self.reader = FrameReader(self.fd)
+        # recvmsg on a duplicate: large results come as memfds beside DONE (worker/handoff.py)
+        self.reader = FrameReader(self.fd, socket.socket(fileno=os.dup(self.fd)))
         self.seceded = False  # its running task waits on sub-tasks: it does not count as a slot
         self.retired = False  # asked to exit (the worker has one processor too many)
         self.err_fd = err_fd  # read end of its stderr pipe, -1 once closed
@@ -133,6 +134,7 @@ class Processor:
         self.head_since = 0.0  # when the running task (outstanding[0]) was sent or became first
 
     def close_fds(self) -> None:
+        self.reader.close()
         self.conn.close()
         if self.recall_fd >= 0:
             os.close(self.recall_fd)
@@ -174,7 +176,9 @@ class WorkerAgent:
         self.capture_dir = ""  # where processors capture tasks' fds 1/2 (worker/capture.py), made on first use
         self.blobs: dict[bytes, bytes | memoryview] = {}  # objects fetched over the network for held tasks
         self.fetching: dict[bytes, list[int]] = {}  # object id -> tasks waiting for it
-        self.incoming = Incoming()  # fetched objects that come in parts (protocol/chunks.py)
+        # fetched objects that come in parts (protocol/chunks.py), written into memfds that
+        # the processors map (worker/handoff.py)
+        self.incoming = Incoming(allocate=handoff.allocate, finish=handoff.seal)
         self.parked: dict[int, set[bytes]] = {}  # task id -> objects it still waits for
         self.oom = OomCounter()
         self.next_sample = 0.0
@@ -785,6 +789,8 @@ class WorkerAgent:
             self.outbox.append(m.ClusterBroken(reason, message[1]))
             return
         _, task_id, attempt, status, payload, started, finished, peak, result_objects, delivered, output = message
+        if type(payload) is int:  # a large result, in the memfd that came beside DONE (handoff.py)
+            payload = handoff.attach(p.reader.take_fd(), payload)
         p.seceded = False
         p.recalling = False  # its head changed; an answer still on its way hands back what it lists
         expected = p.outstanding.popleft()
@@ -981,6 +987,19 @@ class WorkerAgent:
         except OSError:
             pass  # it died; its socket's EOF will be noticed by the poller
 
+    def _to_processor_with_fds(self, p: Processor, data: bytes, fds: list[int]) -> None:
+        """``data`` with memfds beside it (worker/handoff.py), after what waits for ``p``."""
+        pending = self._pending_writes
+        if pending is not None and p in pending:
+            self._write_frames(p, pending.pop(p))
+        sock = p.reader.sock
+        try:
+            if sock is None:
+                raise OSError("the processor's socket is closed")
+            send_with_fds(sock, data, fds)
+        except OSError:
+            pass  # it died; its socket's EOF will be noticed by the poller
+
     def _write_frames(self, p: Processor, frames: list[bytes]) -> None:
         """``frames`` in ``Connection.send_bytes``'s framing, in one system call if they fit."""
         if len(frames) == 1:
@@ -1056,7 +1075,8 @@ class WorkerAgent:
             p.head_since = now
         if len(p.outstanding) == 1 and task.task_timeout is not None:
             p.deadline = now + task.task_timeout
-        self._to_processor(
+        blobs, fds = handoff.blobs_for_run({i: self.blobs[i] for i in self._object_ids_of(task)}) if self.fetch_objects else (None, [])
+        (self._to_processor_with_fds if fds else self._to_processor)(
             p,
             msgpack.packb(
                 [
@@ -1071,7 +1091,7 @@ class WorkerAgent:
                     task.objects,
                     self.store_name,
                     self.threshold,
-                    {i: self.blobs[i] for i in self._object_ids_of(task)} if self.fetch_objects else None,
+                    blobs,
                     [task.reply_to, self.name, self.lanes.path_for(task.reply_to, self.poller, task.authkey_file)]
                     if task.reply_to
                     else None,
@@ -1080,6 +1100,7 @@ class WorkerAgent:
                 ],
                 use_bin_type=True,
             ),
+            *([fds] if fds else []),
         )
 
     # ------------------------------------------------------------------ timers

@@ -12,34 +12,68 @@ two results that arrived together cost one read, and the agent needs no
 
 from __future__ import annotations
 
+import array
 import os
 import select
+import socket
 import struct
 from collections import deque
 
 _LEN = struct.Struct("!i")
+_ANCILLARY = socket.CMSG_SPACE(253 * 4)  # the kernel's SCM_MAX_FD descriptors
 _LONG = struct.Struct("!Q")
 READ_SIZE = 1 << 18
 LARGE = 1 << 20  # a frame this big is read straight into its own buffer
 
 
 class FrameReader:
-    """Length-prefixed frames from a stream socket or pipe ``fd``."""
+    """Length-prefixed frames from a stream socket or pipe ``fd``.
 
-    __slots__ = ("fd", "buf", "parsed")
+    Given ``sock`` (a socket over the same connection), it reads with ``recvmsg`` and keeps
+    the descriptors that came beside the frames (``send_with_fds``), in order, for
+    ``take_fd``: the memfds of large objects (worker/handoff.py). A sender's descriptors
+    arrive with the first bytes of its message, so they are here once its frame is."""
 
-    def __init__(self, fd: int) -> None:
+    __slots__ = ("fd", "buf", "parsed", "sock", "fds")
+
+    def __init__(self, fd: int, sock: socket.socket | None = None) -> None:
         self.fd = fd
         self.buf = bytearray()
         self.parsed: deque[bytes | bytearray] = deque()
+        self.sock = sock
+        self.fds: deque[int] = deque()
 
     def fill(self) -> None:
         """One read of what is available (blocks only if nothing is); EOFError at the end."""
-        data = os.read(self.fd, READ_SIZE)
+        if self.sock is None:
+            data = os.read(self.fd, READ_SIZE)
+        else:
+            data, ancillary, flags, _ = self.sock.recvmsg(READ_SIZE, _ANCILLARY)
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds = array.array("i")
+                    fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+                    self.fds.extend(fds)
+            if flags & socket.MSG_CTRUNC:
+                raise OSError("descriptors beside a message were cut off (more than SCM_MAX_FD)")
         if not data:
             raise EOFError
         self.buf += data
         self._parse()
+
+    def take_fd(self) -> int:
+        """The next descriptor that came beside the frames; OSError if none did."""
+        if not self.fds:
+            raise OSError("a message named a shared object whose descriptor did not come with it")
+        return self.fds.popleft()
+
+    def close(self) -> None:
+        """Close the descriptors received and not taken, and the socket (not ``fd``)."""
+        while self.fds:
+            os.close(self.fds.popleft())
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
 
     def frames(self) -> list[bytes | bytearray]:
         """Every complete frame read so far, in order (taken out of the reader)."""
@@ -97,3 +131,14 @@ class FrameReader:
                 raise EOFError
             have += n
         return frame
+
+
+def send_with_fds(sock: socket.socket, data: bytes, fds: list[int]) -> None:
+    """``data`` as one frame (``Connection.send_bytes``'s framing) with ``fds`` beside its
+    first bytes (SCM_RIGHTS; the receiver's FrameReader keeps them). Blocks until written."""
+    size = len(data)
+    head = _LEN.pack(size) if size <= 0x7FFFFFFF else _LEN.pack(-1) + _LONG.pack(size)
+    view = memoryview(head + data)
+    sent = sock.sendmsg([view], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    while sent < view.nbytes:
+        sent += sock.send(view[sent:])

@@ -53,8 +53,9 @@ from scaler_executor import _compat
 from scaler_executor.protocol import reply as direct
 from scaler_executor.protocol.messages import Status, TaskFacts, TaskFlags, TaskResult
 from scaler_executor.protocol.refs import install as install_deps
+from scaler_executor.worker import handoff
 from scaler_executor.worker.capture import Capture
-from scaler_executor.worker.framing import FrameReader
+from scaler_executor.worker.framing import FrameReader, send_with_fds
 from scaler_executor.worker.memory import private_memory
 from scaler_executor.worker.mpkey import ClientKeys
 
@@ -258,7 +259,10 @@ class _ProcessorState:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self.reader = FrameReader(conn.fileno())  # the agent's messages, read in bulk
+        # The agent's messages, read in bulk, with the memfds of large objects beside them
+        # (a socket of its own over a duplicate of the descriptor: recvmsg).
+        self.sock = socket.socket(fileno=os.dup(conn.fileno()))
+        self.reader = FrameReader(conn.fileno(), self.sock)
         self.store: Any = None  # the host's object store, attached on first use
         self.store_name = ""
         self.blobs: dict[bytes, bytes] | None = None  # objects fetched over the network, this task
@@ -315,7 +319,15 @@ class _ProcessorState:
         if type(value) in _SCALARS and (type(value) not in _SIZED or len(value) < self.threshold):
             return pickle.dumps(value, protocol=5), NO_OBJECTS  # 1 us instead of the store's 30
         if self.store is None or self.blobs is not None:
-            return dump_value(value), NO_OBJECTS
+            # No store here: the agent streams a large result to the daemon's (agent._offload),
+            # handed to it in a memfd, not inside DONE (worker/handoff.py).
+            large = max(self.threshold, handoff.LARGE)
+            if handoff.is_large(value) and len(value) >= large:
+                return handoff.pickle_large(value, cloudpickle), NO_OBJECTS  # type: ignore[return-value]
+            pickled = dump_value(value)
+            if len(pickled) >= large:
+                return handoff.to_memfd(pickled), NO_OBJECTS  # type: ignore[return-value]
+            return pickled, NO_OBJECTS
         from scaler_executor.objstore import ObjectStoreFull
         from scaler_executor.objstore import payload as packing
 
@@ -362,6 +374,12 @@ class _ProcessorState:
         fn_id, fn_payload = message[3], message[4]
         if fn_payload is not None:
             self.fn_payloads[fn_id] = fn_payload
+        blobs = message[11]
+        if blobs:
+            # Large fetched objects came as memfds beside this message, in order (handoff.py).
+            for object_id, blob in blobs.items():
+                if type(blob) is int:
+                    blobs[object_id] = handoff.attach(self.reader.take_fd(), blob)
         return message
 
     def _take_queued(self) -> list[int]:
@@ -502,12 +520,23 @@ def processor_main(
         with state.lock:
             state.task_id = 0
             state.seceded = False
-            conn.send_bytes(
-                packb(
-                    [DONE, task_id, attempt, status, result, started, finished, peak, result_objects, delivered, output],
+            in_memfd: Any = result
+            if type(in_memfd) is handoff.InMemfd:  # a large result: its memfd goes beside DONE
+                done_message = packb(
+                    [DONE, task_id, attempt, status, in_memfd.size, started, finished, peak, result_objects, delivered, output],
                     use_bin_type=True,
                 )
-            )
+                try:
+                    send_with_fds(state.sock, done_message, [in_memfd.fd])
+                finally:
+                    os.close(in_memfd.fd)
+            else:
+                conn.send_bytes(
+                    packb(
+                        [DONE, task_id, attempt, status, result, started, finished, peak, result_objects, delivered, output],
+                        use_bin_type=True,
+                    )
+                )
         state.put_arrays_in_store()  # if the task imported NumPy
         done += 1
         if max_tasks is not None and done >= max_tasks:

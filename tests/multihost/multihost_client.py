@@ -8,7 +8,8 @@ argument lists) -> batch, ``done`` (batch) -> how many finished, ``running`` (ba
 -> results and errors, ``put_fetch`` (size) -> timings of a put, a remote task reading it, the
 client reading it back, and a large result, ``noop`` (count, trips) -> throughput and round trip,
 ``put_keep`` (size) -> a kept ref and its digest, ``submit_ref`` (ref) -> a batch reading it, ``drop_ref`` (ref), ``read_while_task`` (ref),
-``put_read`` (sizes) -> digests of arrays put, read on another host and read back, ``stats``, ``close``.
+``put_read`` (sizes) -> digests of arrays put, read on another host and read back,
+``bytes_read`` (sizes) -> the same for bytes, and for bytes a remote task returns, ``stats``, ``close``.
 """
 
 from __future__ import annotations
@@ -110,6 +111,26 @@ def op_put_read(sizes: list[int]) -> dict[str, Any]:
         back = list(tasks.array_digest(ref.result()))
         out.append({"size": size, "objects": len(ref.object_ids), "expect": expect, "remote": remote, "back": back})
         del ref, value
+    return {"objects": out}
+
+
+def op_bytes_read(sizes: list[int]) -> dict[str, Any]:
+    """Per size: bytes (a pickle stream in one store object) put from this host, hashed by a
+    task on another host and as this client reads them back, and bytes made by a task on
+    another host (a result streamed to the daemon's store) hashed here: digests to compare."""
+    ex = _ex()
+    out = []
+    for seed, size in enumerate(sizes):
+        value = tasks.random_bytes(size, seed)
+        expect = tasks.digest(value)
+        ref = ex.put(value)
+        del value
+        remote = ex.submit(tasks.digest, ref).result()
+        back = tasks.digest(ref.result())
+        result = tasks.digest(ex.submit(tasks.random_bytes, size, seed + 1000).result())
+        out.append({"size": size, "expect": expect, "remote": remote, "back": back,
+                    "result": result, "expect_result": tasks.digest(tasks.random_bytes(size, seed + 1000))})
+        del ref
     return {"objects": out}
 
 

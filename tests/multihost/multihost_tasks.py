@@ -55,3 +55,10 @@ def array_of(size: int) -> object:
     import numpy as np
 
     return np.frombuffer(pattern(size, 3), dtype=np.uint8)
+
+
+def random_bytes(size: int, seed: int) -> bytes:
+    """``size`` bytes with no period (a part out of place changes the digest)."""
+    import random
+
+    return random.Random(seed).randbytes(size)

@@ -44,6 +44,35 @@ def test_every_size_crosses_hosts_whole_in_parts(hosts: net.Hosts, secure: bool)
 MB100 = 100_000_000
 
 
+def test_bytes_and_large_results_cross_hosts_whole(hosts: net.Hosts) -> None:
+    """Bytes values (a pickle stream in one store object, which the client unpickles from
+    the parts as they came) and large results of a task on another host (pickled into a
+    memfd by its processor, streamed from it by the worker's agent): whole (SHA-256, over
+    bytes with no period, so a part out of place shows), and over the network (counters)."""
+    cluster = net.Cluster(hosts, [], [], secure=False)
+    sizes = [CHUNK + 1, MB100]
+    try:
+        cluster.start_daemon()
+        cluster.start_worker("w1")
+        client = cluster.client()
+        net.poll(lambda: client.call("stats")["stats"]["workers"] >= 1, 60, f"the worker joined\n{cluster.logs()}")
+        before = client.call("stats")["stats"]
+        answer = client.call("bytes_read", answer_within=240, sizes=sizes)["objects"]
+        for item in answer:
+            assert item["remote"] == item["expect"] and item["back"] == item["expect"], item
+            assert item["result"] == item["expect_result"], item
+        stats = client.call("stats")["stats"]
+        # In: each put and each result (a pickle a little larger than its bytes); out: each
+        # put to the worker and back to the client, and each result to the client.
+        received = stats["object_bytes_received"] - before["object_bytes_received"]
+        sent = stats["object_bytes_sent"] - before["object_bytes_sent"]
+        assert 2 * sum(sizes) <= received < 2 * sum(sizes) + 4096, stats
+        assert 3 * sum(sizes) <= sent < 3 * sum(sizes) + 4096, stats
+        assert stats["object_sends_dropped"] == 0
+    finally:
+        cluster.stop()
+
+
 def _stats(client: net.Driver) -> dict:
     return client.call("stats")
 

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import cloudpickle
 import pytest
 
@@ -12,7 +14,8 @@ from scaler_executor._version import __version__
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import codec
 from scaler_executor.protocol import messages as m
-from scaler_executor.protocol.chunks import Incoming, StreamError
+from scaler_executor.objstore.payload import Fetched, stream_in_store_header, unpack
+from scaler_executor.protocol.chunks import Incoming, Parts, StreamError
 from scaler_executor.scheduler.core import PeerUnreachable, Received, Scheduler, SendObjects, Tick
 from scaler_executor.scheduler.object_stream import (
     CreditObjects,
@@ -247,3 +250,69 @@ def test_a_peer_that_asks_beyond_its_queue_is_refused_and_the_rest_stays() -> No
     steps = out.due()
     out.validate()
     assert [type(s) for s in steps] == [Part]
+
+
+# --------------------------------------------------------------------- parts kept as they came (a client)
+
+
+@pytest.mark.parametrize("size", [CHUNK + 1, 7 * CHUNK + 3])
+def test_a_client_keeps_the_parts_as_they_came_and_joins_them_only_when_asked(size: int) -> None:
+    out, incoming = Outbound(chunk=CHUNK, window=2), Incoming(keep_parts=True)
+    data = _bytes(size)
+    out.request(b"p", [A], [size], [memoryview(data)])
+    frames: list[memoryview] = []
+    whole = None
+    while (steps := out.due()):
+        for step in steps:
+            if isinstance(step, Part):
+                frame = step.view[step.offset : step.offset + step.length]
+                frames.append(frame)
+                incoming.part(m.ObjectPart(step.object_id, step.offset, step.total), frame)
+                out.taken(b"p", 1)
+            else:
+                whole = incoming.take(A, step.frames[0])
+    assert isinstance(whole, Parts) and whole.nbytes == size and incoming.holding() == 0
+    # No copy made: each part is a view of the frame it came in.
+    assert len(whole.views) == len(frames) and all(v.obj is f.obj for v, f in zip(whole.views, frames, strict=True))
+    joined = whole.join()
+    assert joined.readonly and bytes(joined) == data
+    assert whole.reader().read() == data
+    with pytest.raises(StreamError, match="read already"):  # a reader takes the parts
+        whole.join()
+
+
+def test_a_pickle_stream_in_parts_unpickles_from_them_without_joining() -> None:
+    value = (_bytes(5 * CHUNK), "tail")
+    stream = pickle.dumps(value, protocol=5)
+    incoming = Incoming(keep_parts=True)
+    for offset in range(0, len(stream), CHUNK):
+        incoming.part(m.ObjectPart(A, offset, len(stream)), stream[offset : offset + CHUNK])
+    parts = incoming.take(A, b"")
+    assert isinstance(parts, Parts)
+    assert unpack(stream_in_store_header(), [A], Fetched({A: parts})) == value
+    assert parts.views == []  # read from the parts, which the reader let go as it went
+    assert not isinstance(Fetched({A: incoming_parts(stream)}).stream(A), memoryview)  # a reader
+    # A store object that is no stream (an out-of-band buffer) is joined: one copy.
+    assert bytes(Fetched({A: incoming_parts(stream)}).get(A)) == stream
+
+
+def incoming_parts(data: bytes) -> Parts:
+    incoming = Incoming(keep_parts=True)
+    for offset in range(0, len(data), CHUNK):
+        incoming.part(m.ObjectPart(B, offset, len(data)), data[offset : offset + CHUNK])
+    parts = incoming.take(B, b"")
+    assert isinstance(parts, Parts)
+    return parts
+
+
+def test_a_put_in_parts_is_cut_into_chunks_without_joining_a_large_part() -> None:
+    from scaler_executor.client import remote_store
+
+    big = _bytes(2 * remote_store.CHUNK_BYTES + 7)
+    parts = [memoryview(b"abc"), memoryview(big), memoryview(b"xy")]
+    chunks = remote_store._chunks(parts, sum(p.nbytes for p in parts))
+    assert [offset for offset, _ in chunks] == [0, remote_store.CHUNK_BYTES, 2 * remote_store.CHUNK_BYTES]
+    assert b"".join(bytes(c) for _, c in chunks) == b"abc" + big + b"xy"
+    # The middle chunk lies within the large part: a view of it, not a copy.
+    assert isinstance(chunks[1][1], memoryview) and chunks[1][1].obj is big
+    assert remote_store._chunks([], 0) == [(0, b"")]
