@@ -425,6 +425,17 @@ class ClusterConfig:
         gt=0,
         metavar="BYTES",
     )
+    history_runs: int = _opt(
+        20_000,
+        "task runs (worker, start, end, status) the daemon keeps for the task stream of the dashboard "
+        "and the report, the most recent; 0 = none: runs are not recorded at all and the stream is empty "
+        "(the counters, windows, recent events and the run's coarse series are kept whatever this is)",
+        "each run kept is a small tuple in the daemon (a few MB for 20,000) and ~50 bytes in every "
+        "history sent; recording one is a deque append per task (docs/monitoring.rst, its cost measured)",
+        ge=0,
+        le=10_000_000,
+        metavar="RUNS",
+    )
     unsatisfiable_timeout: float | None = _opt(
         None,
         "seconds a task that no connected worker can ever satisfy waits before it fails, none = forever",

@@ -5,7 +5,9 @@ Two bounded records, each O(1) per event, kept beside the :class:`~.stats.Record
 * **Task runs**: a ring of the most recent :data:`RUNS` runs (worker, wall-clock start and
   end, status), from the ``TaskFacts`` of each result a worker reports.  Runs without
   times (a processor that died, a lane task: only counted) are not in it.  Older runs are
-  dropped; ``runs_seen`` says how many there were.
+  dropped; ``runs_seen`` says how many there were.  The config's ``history_runs`` sets the
+  ring's size (its default is :data:`RUNS`); 0 turns it off: the core then records no run
+  at all (not even ``runs_seen``), so the ring costs nothing per task.
 * **A coarse series over the whole run**: per bucket of :data:`BUCKET_SECONDS` (on the
   daemon's clock), tasks finished and failed, and the most memory (the workers' total,
   from their heartbeats) and workers connected seen in it.  Buckets in which nothing
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["BUCKET_SECONDS", "MAX_BUCKETS", "RUNS", "History", "history_message"]
 
 RUNS = 20_000  # task runs kept for the stream: ~1 MB on the wire, a few MB of tuples in the daemon
+# (the default of the config's history_runs, which sets the ring's size per daemon)
 BUCKET_SECONDS = 10.0  # the series' first bucket width
 MAX_BUCKETS = 8_640  # 24 h of 10 s buckets; then merged pairwise (the width doubles)
 
