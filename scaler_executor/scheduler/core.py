@@ -275,6 +275,9 @@ class Scheduler:
             "refused": 0,  # messages acted on by nobody: another party's ids, or a status not the sender's to give
             "delivered_direct": 0,  # results a processor sent straight to its client (REPLY_DIRECT)
             "lane": 0,  # tasks a client submitted straight to a worker's lane (worker/lanes.py)
+            # TaskResults messages handled: with ``finished`` + ``failed``, how well workers batch
+            # results (the per-batch costs, the recorder's among them, divide by it).
+            "result_batches": 0,
             # The network object path (kept by the loop, which moves the bytes): objects
             # and bytes sent to peers that cannot map the store, and received from them.
             "objects_sent": 0,
@@ -960,6 +963,7 @@ class Scheduler:
         durations: list[float] = []  # for the recorder, once per batch
         ended = failed = peak = 0
         keep_runs = self._keep_runs
+        self.counters["result_batches"] += 1
         for result in message.results:
             if result.status not in WORKER_STATUSES:
                 # Only the daemon says a task was rejected, lost its worker or its dependency:
