@@ -37,7 +37,14 @@ def test_the_ring_keeps_the_most_recent_runs_and_counts_them_all() -> None:
         history.run(f"w{n % 2}", 100.0 + n, 100.5 + n, Status.OK if n % 3 else Status.ERROR)
     assert len(history.runs) == 5 and history.runs_seen == 12
     assert [run[1] for run in history.runs] == [107.0, 108.0, 109.0, 110.0, 111.0]  # oldest dropped
-    assert History().runs.maxlen == RUNS == 20_000
+    assert History().capacity == RUNS == 20_000
+    history.run("w9", 200.0, 201.0, Status.OK)  # wrapping round again
+    assert [run[:2] for run in history.runs] == [("w0", 108.0), ("w1", 109.0), ("w0", 110.0), ("w1", 111.0), ("w9", 200.0)]
+    empty = History(runs=0)
+    empty.run("w0", 1.0, 2.0, Status.OK)
+    assert empty.runs == [] and empty.runs_seen == 1
+    with pytest.raises(ValueError, match="runs must be at least 0"):
+        History(runs=-1)
 
 
 def test_the_series_buckets_counts_and_the_gauges_most() -> None:
