@@ -425,6 +425,18 @@ class ClusterConfig:
         gt=0,
         metavar="BYTES",
     )
+    history_runs: int = _opt(
+        20_000,
+        "task runs (worker, start, end, status) the daemon keeps for the task stream of the dashboard "
+        "and the report, the most recent; 0 = none: runs are not recorded at all and the stream is empty "
+        "(the counters, windows, recent events and the run's coarse series are kept whatever this is)",
+        "the ring is allocated when the daemon starts, 32 bytes a run (0.6 MB for 20,000), and each run "
+        "is ~50 bytes in every history sent; recording one costs the daemon ~3 % of its CPU per no-op "
+        "task (docs/monitoring.rst, measured)",
+        ge=0,
+        le=1_000_000,
+        metavar="RUNS",
+    )
     unsatisfiable_timeout: float | None = _opt(
         None,
         "seconds a task that no connected worker can ever satisfy waits before it fails, none = forever",

@@ -170,7 +170,8 @@ def history_json(history: m.History, now: float) -> dict[str, Any]:
     rects), times in seconds relative to ``now`` (this host's clock; the runs carry their
     workers' wall clocks); the most recent STREAM_BARS.  ``series``: [start, memory bytes,
     workers] per bucket of ``bucket_seconds``, start relative to the daemon's uptime (so
-    ≤ 0), the last SERIES_SECONDS of it.
+    ≤ 0), the last SERIES_SECONDS of it.  ``runs_recorded``: false when the daemon records
+    no runs (its ``history_runs`` is 0), so the page says why the stream is empty.
     """
     since = now - STREAM_SECONDS
     recent = sorted((run for run in history.runs if run.finished >= since), key=lambda run: (run.worker, run.started))
@@ -195,6 +196,7 @@ def history_json(history: m.History, now: float) -> dict[str, Any]:
     ]
     return {
         "workers": list(workers), "bars": bars, "runs_seen": history.runs_seen, "runs_kept": len(history.runs),
+        "runs_recorded": history.config.get("history_runs") != "0",
         "stream_seconds": STREAM_SECONDS, "series": series, "bucket_seconds": history.bucket_seconds,
         "series_seconds": SERIES_SECONDS, "uptime": history.uptime,
     }  # fmt: skip

@@ -275,6 +275,9 @@ class Scheduler:
             "refused": 0,  # messages acted on by nobody: another party's ids, or a status not the sender's to give
             "delivered_direct": 0,  # results a processor sent straight to its client (REPLY_DIRECT)
             "lane": 0,  # tasks a client submitted straight to a worker's lane (worker/lanes.py)
+            # TaskResults messages handled: with ``finished`` + ``failed``, how well workers batch
+            # results (the per-batch costs, the recorder's among them, divide by it).
+            "result_batches": 0,
             # The network object path (kept by the loop, which moves the bytes): objects
             # and bytes sent to peers that cannot map the store, and received from them.
             "objects_sent": 0,
@@ -286,7 +289,8 @@ class Scheduler:
         self._monitors: dict[bytes, float] = {}
         self._fetchers: set[bytes] = set()  # peers that asked for objects (ObjectRequest), until lost
         self.recorder = Recorder()  # O(1) monitoring state: ended tasks per second, recent events
-        self.history = History()  # O(1) too: recent task runs, the run's coarse series (ex.report)
+        self.history = History(runs=config.history_runs)  # O(1) too: recent task runs, the run's coarse series (ex.report)
+        self._keep_runs = config.history_runs > 0  # history_runs = 0: no run is recorded at all
         self._memory_total = 0  # the workers' memory, summed from their heartbeats
         self._monitor_snapshot: tuple[float, m.Stats] | None = None  # (built at, snapshot)
         self._monitor_history: tuple[float, m.History] | None = None  # (built at, history)
@@ -958,6 +962,8 @@ class Scheduler:
         worker = self.workers[peer]
         durations: list[float] = []  # for the recorder, once per batch
         ended = failed = peak = 0
+        keep_runs = self._keep_runs
+        self.counters["result_batches"] += 1
         for result in message.results:
             if result.status not in WORKER_STATUSES:
                 # Only the daemon says a task was rejected, lost its worker or its dependency:
@@ -974,7 +980,7 @@ class Scheduler:
                 continue  # late: an earlier attempt, or a task already settled elsewhere
             self._unassign(worker, task)
             facts = result.facts
-            if facts.finished > facts.started > 0:
+            if keep_runs and facts.finished > facts.started > 0:
                 self.history.run(worker.name, facts.started, facts.finished, result.status)
             if result.status == Status.PROCESSOR_DIED:
                 self.recorder.event(self._now, "processor-died", "", task_id=task.task_id, where=worker.name, payload=result.payload, status=result.status)
@@ -1070,8 +1076,9 @@ class Scheduler:
         if ended:
             self.recorder.ended(self._now, message.finished, message.failed, ended if message.seconds > 0 else 0, message.seconds)
             self.history.ended(self._now, message.finished, message.failed)
-        for run in message.runs[: ended + message.retried]:  # no more runs than tasks it reports
-            self.history.run(worker.name, run.started, run.finished, run.status)
+        if self._keep_runs:
+            for run in message.runs[: ended + message.retried]:  # no more runs than tasks it reports
+                self.history.run(worker.name, run.started, run.finished, run.status)
         for result in message.failures[: message.failed]:
             if result.status in WORKER_STATUSES and result.status != Status.OK:
                 self._record_failure(worker, None, result)

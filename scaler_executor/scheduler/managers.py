@@ -138,6 +138,22 @@ class ManagerController:
         log.warning("manager %r lost: %s; its %d worker(s) keep their keys for %.0f s", record.name, why, len(mine), ORPHAN_SECONDS)
         if mine:
             self.orphaned[record.name] = now
+        else:
+            self._drop_if_forgotten(record.name)
+
+    def _drop_if_forgotten(self, name: str) -> None:
+        """A manager that is gone and cost nothing the snapshot keeps (no worker, no failure,
+        infrastructure end or interrupted task: one known only by a refusal or an offer) leaves
+        no trace under its name: neither its last error nor its offer stays behind, to grow
+        with every name that ever connected or to greet a later manager of that name."""
+        if any(r.name == name for r in self.managers.values()) or name in self.orphaned:
+            return
+        if name in self.ended or name in self.interrupted or name in self.failed:
+            return  # its costs are kept while the daemon runs, and it stays listed with them
+        if any(w.manager == name for w in self.workers.values()):
+            return
+        self.last_error.pop(name, None)
+        self.offered.pop(name, None)
 
     def on_offer(self, peer: bytes, offer: m.ManagerOffer) -> None:
         record = self.managers[peer]
@@ -303,6 +319,7 @@ class ManagerController:
                 del self.orphaned[name]
                 for worker in [w for w in self.workers.values() if w.manager == name]:
                     self._forget(worker, f"its manager {name!r} has been gone for {ORPHAN_SECONDS:.0f} s")
+                self._drop_if_forgotten(name)
         offered = [r for r in self.managers.values() if r.offer is not None]
         if offered:
             self._scale(offered, now)
@@ -406,6 +423,10 @@ class ManagerController:
     def validate(self) -> None:
         names = [r.name for r in self.managers.values()]
         assert len(names) == len(set(names)), f"two managers share a name: {names}"
+        listed = set(names) | set(self.orphaned) | set(self.ended) | set(self.interrupted) | set(self.failed)
+        listed |= {w.manager for w in self.workers.values()}
+        kept = set(self.last_error) | set(self.offered)
+        assert kept <= listed, f"kept for managers the snapshot does not list: {sorted(kept - listed)}"
         for worker in self.workers.values():
             assert worker.state in STATES and worker.state != "gone", f"{worker.name} recorded as {worker.state}"
             if worker.peer is not None:

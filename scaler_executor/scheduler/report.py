@@ -166,7 +166,9 @@ def _stream(history: m.History) -> str:
     runs = history.runs
     head = '<section id="stream"><h2>Task stream</h2>'
     if not runs:
-        return head + '<p class="empty">no task run recorded</p></section>'
+        off = history.config.get("history_runs") == "0"
+        text = "task runs are not recorded (the daemon's history_runs is 0)" if off else "no task run recorded"
+        return head + f'<p class="empty">{text}</p></section>'
     t0 = min(r.started for r in runs)
     span = max(max(r.finished for r in runs) - t0, 1e-6)
     scale = (WIDTH - LABEL - 10) / span

@@ -73,6 +73,7 @@ def test_defaults() -> None:
         "capture_output_limit": 1048576,
         "forward_output": False,
         "forward_output_rate": 1048576.0,
+        "history_runs": 20_000,
         "unsatisfiable_timeout": None,
         "no_worker_warning": 10.0,
         "journal": None,

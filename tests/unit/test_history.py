@@ -4,10 +4,11 @@ costs O(1) (amortised over merges), and the core feeds it from results, heartbea
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
-from test_core import Cluster, client_with_function, hello, spec, tid
+from test_core import CONFIG, Cluster, client_with_function, hello, spec, tid
 
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.codec import decode, encode
@@ -19,6 +20,7 @@ from scaler_executor.scheduler.history import (
     History,
     history_message,
 )
+from scaler_executor.scheduler.report import render_report
 from scaler_executor.worker.processor import dump_exception
 
 
@@ -35,7 +37,14 @@ def test_the_ring_keeps_the_most_recent_runs_and_counts_them_all() -> None:
         history.run(f"w{n % 2}", 100.0 + n, 100.5 + n, Status.OK if n % 3 else Status.ERROR)
     assert len(history.runs) == 5 and history.runs_seen == 12
     assert [run[1] for run in history.runs] == [107.0, 108.0, 109.0, 110.0, 111.0]  # oldest dropped
-    assert History().runs.maxlen == RUNS == 20_000
+    assert History().capacity == RUNS == 20_000
+    history.run("w9", 200.0, 201.0, Status.OK)  # wrapping round again
+    assert [run[:2] for run in history.runs] == [("w0", 108.0), ("w1", 109.0), ("w0", 110.0), ("w1", 111.0), ("w9", 200.0)]
+    empty = History(runs=0)
+    empty.run("w0", 1.0, 2.0, Status.OK)
+    assert empty.runs == [] and empty.runs_seen == 1
+    with pytest.raises(ValueError, match="runs must be at least 0"):
+        History(runs=-1)
 
 
 def test_the_series_buckets_counts_and_the_gauges_most() -> None:
@@ -159,3 +168,49 @@ def test_monitors_share_one_history_rebuilt_at_most_every_interval() -> None:
     assert len(cluster.send(b"c1", m.HistoryRequest(), m.HistoryRequest()).of(b"c1", m.History)) == 2
     later = cluster.send(b"m2", m.HistoryRequest(), dt=MONITOR_HISTORY_SECONDS).one(b"m2", m.History)
     assert later is not first and later.uptime > first.uptime
+
+
+def _run_tasks(cluster: Cluster, count: int) -> list[int]:
+    """``count`` tasks submitted, dispatched to w1 and reported done, with their run times."""
+    cid, fn = client_with_function(cluster)
+    cluster.worker(b"w1", capacity=count)
+    cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, n), fn) for n in range(2, 2 + count)]))
+    core = cluster.scheduler
+    at_w1 = [t for t, task in core.tasks.items() if task.worker == b"w1"]
+    assert len(at_w1) == count
+    results = [m.TaskResult(t, 0, Status.OK, b"v", m.TaskFacts("w1", 50.0 + i, 50.5 + i, 0), []) for i, t in enumerate(at_w1)]
+    cluster.send(b"w1", m.TaskResults(results), dt=1.0)
+    lane = [m.TaskRun("", 70.0, 70.5, Status.OK)]
+    cluster.send(b"w1", m.LaneDone(1, 0, 0, 0, 0.5, [], lane, []))
+    return at_w1
+
+
+def test_history_runs_sets_the_rings_size() -> None:
+    from scaler_executor.config import ClusterConfig
+
+    assert ClusterConfig().history_runs == RUNS, "the config's default is the ring's documented size"
+    cluster = Cluster(replace(CONFIG, history_runs=3))
+    cluster.tick()
+    _run_tasks(cluster, 4)
+    history = history_message(cluster.scheduler)
+    assert [r.started for r in history.runs] == [52.0, 53.0, 70.0] and history.runs_seen == 5
+
+
+def test_history_runs_0_records_no_run_and_keeps_the_counters() -> None:
+    """Off means off: no run is recorded (the report and the page say so), while the
+    counters, the throughput windows and the coarse series go on as before."""
+    cluster = Cluster(replace(CONFIG, history_runs=0))
+    cluster.tick()
+    _run_tasks(cluster, 4)
+    core = cluster.scheduler
+    history = history_message(core)
+    assert history.runs == [] and history.runs_seen == 0 and history.config["history_runs"] == "0"
+    assert sum(b.finished for b in history.series) == 5, "the series still counts every task"
+    stats = core.statistics()
+    assert stats["finished"] == 5 and sum(w.finished for w in stats.windows if w.seconds == 60) == 5
+    assert "task runs are not recorded (the daemon's history_runs is 0)" in render_report(stats, history)
+    from scaler_executor.monitor.dashboard import history_json
+
+    page = history_json(history, 100.0)
+    assert page["runs_recorded"] is False and page["bars"] == []
+    assert history_json(history_message(Cluster().scheduler), 100.0)["runs_recorded"] is True

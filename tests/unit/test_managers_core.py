@@ -566,3 +566,34 @@ def test_the_snapshot_lists_each_manager_typed_and_keeps_a_departed_ones_line() 
     message = stats_message(world.core)
     (decoded,), _ = decode(encode([message]))
     assert Statistics.from_message(decoded).managers == (cpu,)
+
+
+def test_a_manager_known_only_by_a_refusal_leaves_no_trace_when_it_goes() -> None:
+    """Refused (its offer, then its keys) and never registered any capacity or worker: listed
+    with its error while connected; once it leaves, or falls silent, nothing of it stays in the
+    snapshot, and a later manager of that name does not inherit its error. (validate(), run
+    after every step, checks that nothing is kept for a manager the snapshot does not list.)"""
+    world = World()
+    world.manager(b"m1", "cpu", offer(max_workers=-1))
+    world.send(b"m1", m.WorkerKeys([m.WorkerKey("cpu-0", "key0")]))
+    (cpu,) = world.core.statistics().managers
+    assert cpu.connected and cpu.last_error is not None and "refused (worker-keys)" in cpu.last_error
+    world.send(b"m1", m.Goodbye("bye"))
+    assert world.core.statistics().managers == ()
+    # The same name again: a fresh line, without the old refusal or offer.
+    world.manager(b"m2", "cpu", offer(max_workers=2, kind="slurm"))
+    (cpu,) = world.core.statistics().managers
+    assert (cpu.kind, cpu.last_error, cpu.last_error_ago) == ("slurm", None, None)
+    # Refused again, then silent past its liveness: lost on the clock, and gone from the snapshot.
+    world.send(b"m2", m.ManagerOffer("slurm", 1, 2, 1, {}, [], 1.0, "", []))  # min above max
+    assert world.core.statistics().managers[0].last_error is not None
+    world.client()
+    for _ in range(5):
+        world.alive(b"c")
+        world.tick(1.0)
+    assert world.core.statistics().managers == ()
+    # One that cost something (a worker that failed) stays listed, its error with it.
+    world.manager(b"m3", "gpu", offer(max_workers=2))
+    world.send(b"m3", m.WorkerStates([change("gpu-0", "gone", reason="exit code 1")]), m.Goodbye("bye"))
+    (gpu,) = world.core.statistics().managers
+    assert not gpu.connected and gpu.failed == 1 and gpu.last_error is not None and "exit code 1" in gpu.last_error

@@ -153,8 +153,9 @@ function drawStream(hist) {
     tick.textContent = t ? `${+(t / 60).toFixed(1)} min` : "now";
     svg.append(tick);
   }
-  document.getElementById("stream-legend").textContent =
-    ` · ${runs} runs in ${hist.bars.length} bars; ${hist.runs_kept} kept of ${hist.runs_seen} since the start`;
+  document.getElementById("stream-legend").textContent = hist.runs_recorded === false
+    ? " · task runs are not recorded (the daemon's history_runs is 0)"
+    : ` · ${runs} runs in ${hist.bars.length} bars; ${hist.runs_kept} kept of ${hist.runs_seen} since the start`;
 }
 
 function drawMemory(hist) {
