@@ -689,13 +689,20 @@ class Scheduler:
             if spec.fn_id and (spec.fn_id not in self.functions or spec.fn_id not in client.functions):
                 self._reject_spec(peer, spec, f"function {spec.fn_id:#x} was never registered by this client or was released")
                 continue
+            deps = spec.deps
+            if deps:
+                if spec.task_id in deps:
+                    self._reject_spec(peer, spec, f"task {spec.task_id:#x} depends on itself")
+                    continue
+                if len(deps) > 1 and len(set(deps)) < len(deps):
+                    deps = list(dict.fromkeys(deps))  # each dependency once (f(x, x) of a future x)
             key = constraint_key(options.resources, options.tags) if options is not DEFAULT else None
             if key is not None and self.config.unsatisfiable_timeout == 0 and not self._satisfiable(key):
                 self._reject_spec(peer, spec, self._unsatisfiable_text(key))
                 continue
             task = TaskRecord(
                 spec.task_id, peer, spec.fn_id, options, spec.flags, spec.payload, spec.objects or NONE,
-                spec.deps or NONE, spec.parent, self.state_counts,
+                deps or NONE, spec.parent, self.state_counts,
             )
             tasks[spec.task_id] = task
             owned.add(spec.task_id)
@@ -706,7 +713,7 @@ class Scheduler:
                 self._hold(spec.objects)
             if spec.fn_id:
                 refs[spec.fn_id] = refs.get(spec.fn_id, 0) + 1
-            if spec.deps and not self._link(task):
+            if deps and not self._link(task):
                 continue  # answered (a dependency was gone) or waiting for its dependencies
             if key is None:
                 ready.push(task)
@@ -734,7 +741,7 @@ class Scheduler:
             dep = self.tasks.get(dep_id)
             if dep is None or dep.client != task.client:
                 for done in linked:
-                    done.dependents.remove(task.task_id)  # type: ignore[union-attr]
+                    del done.dependents[task.task_id]  # type: ignore[index]
                     done.holds -= 1
                     self._maybe_release(done)
                 task.deps = []
@@ -743,8 +750,8 @@ class Scheduler:
                 self._result_to(task.client, m.TaskResult(task.task_id, 0, Status.DEP_GONE, _packb([dep_id]), m.NO_FACTS, m.NO_OBJECTS))
                 return False
             if dep.dependents is None:
-                dep.dependents = []
-            dep.dependents.append(task.task_id)
+                dep.dependents = {}
+            dep.dependents[task.task_id] = None
             dep.holds += 1
             linked.append(dep)
             if dep.state is not TaskState.FINISHED:
@@ -1009,10 +1016,13 @@ class Scheduler:
                 self._release_deps(task)  # finished, it needs its own dependencies no more
                 self._dependents_ready(task)
             else:
+                cancelling = task.state is TaskState.CANCELLING
                 task.transition("result")
                 self._forget(task)
                 if not ok:
                     self._fail_dependents(task, result.status, result.payload)
+                elif cancelling:  # force-cancelled, it ended before the kill: its dependents do not run
+                    self._fail_dependents(task, Status.CANCELLED, b"")
             if result.delivered:
                 self.counters["delivered_direct"] += 1  # the client has it from the processor
             elif not task.flags & TaskFlags.NO_RESULT and task.client in self.clients:
@@ -1213,8 +1223,7 @@ class Scheduler:
         it never started; ``interrupted``: its worker's orderly leave or the infrastructure
         cut it short).  A task being cancelled ends here instead."""
         if task.state is TaskState.CANCELLING:
-            task.transition(event)
-            self._forget(task)
+            self._end_cancelling(task, event)
             return
         # A new attempt number, so that a late answer from the old hand-out (the worker may
         # still finish or cancel it) cannot settle the new one; no failure is recorded, so it
@@ -1222,6 +1231,16 @@ class Scheduler:
         task.attempt += 1
         task.transition(event)
         self._queue(task, front=True)
+
+    def _end_cancelling(self, task: TaskRecord, event: str) -> None:
+        """A task being cancelled (force) whose worker will never answer: it ends cancelled,
+        as that answer would have said; its client is told and its dependents end too."""
+        task.transition(event)
+        self._forget(task)
+        self.counters["cancelled"] += 1
+        self._fail_dependents(task, Status.CANCELLED, b"")
+        if not task.flags & TaskFlags.NO_RESULT and task.client in self.clients:
+            self._result_to(task.client, m.TaskResult(task.task_id, task.attempt, Status.CANCELLED, b"", m.NO_FACTS, m.NO_OBJECTS))
 
     def _retry_free(self, task: TaskRecord) -> bool:
         max_retries = task.options.max_retries
@@ -1239,8 +1258,7 @@ class Scheduler:
         if max_retries is None:
             max_retries = self.config.max_retries
         if task.state is TaskState.CANCELLING:
-            task.transition("attempt-failed")
-            self._forget(task)
+            self._end_cancelling(task, "attempt-failed")
             return
         if len(task.failures) > max_retries:
             task.transition("retries-exhausted")
@@ -1513,6 +1531,8 @@ class Scheduler:
             dep = self.tasks.get(dep_id)
             if dep is not None:
                 dep.holds -= 1
+                if dep.dependents is not None:  # (a task id used again later is not its dependent)
+                    dep.dependents.pop(task.task_id, None)
                 if dep.holds <= 0 and dep.state is TaskState.FINISHED:
                     dep.transition("released")
                     dep.result = None

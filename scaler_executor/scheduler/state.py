@@ -163,7 +163,9 @@ class TaskRecord:
         self.queue_key: ConstraintKey | None = None  # resources/tags it needs; None = any worker
         self.queued_at = 0.0
         self.waiting = 0  # dependencies not finished yet
-        self.dependents: list[int] | None = None  # tasks waiting for (or using) this one's result
+        # Tasks waiting for (or using) this one's result, in the order they came (a dict: a
+        # dependent that lets go of it before it ends, cancelled or failed, leaves in O(1)).
+        self.dependents: dict[int, None] | None = None
         self.holds = 0  # dependents not done yet: the result is kept while > 0
         self.result: bytes | None = None  # the pickled result, kept while FINISHED
         self.result_objects: list[bytes] | None = None  # store objects of that kept result

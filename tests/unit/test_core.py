@@ -1123,10 +1123,64 @@ def test_lost_worker_with_a_cancelling_task(cluster: Cluster) -> None:
     cluster.send(b"c1", m.CancelTasks([t], True))
     out = lose(cluster, b"w1", "unreachable")
     assert t not in cluster.scheduler.tasks, "a cancelled task is not retried"
-    assert not out.results(b"c1")
+    # Its worker's answer will never come: the daemon gives it (the future would hang).
+    assert [(r.task_id, r.status) for r in out.results(b"c1")] == [(t, Status.CANCELLED)]
     cluster.worker(b"w2")
     assert not cluster.scheduler.workers[b"w2"].inflight
 
+
+
+def test_a_force_cancelled_task_whose_worker_is_lost_ends_its_dependents(cluster: Cluster) -> None:
+    """Found by the core fuzz: the dependent waited on a task that was gone."""
+    cid = cluster.client()
+    cluster.worker(b"w1")
+    a, b = tid(cid, 1), tid(cid, 2)
+    cluster.send(b"c1", m.SubmitTasks([spec(a)]))
+    cluster.send(b"c1", m.SubmitTasks([spec(b, deps=[a])]))
+    cluster.send(b"c1", m.CancelTasks([a], True))
+    out = lose(cluster, b"w1", "unreachable")
+    assert sorted((r.task_id, r.status) for r in out.results(b"c1")) == [(a, Status.CANCELLED), (b, Status.CANCELLED)]
+    assert not cluster.scheduler.tasks
+
+
+def test_a_force_cancelled_task_that_ended_first_ends_its_dependents(cluster: Cluster) -> None:
+    cid = cluster.client()
+    cluster.worker(b"w1")
+    a, b = tid(cid, 1), tid(cid, 2)
+    cluster.send(b"c1", m.SubmitTasks([spec(a)]))
+    cluster.send(b"c1", m.SubmitTasks([spec(b, deps=[a])]))
+    cluster.send(b"c1", m.CancelTasks([a], True))
+    out = cluster.send(b"w1", m.TaskResults([result(a)]))  # it ended before the kill
+    assert sorted((r.task_id, r.status) for r in out.results(b"c1")) == [(a, Status.OK), (b, Status.CANCELLED)]
+    assert not cluster.scheduler.tasks
+
+
+def test_a_task_id_used_again_after_a_cancel_is_not_a_dependent(cluster: Cluster) -> None:
+    """Found by the core fuzz: a dependent cancelled while waiting stayed on its dependency's
+    list, so a task submitted later under the same id counted as its dependent."""
+    cid = cluster.client()
+    cluster.worker(b"w1")
+    a, b = tid(cid, 1), tid(cid, 2)
+    cluster.send(b"c1", m.SubmitTasks([spec(a)]))
+    cluster.send(b"c1", m.SubmitTasks([spec(b, deps=[a])]))
+    cluster.send(b"c1", m.CancelTasks([b], False))
+    cluster.send(b"c1", m.SubmitTasks([spec(b)]))  # validate() runs after each step
+    out = cluster.send(b"w1", m.TaskResults([result(a)]))
+    assert [(r.task_id, r.status) for r in out.results(b"c1")] == [(a, Status.OK)]
+    assert cluster.scheduler.tasks[b].waiting == 0
+
+
+def test_a_task_that_depends_on_itself_is_rejected_and_twice_on_one_counts_once(cluster: Cluster) -> None:
+    cid = cluster.client()
+    cluster.worker(b"w1", capacity=1)
+    a, b, c = tid(cid, 1), tid(cid, 2), tid(cid, 3)
+    out = cluster.send(b"c1", m.SubmitTasks([spec(a, deps=[a])]))
+    assert [(r.task_id, r.status) for r in out.results(b"c1")] == [(a, Status.REJECTED)]
+    assert b"depends on itself" in out.results(b"c1")[0].payload
+    cluster.send(b"c1", m.SubmitTasks([spec(b), spec(c, deps=[b, b])]))
+    assert cluster.scheduler.tasks[c].deps == [b] and cluster.scheduler.tasks[b].holds == 1
+    out = cluster.send(b"w1", m.TaskResults([result(b)]))
+    assert [d.task_id for d in out.dispatched(b"w1")] == [c]
 
 # ====================================================================== client loss
 
