@@ -741,7 +741,7 @@ class Scheduler:
             dep = self.tasks.get(dep_id)
             if dep is None or dep.client != task.client:
                 for done in linked:
-                    del done.dependents[task.task_id]  # type: ignore[index]
+                    del done.dependents[task.task_id]  # type: ignore[union-attr]
                     done.holds -= 1
                     self._maybe_release(done)
                 task.deps = []
