@@ -8,6 +8,7 @@ unless its worker died too.  Waits are bounds, never assertions on timing.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import shutil
 import signal
@@ -15,7 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import wait
 
 import psutil
@@ -135,6 +136,14 @@ def cluster() -> Iterator[Cluster]:
         c.close()
 
 
+@contextlib.contextmanager
+def _finally(action: Callable[[], None]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        action()
+
+
 def _twice(path: str) -> dict[int, int]:
     return {i: n for i, n in collections.Counter(runs(path)).items() if n > 1}
 
@@ -243,22 +252,6 @@ def test_a_journal_with_a_garbled_record_is_refused_naming_it(cluster: Cluster) 
     text = cluster.text()
     assert cluster.journal in text and repr(b"w" + (2).to_bytes(8, "big")) in text and "capacity" in text, text
     assert "move the journal directory away" in text and "Traceback" not in text, text
-
-
-# --------------------------------------------------------------------------- the embedded cluster
-
-
-def _embedded_daemon(ex: ScalerExecutor) -> psutil.Process:
-    directory = os.path.dirname(ex.address[len("ipc://") :])
-    for p in psutil.Process().children():
-        try:
-            if "scaler_executor.cli.daemon" in p.cmdline() and any(directory in part for part in p.cmdline()):
-                return p
-        except psutil.NoSuchProcess:
-            continue
-    raise AssertionError("no embedded daemon")
-
-
 
 
 # --------------------------------------------------------------------------- the embedded cluster
@@ -403,6 +396,58 @@ def test_objects_put_by_the_client_survive_a_restart_and_go_when_released(cluste
         gc.collect()
         assert wait_until(lambda: not set(object_ids) & set(store.list_ids()), timeout=60), "released objects stayed"
     assert _twice(cluster.runs) == {}
+
+
+def test_releases_and_cancels_made_while_the_daemon_is_down_reach_its_restart(cluster: Cluster) -> None:
+    """A client's releases (an object, a callable) and a cancel made while its daemon is
+    down go nowhere; its report to the restarted daemon says them (scheduler/reconcile.py):
+    the object and the callable are freed, the task is cancelled and never runs."""
+    import gc
+
+    import numpy as np
+
+    daemon = cluster.daemon()
+    cluster.worker(processors=1)  # no "gpu": the gpu tasks wait at the daemon
+    gpu = {"gpu": 1.0}
+    gpu_worker: list[subprocess.Popen[bytes]] = []
+
+    def start_gpu_worker() -> None:
+        if not gpu_worker:
+            gpu_worker.append(cluster.start(
+                cluster.address, "--processors", "1", "--resources", "gpu=1", module="scaler_executor.cli.worker"
+            ))
+
+    with ScalerExecutor(address=cluster.address, config=CLIENT.replace(cancel_wait=0.5)) as ex, _finally(start_gpu_worker):
+        # (On any way out the gpu tasks get a worker: the executor's shutdown waits for them.)
+        kept = ex.put(np.arange(1_000_000, dtype=np.int64))
+        dropped = ex.put(np.arange(1_000_000, dtype=np.int64) + 1)
+        kept_ids, dropped_ids = set(kept.object_ids), set(dropped.object_ids)
+        assert kept_ids and dropped_ids, "the values did not go to the store"
+        store = ex._agent.packer.store
+        mapped = ex.map(add, [1, 2], [10, 20])  # its callable is registered while it lives
+        assert next(mapped) == 11
+        victim = ex.options(resources=gpu).submit(record, 99, cluster.runs)
+        control = ex.options(resources=gpu).submit(record, 100, cluster.runs)
+        before = ex.statistics().counters
+        assert before["tasks"] == 2 and before["objects"] == len(kept_ids | dropped_ids), before
+        cluster.kill(daemon)
+        # While it is down: a cancel (no answer can come: False, as the contract allows),
+        # an object released, a map's callable released.
+        assert victim.cancel() is False
+        del dropped, mapped
+        gc.collect()
+        cluster.daemon()
+        assert wait_until(victim.cancelled, timeout=60), f"the cancel never reached the restarted daemon: {cluster.text()}"
+        after = ex.statistics().counters
+        assert after["tasks"] == 1, after  # the control task, still waiting for a gpu worker
+        assert after["functions"] == before["functions"] - 1, (before, after)
+        assert after["objects"] == len(kept_ids), after
+        assert wait_until(lambda: not dropped_ids & set(store.list_ids()), timeout=60), "the released object stayed"
+        assert kept_ids <= set(store.list_ids())
+        start_gpu_worker()
+        assert control.result(timeout=120) == 200
+        assert int(np.asarray(ex.submit(np.sum, kept).result(timeout=60))) == int(np.arange(1_000_000).sum())
+    assert runs(cluster.runs) == [100], "the task cancelled while the daemon was down ran"
 
 
 def test_a_tcp_daemon_resumes_its_peers_on_new_connections(cluster: Cluster) -> None:
