@@ -106,11 +106,9 @@ def _daemon(*args: str) -> subprocess.CompletedProcess[str]:
 def test_the_command_line(tmp_path, region: str) -> None:
     path = str(tmp_path / "journal")
     _journal(path, journal_version(), region)
-    there = _exists(region)
     done = _daemon("--journal", path, "--discard")
     assert done.returncode == 0, done.stderr
-    assert (f"removed the object store region {region}" in done.stdout) == there, done.stdout
-    assert f"removed the journal {path}" in done.stdout, done.stdout
+    assert f"removed the journal {path}" in done.stdout, done.stdout  # (the region's line: the test above)
     assert not _exists(region) and not os.path.exists(path)
     again = _daemon("--journal", path, "--discard")
     assert again.returncode == 2 and "not a journal directory" in again.stderr, again.stderr
