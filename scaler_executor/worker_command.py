@@ -9,6 +9,7 @@ later worker; one function, so both start the same worker.
 from __future__ import annotations
 
 import sys
+from typing import IO
 
 from scaler_executor.config import ClusterConfig
 
@@ -77,3 +78,24 @@ def worker_command(
     if max_tasks_per_child:
         cmd += ["--max-tasks-per-child", str(max_tasks_per_child)]
     return cmd
+
+
+# A local worker's standard input is its *lifeline*: the pipe closes when the process that
+# started it (its daemon, or a worker manager) dies, however abruptly, and the worker stops
+# (or, under a journaled daemon, waits for the daemon's restart: worker/resume.py).  A
+# clean stop writes LIFELINE_STOP before closing it, so that the worker can tell "you are
+# being stopped" (say nothing of a restart) from "whoever started you died".
+LIFELINE_STOP = b"stop\n"
+
+
+def close_lifeline(stdin: IO[bytes]) -> None:
+    """Stop a local worker cleanly through its lifeline (``stdin``: the pipe's write end)."""
+    try:
+        stdin.write(LIFELINE_STOP)
+        stdin.flush()
+    except (OSError, ValueError):  # it exited already (EPIPE), or the pipe was closed
+        pass
+    try:
+        stdin.close()
+    except OSError:
+        pass

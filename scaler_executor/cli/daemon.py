@@ -104,11 +104,34 @@ def _parser() -> argparse.ArgumentParser:
         "failures, configuration) to FILE when the daemon stops, on SIGINT/SIGTERM or its lifeline "
         "closing; a SIGKILLed daemon writes none",
     )  # fmt: skip
+    parser.add_argument(
+        "--discard", action="store_true",
+        help="with --journal PATH: remove that journal and the object store region it keeps for a "
+        "restart (its daemon must be stopped), then exit; its pending work is given up",
+    )  # fmt: skip
     parser.add_argument("--lifeline", action="store_true", help=argparse.SUPPRESS)  # stop when stdin closes
     parser.add_argument("--workdir", help=argparse.SUPPRESS)  # the embedded cluster's private directory
     # The embedded cluster's first workers, started before the daemon's imports: see start_early_workers.
     parser.add_argument(EARLY_WORKERS_FLAG, metavar="FILE", help=argparse.SUPPRESS)
     return parser
+
+
+def _discard(path: str) -> int:
+    """``--journal PATH --discard``: the journal and its store region go (journal_discard.py)."""
+    import os
+
+    from scaler_executor.cli.common import fail
+    from scaler_executor.scheduler.journal import JournalError
+    from scaler_executor.scheduler.journal_discard import discard_journal
+    from scaler_executor.scheduler.loop import journal_version
+
+    try:
+        removed = discard_journal(os.path.abspath(path), package_version=journal_version())
+    except JournalError as exc:
+        fail("scaler-daemon", f"cannot discard the journal: {exc}")
+    for line in removed:
+        sys.stdout.write(f"scaler-daemon: removed {line}\n")
+    return 0
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, ClusterConfig]:
@@ -117,6 +140,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Clust
     parser = _parser()
     args = parser.parse_args(argv)
     config = load_config(parser, args)
+    if args.discard:
+        if not config.journal:
+            fail(parser.prog, "--discard needs the journal to discard: --journal PATH")
+        return args, config
     if not config.address:
         fail(parser.prog, "an address is required: --address tcp://HOST:PORT or ipc:///PATH")
     if args.initializer:
@@ -156,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     from scaler_executor.cli.common import bind_failure, daemon_security, setup_logging, tune_gc
 
     setup_logging(config, "scaler-daemon")
+    if args.discard:
+        return _discard(config.journal or "")
     assert config.address is not None
     directory = daemon_security(config, config.address)
     ephemeral: dict[str, Any] = {}  # the local workers' and the dashboard's keys, allowed in memory only
@@ -222,8 +251,12 @@ def main(argv: list[str] | None = None) -> int:
 
         if isinstance(exc, JournalError):  # its message names the journal and the fix
             from scaler_executor.cli.common import fail
+            from scaler_executor.scheduler.journal import JournalLocked
 
-            fail("scaler-daemon", f"cannot use the journal: {exc}")
+            way_out = "" if isinstance(exc, JournalLocked) else (
+                f"; or give up its work and free the store region it keeps: scaler-daemon --journal {config.journal} --discard"
+            )
+            fail("scaler-daemon", f"cannot use the journal: {exc}{way_out}")
         bind_failure("scaler-daemon", config.address, exc)
         raise
     if manager is not None and config.journal:

@@ -115,6 +115,9 @@ class Cancels:
         if self.agent.lane.holds(record.n) and self.agent.lane.kill(record.n):
             return True
         self.agent.core.outbox.append((FORCE_CANCEL, record.n))
+        if self.agent.resume.journal:  # named again when resuming: its daemon may be down now
+            with self.agent.lock:
+                self.agent.resume.force_cancelled(self.agent.core, record.n)
         self.agent.wake()
         return True
 

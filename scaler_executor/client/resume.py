@@ -13,7 +13,11 @@ client then
   and, once welcomed again, reports the futures it awaits, its callables and options, and
   the unacknowledged submissions (``ClientReport``).  Nothing else changes for the user: a
   thread waiting in ``result()`` sees a delay.  A Resume the daemon cannot honour fails the
-  futures with DaemonLost (case c).
+  futures with DaemonLost (case c);
+* says in that report what it did while its daemon was down, whose messages went nowhere:
+  the callables and objects it released are missing from what it holds, and the cancels
+  it asked (without an answer, or with force) are listed; the restarted daemon releases,
+  cancels and forgets accordingly (scheduler/reconcile.py) and answers the cancels.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from scaler_executor.protocol.rejoin import JOURNAL_FULL
 if TYPE_CHECKING:
     from scaler_executor.client.state import ClientCore
 
+FORCED_PRUNE = 4096  # force-cancelled task numbers kept before those no longer outstanding are dropped
 RESUME_AGAIN = 1.0  # seconds before a Resume that got no answer is sent again (its daemon died again)
 ACK_EVERY = 64  # TaskResults messages received before an acknowledgement goes without waiting
 
@@ -42,6 +47,10 @@ class ClientResume:
         self.acked = 0  # the count our last ResultsAck said
         self.acked_at = 0.0
         self.restarts = 0  # resumes, for the logs
+        # Task numbers cancelled with force (FORCE_CANCEL gets no answer): named again in the
+        # report, since the request may have gone to a daemon that was down.  Pruned to the
+        # outstanding tasks at each report and whenever it grows past FORCED_PRUNE.
+        self.forced: set[int] = set()
 
     def welcomed(self, message: m.Welcome) -> bool:
         """Take a Welcome; True if it answers our Resume (the caller then sends ``report``)."""
@@ -93,14 +102,32 @@ class ClientResume:
         futures fail: its restart's grace period, plus two of its heartbeats."""
         return self.grace + 2 * heartbeat_interval if self.journal else 0.0
 
+    def force_cancelled(self, core: ClientCore, n: int) -> None:
+        """(Under a journaled daemon) task ``n`` was cancelled with force: kept for the report."""
+        forced = self.forced
+        forced.add(n)
+        if len(forced) > FORCED_PRUNE:
+            self.forced = {k for k in forced if k in core.records}
+
     def report(self, core: ClientCore) -> m.ClientReport:
-        """(Under the agent's lock) what the restarted daemon needs from us."""
+        """(Under the agent's lock) what the restarted daemon needs from us.
+
+        State, not the messages we sent: what we sent while the daemon was down went nowhere
+        (or to the restarted daemon, which refused it before our Resume).  So the report says
+        which callables we hold and which objects (what we released is not in it), which
+        tasks we await (any other task of ours the daemon has is not wanted), and which of
+        them we asked to cancel without an answer (``record.cancel`` is cleared by the
+        answer, TasksCancelled, or the task's end) or cancelled with force."""
         from scaler_executor.client.state import SENT
 
         base = core.base
-        awaiting = [base | n for n, record in core.records.items() if record.where is SENT]
+        records = core.records
+        awaiting = [base | n for n, record in records.items() if record.where is SENT]
+        cancels = [base | n for n, record in records.items() if record.where is SENT and record.cancel is not None]
+        self.forced = {n for n in self.forced if (record := records.get(n)) is not None and record.where is SENT}
+        forced = [base | n for n in sorted(self.forced)]
         functions = [m.FunctionBlob(base | fn_id, payload) for fn_id, payload in core.fn_payloads.items()]
         options = [m.RegisterOptions(options_id, options) for options_id, options in core.option_records.items()]
         tasks = list(core.sent_unacked or ())
         objects = [object_id for object_id, count in core.holds.items() for _ in range(count)]
-        return m.ClientReport(awaiting, functions, options, tasks, objects)
+        return m.ClientReport(awaiting, functions, options, tasks, objects, cancels, forced)

@@ -21,7 +21,7 @@ from scaler_executor._compat import describe_wait_status
 from scaler_executor.config import ClusterConfig
 from scaler_executor.manager.adopted import AdoptedWorker
 from scaler_executor.manager.process import WorkerProcess
-from scaler_executor.worker_command import worker_command
+from scaler_executor.worker_command import close_lifeline, worker_command
 
 if TYPE_CHECKING:
     from scaler_executor.security.keys import Credential, EphemeralKeys
@@ -162,7 +162,7 @@ class LocalWorkerManager:
         self.stopping = True
         for process, _ in self.workers.values():
             if process.stdin is not None:
-                process.stdin.close()
+                close_lifeline(process.stdin)  # a clean stop: not its daemon's death (worker_command.py)
             try:
                 process.send_signal(signal.SIGTERM)
             except ProcessLookupError:

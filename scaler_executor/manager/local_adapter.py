@@ -29,6 +29,7 @@ from scaler_executor.manager.adapter import (
     is_worker_of,
     worker_command,
 )
+from scaler_executor.worker_command import close_lifeline
 
 log = logging.getLogger("scaler_executor.manager")
 
@@ -115,7 +116,7 @@ class LocalAdapter:
     def shutdown(self) -> None:
         for process in self.processes.values():
             if process.stdin is not None:
-                process.stdin.close()
+                close_lifeline(process.stdin)  # a clean stop: not its manager's death (worker_command.py)
             try:
                 process.send_signal(signal.SIGTERM)
             except ProcessLookupError:

@@ -77,7 +77,8 @@ Resume                 C/W→D    to a daemon restarted on its journal (refused 
                                 "I am peer N" with the token of its Welcome; answered with a
                                 Welcome (scheduler/durable.py, docs/durability.rst)
 ClientReport           C→D      after that Welcome: futures awaited, callables, options, the
-                                submissions never acknowledged, the objects it holds
+                                submissions never acknowledged, the objects it holds, the
+                                cancels never answered
 WorkerReport           W→D      after that Welcome: tasks held, tasks finished unacknowledged
                                 (their TaskResults follow again)
 ResultsAck             C→D      TaskResults messages received since the Welcome: the daemon
@@ -674,13 +675,18 @@ class Resume(NamedTuple):
 class ClientReport(NamedTuple):
     """C→D after a resumed Welcome: what the client still awaits, and everything the daemon
     may not have journaled: its live callables and options, and every task it submitted
-    that was never acknowledged (SubmitAck), in order.  The daemon ignores what it knows."""
+    that was never acknowledged (SubmitAck), in order.  The daemon ignores what it knows.
+    What it did while its daemon was down (releases, cancels: sent to nowhere) is in it
+    too, as state: what it no longer lists it released, or no longer awaits.  The daemon's
+    reconciliation is scheduler/reconcile.py."""
 
-    awaiting: list[int]  # task ids whose futures are pending
-    functions: list[FunctionBlob]
+    awaiting: list[int]  # task ids whose futures are pending (anything else of its it no longer wants)
+    functions: list[FunctionBlob]  # every callable it holds (anything else of its it released)
     options: list[RegisterOptions]
     tasks: list[TaskSpec]
     objects: list[bytes]  # the store objects it holds (pins, results not read yet), once per hold
+    cancels: list[int]  # awaited tasks it asked to cancel and got no answer for (TasksCancelled follows)
+    forced: list[int]  # awaited tasks it asked to cancel with force (ex.cancel(f, force=True))
 
 
 class WorkerReport(NamedTuple):

@@ -642,7 +642,9 @@ class Scheduler:
             if fn_id in client.functions:
                 client.functions.discard(fn_id)
                 self._release_function(fn_id)
-            elif fn_id in self.functions:
+            elif fn_id in self.functions and fn_id >> m.TASK_ID_BITS != client.client_id:
+                # (One of its own it released already, tasks still referring to it: a
+                # release sent twice, e.g. again after a restart, changes nothing.)
                 self._refuse(peer, "release-functions", f"function id {fn_id:#x} is not this client's")
 
     def _release_function(self, fn_id: int) -> None:

@@ -64,9 +64,9 @@ from scaler_executor.scheduler.core import (
     Scheduler,
     Send,
     Tick,
-    _pack_lost,
 )
 from scaler_executor.scheduler.journal_format import JournalRecordInvalid
+from scaler_executor.scheduler.reconcile import client_report
 from scaler_executor.scheduler.state import (
     AT_WORKER_STATES,
     ClientRecord,
@@ -249,6 +249,7 @@ class DurableScheduler(Scheduler):
         self._jo: dict[tuple[bytes, bytes], int] = {}  # (client, object id) -> hold count journaled
         self._odirty: set[tuple[bytes, bytes]] = set()
         self._sweep = False  # a SweepStore is due once the journaled clients are back or gone
+        self._forced: set[int] = set()  # tasks at workers cancelled with force (their cancel may be resent)
         if object_store:
             self._entries.append((STORE, object_store.encode()))
         self._handlers[m.ClientReport] = self._on_client_report
@@ -380,55 +381,7 @@ class DurableScheduler(Scheduler):
 
     def _on_client_report(self, peer: bytes, message: m.ClientReport) -> None:
         self._unreported.discard(peer)
-        client = self.clients[peer]
-        ledger = self._ledgers[peer]
-        for options in message.options:
-            self._on_register_options(peer, options)
-        for blob in message.functions:
-            if blob.fn_id not in self.functions:
-                self._on_register_function(peer, m.RegisterFunction(blob.fn_id, blob.payload))
-        known = 0
-        fresh = []
-        for spec in message.tasks:
-            if spec.task_id in self.tasks or spec.task_id in ledger.kept:
-                known += 1  # written before the daemon died; only its acknowledgement was lost
-            else:
-                fresh.append(spec)
-        if fresh:
-            self._on_submit(peer, m.SubmitTasks(fresh))
-        if known:
-            self._acks[peer] = self._acks.get(peer, 0) + known
-        awaiting = set(message.awaiting)
-        for task_id in [t for t in ledger.kept if t not in awaiting]:
-            del ledger.kept[task_id]  # it has that result (or no longer wants it)
-            self._unkeep(task_id)
-        again = [result for task_id, result in ledger.kept.items() if task_id in awaiting]
-        if again:
-            self._results.setdefault(peer, [])[:0] = again
-        # Its holds are what it says (a pin sent to the dead daemon may never have been
-        # written), plus the objects of the results it gets again (held until read).
-        old = client.objects
-        client.objects = {}
-        self._client_holds(peer, list(message.objects) + [o for result in again for o in result.objects])
-        for object_id, count in old.items():
-            self._drop([object_id] * count)
-            self._odirty.add((peer, object_id))
-        # (Only its own ids: another's, or one out of range, would be journaled as this
-        # client's result under another client's key, or not at all.)
-        lost = [
-            t for t in dict.fromkeys(message.awaiting)
-            if t >> m.TASK_ID_BITS == client.client_id and t not in self.tasks and t not in ledger.kept
-        ]
-        for task_id in lost:
-            text = (
-                f"task {task_id:#x} was lost across the daemon's restart: its journal has no record of it "
-                "(it was submitted but never acknowledged, and the client did not send it again)"
-            )
-            self._result_to(peer, m.TaskResult(task_id, 0, Status.WORKER_LOST, _pack_lost(text, []), m.NO_FACTS, m.NO_OBJECTS))
-        log.info(
-            "client %r reported: %d tasks awaited, %d sent again (%d known), %d results delivered again, %d lost",
-            client.name, len(awaiting), len(message.tasks), known, len(again), len(lost),
-        )
+        client_report(self, peer, message)  # scheduler/reconcile.py
 
     def _on_worker_report(self, peer: bytes, message: m.WorkerReport) -> None:
         self._unreported.discard(peer)
@@ -452,6 +405,16 @@ class DurableScheduler(Scheduler):
         ]
         if stray:
             self._send(peer, m.CancelTasks(stray, True))  # nobody awaits them any more
+        # Cancels made while it was away (a resumed client's, scheduler/reconcile.py) never
+        # reached it: sent again, as they were asked.
+        cancelling = [
+            a.task_id for a in message.holding
+            if a.task_id in worker.inflight and self.tasks[a.task_id].state is TaskState.CANCELLING
+        ]
+        for force in (False, True):
+            again = [t for t in cancelling if (t in self._forced) is force]
+            if again:
+                self._send(peer, m.CancelTasks(again, force))
         log.info(
             "worker %r reported: holds %d, finished %d; %d tasks it never got queued again, %d it holds cancelled",
             worker.name, len(message.holding), len(message.finished), returned, len(stray),
@@ -514,6 +477,13 @@ class DurableScheduler(Scheduler):
     def _forget_one(self, task: TaskRecord) -> None:
         super()._forget_one(task)
         self._dirty.add(task.task_id)
+        if self._forced:
+            self._forced.discard(task.task_id)
+
+    def _cancel(self, task: TaskRecord, force: bool) -> None:
+        if force and task.state in AT_WORKER_STATES:
+            self._forced.add(task.task_id)  # sent again with force if its worker was away
+        super()._cancel(task, force)
 
     def _result_to(self, peer: bytes, result: m.TaskResult) -> None:
         ledger = self._ledgers.get(peer)
@@ -943,6 +913,8 @@ class DurableScheduler(Scheduler):
             assert peer in self.clients or peer in self.workers, f"an absent peer that is gone: {peer!r}"
         for peer in self._ledgers:
             assert peer in self.clients, f"a ledger without its client: {peer!r}"
+        for task_id in self._forced:
+            assert task_id in self.tasks, f"task {task_id:#x} was cancelled with force and is gone, yet noted"
         if not self._dirty:
             for task_id, task in self.tasks.items():
                 if task.client in self.clients:

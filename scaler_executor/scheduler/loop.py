@@ -168,6 +168,13 @@ class Daemon:
             )
         adopt = live.get(b"s", b"").decode()  # the store region of the previous run (durable.py)
         self.objects = HostStore(config, adopt=adopt, journaled=self.journal is not None)
+        if self.journal is not None and self.objects.name and config.journal:
+            from scaler_executor.scheduler.journal_discard import note_region
+
+            try:
+                note_region(config.journal, self.objects.name)  # for --discard, whatever becomes of the journal
+            except OSError as exc:  # a full disk, say: the journal's own record still names it
+                log.warning("daemon: could not note the store region in %s: %s", config.journal, exc)
         if self.journal is not None:
             from scaler_executor.scheduler.durable import DurableScheduler
 
@@ -572,6 +579,10 @@ class Daemon:
             # client shut down, say), a stop is the end: its workers go now, not after the grace.
             if self.journal is not None:
                 self.journal.close()
+                if self.objects.name and self.config.journal:
+                    from scaler_executor.scheduler.journal_discard import forget_region
+
+                    forget_region(self.config.journal)  # the region goes below
             goodbye = codec.encode([m.Goodbye("daemon stopping")])
             for peer in [*self.core.clients, *self.core.workers]:
                 conn = self.core.connection(peer)

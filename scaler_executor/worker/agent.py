@@ -351,7 +351,20 @@ class WorkerAgent:
                 os.read(self._signal_r, 512)
             except BlockingIOError:
                 pass
-        elif target == self.lifeline_fd:
+        elif target == self.lifeline_fd and self.lifeline_fd is not None:
+            try:
+                said = os.read(self.lifeline_fd, 64)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                said = b""
+            if said:  # LIFELINE_STOP (worker_command.py): whoever started us stops us, cleanly
+                log.info("worker %s: stopped by the process that started it", self.name)
+                self.poller.unregister(self.lifeline_fd)
+                # Its daemon removes its region itself, or keeps it for a restart on its journal.
+                self.orphaned = not self.resume.journal
+                self.stopping = True
+                return
             self.orphaned = True
             if self.resume.journal:
                 # Its daemon died, and has a journal: its client restarts it (the embedded

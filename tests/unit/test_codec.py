@@ -110,6 +110,8 @@ SAMPLES: dict[type, Any] = {
         [m.RegisterOptions(1, m.TaskOptions({"gpu": 1.0}, ["a"], 2, 3.5, 0))],
         [m.TaskSpec(2**40 + 3, 0, 1, 0, b"p", [2**40 + 1], [], 0)],
         [b"o" * 16, b"o" * 16],
+        [2**40 + 1],
+        [],
     ),
     m.WorkerReport: m.WorkerReport([m.TaskAttempt(2**40 + 8, 0)], [m.TaskAttempt(2**40 + 9, 1)]),
     m.ResultsAck: m.ResultsAck(12),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import itertools
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
@@ -27,7 +28,7 @@ from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.codec import decode, encode
 from scaler_executor.protocol.messages import TASK_ID_BITS, Status, TaskFlags
 from scaler_executor.protocol.rejoin import is_unknown_peer
-from scaler_executor.scheduler.core import Received, Send, Tick
+from scaler_executor.scheduler.core import DeleteObjects, Received, Send, Tick
 from scaler_executor.scheduler.durable import DurableScheduler, JournalWrite
 
 CONFIG = ClusterConfig(
@@ -69,6 +70,9 @@ class ClientModel:
         self.received = 0  # TaskResults messages since the last Welcome
         self.resuming = False
         self.pins: list[bytes] = []  # store objects it holds
+        self.cancel_asked: set[int] = set()  # cancels asked, not answered yet
+        self.forced: set[int] = set()  # cancels with force asked (never answered as such)
+        self.cancelled: dict[int, int] = {}  # task id -> how many times the daemon said it dropped it
 
     def on(self, message: Any) -> list[Any]:
         kind = type(message)
@@ -79,8 +83,15 @@ class ClientModel:
                 return [m.ClientReport(
                     sorted(self.awaiting), [m.FunctionBlob(f, p) for f, p in self.functions.items()],
                     [m.RegisterOptions(i, o) for i, o in self.options.items()], list(self.unacked), list(self.pins),
+                    sorted(self.cancel_asked & self.awaiting), sorted(self.forced & self.awaiting),
                 )]
             self.peer_id, self.token = message.peer_id, message.token
+        elif kind is m.TasksCancelled:
+            for task_id in message.cancelled:
+                if task_id in self.cancel_asked:
+                    self.cancelled[task_id] = self.cancelled.get(task_id, 0) + 1
+                    self.awaiting.discard(task_id)
+            self.cancel_asked -= set(message.cancelled) | set(message.refused)
         elif kind is m.SubmitAck:
             for _ in range(message.count):
                 self.unacked.popleft()
@@ -118,6 +129,7 @@ class WorkerModel:
         self.acked = 0  # of the messages sent since the last Welcome
         self.runs: dict[int, int] = {}
         self.resuming = False
+        self.cancels = 0  # tasks it held that the daemon cancelled
 
     def on(self, message: Any) -> list[Any]:
         kind = type(message)
@@ -133,8 +145,16 @@ class WorkerModel:
             for task in message.tasks:
                 self.held[task.task_id] = task
         elif kind is m.CancelTasks:
+            dropped = []
             for task_id in message.task_ids:
-                self.held.pop(task_id, None)
+                task = self.held.pop(task_id, None)
+                if task is not None:  # not started (the model runs a task at once): dropped, and said so
+                    self.cancels += 1
+                    dropped.append(m.TaskResult(task_id, task.attempt, Status.CANCELLED, b"", m.NO_FACTS, []))
+            if dropped:
+                batch = m.TaskResults(dropped)
+                self.unacked.append(batch)
+                return [batch]
         elif kind is m.ResultsJournaled:
             while message.journaled > self.acked:
                 self.unacked.popleft()
@@ -170,6 +190,7 @@ class World:
         self.now = now
         self.peers: dict[bytes, Any] = {}
         self.crash_points: list[tuple[int, dict[bytes, Any], float]] = []  # (records written, peers before the sends)
+        self.deleted: list[bytes] = []  # store objects the core deleted (DeleteObjects)
 
     def step(self, *events: Any) -> None:
         commands = self.core.handle(*events)
@@ -180,6 +201,9 @@ class World:
             commands = commands[1:]
         replies: list[tuple[bytes, list[Any]]] = []
         for command in commands:
+            if type(command) is DeleteObjects:
+                self.deleted.extend(command.object_ids)
+                continue
             assert type(command) is Send, command
             assert decode(encode(command.messages))[0] == command.messages
             peer = self.peers.get(command.peer)
@@ -220,9 +244,18 @@ class World:
         self.send(client.conn, [m.ResultsAck(client.received)])
 
 
-def restart(world: World, point: tuple[int, dict[bytes, Any], float], new_conns: bool = True, without_workers: bool = False) -> World:
+def restart(
+    world: World,
+    point: tuple[int, dict[bytes, Any], float],
+    new_conns: bool = True,
+    without_workers: bool = False,
+    meanwhile: Callable[[World], None] | None = None,
+    order: Callable[[Any], int] | None = None,
+) -> World:
     """The daemon dies after record ``k``; a fresh one restores; the peers (as they were)
-    reach it on new connections and resume when it refuses them."""
+    reach it on new connections and resume when it refuses them.  ``meanwhile``: what the
+    peers do while it is down (their messages go nowhere); ``order``: the peers resume in
+    that order (sorted by it)."""
     count, peers, now = point
     tokens = itertools.count(1000)
     core = DurableScheduler(CONFIG, token=lambda: b"token-%d" % next(tokens))
@@ -235,7 +268,9 @@ def restart(world: World, point: tuple[int, dict[bytes, Any], float], new_conns:
         conn = b"\x00N" + old_conn if new_conns else old_conn
         peer.conn = conn
         after.peers[conn] = peer
-    for conn in list(after.peers):
+    if meanwhile is not None:
+        meanwhile(after)
+    for conn in sorted(after.peers, key=lambda c: order(after.peers[c]) if order else 0):
         if after.peers[conn].peer_id:
             after.send(conn, [m.Heartbeat(0, 0)])  # answered UNKNOWN_PEER: the peer resumes
     return after

@@ -154,6 +154,8 @@ _journal_messages = st.one_of(
         st.lists(strategy_for(m.RegisterOptions), max_size=2),
         st.lists(st.builds(lambda t, d: spec(t, deps=d), _TASK_IDS, st.lists(_TASK_IDS, max_size=2)), max_size=4),
         st.lists(_BYTES, max_size=2),
+        st.lists(_TASK_IDS, max_size=3),
+        st.lists(_TASK_IDS, max_size=2),
     ),
     st.builds(m.ResultsAck, st.one_of(st.integers(-1, 8), _INTS)),
     st.builds(m.Resume, st.one_of(st.integers(0, 8), _INTS), st.one_of(st.sampled_from([b"token-1", b"token-3"]), _BYTES)),
@@ -343,7 +345,7 @@ def test_a_refusal_of_a_bad_task_id_is_sent_and_not_journaled() -> None:
     world = _joined()
     for message in (
         m.SubmitTasks([spec(-(2**63)), spec(tid(2, 1))]),
-        m.ClientReport([-(2**63), tid(2, 7)], [], [], [spec(-5)], []),
+        m.ClientReport([-(2**63), tid(2, 7)], [], [], [spec(-5)], [], [-1, tid(2, 7)], [-(2**63)]),
     ):
         sends = world.step(Received(b"c1", [message], world.now))
         answered = [r.task_id for s in sends for x in s.messages if type(x) is m.TaskResults for r in x.results]

@@ -73,3 +73,28 @@ def test_a_client_forgets_submissions_the_daemon_refused_for_its_full_journal() 
 def test_not_resumable_is_an_unknown_peer_refusal() -> None:
     assert is_not_resumable("unknown peer: not resumable: this daemon has no journal")
     assert not is_not_resumable("unknown peer: send Hello first (was the daemon restarted?)")
+
+
+def test_a_client_reports_what_it_released_cancelled_and_cancelled_with_force_while_its_daemon_was_down() -> None:
+    """State, not messages: what it released is missing from what it holds; cancels asked
+    and not answered, and forced ones of tasks still outstanding, are listed."""
+    from scaler_executor.client.state import SENT, UNSENT
+
+    resume = ClientResume()
+    resume.welcomed(JOURNALED)
+    core = ClientCore(window=100)
+    core.base = base = 7 << m.TASK_ID_BITS
+    sent = [core.new_task(None, SENT, 0.0) for _ in range(4)]
+    unsent = core.new_task(None, UNSENT, 0.0)
+    core.fn_payloads = {1: b"kept"}  # fn 2 was released (release_function pops it)
+    core.holds = {b"k" * 16: 1}  # b"r" * 16 was released (the drain counted it down)
+    sent[0].cancel = object()  # asked, no answer yet
+    resume.force_cancelled(core, sent[1].n)
+    resume.force_cancelled(core, unsent.n)  # (not at the daemon: not reported)
+    resume.force_cancelled(core, 99)  # gone already: pruned
+    report = resume.report(core)
+    assert report.awaiting == [base | r.n for r in sent]
+    assert report.cancels == [base | sent[0].n]
+    assert report.forced == [base | sent[1].n]
+    assert [f.fn_id for f in report.functions] == [base | 1] and report.objects == [b"k" * 16]
+    assert resume.forced == {sent[1].n}
