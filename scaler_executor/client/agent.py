@@ -245,10 +245,11 @@ class ClientAgent:
                     os.eventfd_write(self._wake_fd, 1)
 
     def check_usable(self) -> None:
-        if self.broken is not None:
-            if isinstance(self.broken, BrokenScalerExecutor):
-                raise type(self.broken)(*self.broken.args)
-            raise BrokenScalerExecutor(str(self.broken))
+        broken = self.core.broken  # (not the property: this runs twice per submit)
+        if broken is not None:
+            if isinstance(broken, BrokenScalerExecutor):
+                raise type(broken)(*broken.args)
+            raise BrokenScalerExecutor(str(broken))
         if self.shutdown_requested:
             raise RuntimeError("cannot schedule new futures after shutdown")
 

@@ -708,6 +708,16 @@ class ClientCore:
                 assert queued.get(n, 0) == 0, f"{record!r} parked with an item in the outbox"
             if record.where is LANE:
                 assert record.item is not None, f"{record!r} on a lane without its item"
+                assert (record.blob is not None) == bool(record.item.fn_id), f"{record!r}: its callable's blob"
             if record.cancel is not None:
                 assert record.where is SENT, f"{record!r}: a cancel asked of the daemon while {record.where}"
+            assert record.charge >= -1, f"{record!r} charged {record.charge}"
+            if record.future is not None and self.cancel_hook is not None:
+                assert record.future._on_cancel is self.cancel_hook, f"{record!r}: its future's cancel bypasses the core"
+        for item in self.outbox:
+            if type(item) is not TaskItem and item[0] == CANCEL:
+                record = self.records.get(item[1])
+                if record is not None:  # (completed meanwhile: the daemon answers "refused")
+                    assert record.cancel is not None, f"{record!r}: asked of the daemon without a waiter"
         assert self.unacked >= 0, f"unacked {self.unacked}"
+        assert not self.more_to_drain or self.outbox, "more to drain from an empty outbox"
