@@ -78,6 +78,7 @@ from scaler_executor.client.authkey import AuthkeyFile
 from scaler_executor.client.cancel import Cancels
 from scaler_executor.client.cluster import EmbeddedCluster
 from scaler_executor.client.completion import (
+    CANCELLED,
     FAIL_ALL,
     Completer,
     Completion,
@@ -524,7 +525,11 @@ class ClientAgent:
                     with self.lock:
                         if not self.submitter.down_lane(command):
                             self.wake()
-                case KillOnLane() | AwaitAnswer() | AnswerCancel() | Discard():
+                case AnswerCancel(record, wait, dropped):
+                    # A dropped task whose canceller stopped waiting: cancelled on a pool thread.
+                    if wait.answer(record, dropped) and dropped:
+                        self.completer.put(CANCELLED, record.future)
+                case KillOnLane() | AwaitAnswer() | Discard():
                     raise RuntimeError(f"{command!r} is executed by its caller (cancel.py, submit.py)")
                 case _:
                     raise TypeError(f"not a client core command: {command!r}")

@@ -24,9 +24,8 @@ import threading
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from scaler_executor.client.completion import CANCEL_MANY, CANCELLED, CancelWait
+from scaler_executor.client.completion import CANCEL_MANY, CancelWait
 from scaler_executor.client.events import (
-    AnswerCancel,
     AwaitAnswer,
     CancelAnswered,
     CancelRequested,
@@ -144,8 +143,4 @@ class Cancels:
         answer, or on a pool thread if none waits any more."""
         with self.agent.lock:
             commands = self.agent.core.handle(CancelAnswered(message.cancelled, message.refused))
-        for command in commands:
-            assert type(command) is AnswerCancel
-            record, wait, dropped = command
-            if wait.answer(record, dropped) and dropped:
-                self.agent.completer.put(CANCELLED, record.future)
+        self.agent.execute(commands)  # AnswerCancel, each

@@ -364,6 +364,13 @@ class ClientCore:
         record = e.record
         if not self.owns(record) or record.where not in (PARKED, SENT):
             return [DISCARD]
+        if record.cancel is not None:
+            # Asked of the daemon, which gave it back unrun (DEP_GONE): it never ran and
+            # is ours again, so the cancel is granted here (the daemon's own answer about
+            # the old id then finds no record and is ignored).
+            wait, record.cancel = record.cancel, None
+            self.move(record, "cancelled")
+            return [DISCARD, AnswerCancel(record, wait, True)]
         record.repack = e.repack
         self.move(record, "unpark" if record.where is PARKED else "resend")
         self.outbox.append(e.item._replace(n=record.n))
@@ -702,7 +709,7 @@ class ClientCore:
             assert record.where in (UNSENT, PARKED, SENT, LANE), f"{record!r}: unknown place"
             if record.future is not None:
                 assert getattr(record.future, "_record", None) is record, f"{record!r}: its future lost it"
-            if record.where is UNSENT:
+            if record.where is UNSENT and self.broken is None:  # (broken: the outbox was dropped)
                 assert queued.get(n, 0) == 1, f"{record!r} has {queued.get(n, 0)} items in the outbox"
             elif record.where is PARKED:
                 assert queued.get(n, 0) == 0, f"{record!r} parked with an item in the outbox"
@@ -716,8 +723,8 @@ class ClientCore:
                 assert record.future._on_cancel is self.cancel_hook, f"{record!r}: its future's cancel bypasses the core"
         for item in self.outbox:
             if type(item) is not TaskItem and item[0] == CANCEL:
-                record = self.records.get(item[1])
-                if record is not None:  # (completed meanwhile: the daemon answers "refused")
-                    assert record.cancel is not None, f"{record!r}: asked of the daemon without a waiter"
+                asked = self.records.get(item[1])
+                if asked is not None:  # (completed meanwhile: the daemon answers "refused")
+                    assert asked.cancel is not None, f"{asked!r}: asked of the daemon without a waiter"
         assert self.unacked >= 0, f"unacked {self.unacked}"
         assert not self.more_to_drain or self.outbox, "more to drain from an empty outbox"
