@@ -337,13 +337,13 @@ def play(window: int, ops: list[tuple[int, int, bool, bool]]) -> None:
             break
         w.tick()
         w.ack(w.core.unacked)
-        for wire in list(w.asked):
+        for _ in list(w.asked):
             w.answer(0)
-        for wire in list(w.queued):
+        for _ in list(w.queued):
             w.start(0)
-        for wire in list(w.started):
+        for _ in list(w.started):
             w.finish(0, 1, False)
-        for n in list(w.on_lane):
+        for _ in list(w.on_lane):
             w.lane_result(0)
         for record in [r for r in w.core.records.values() if r.where == "parked"]:
             w.step(w.core.handle(Repickled(record, TaskItem(record.n, 0, 0, 0, b"v", [], []), None)))
