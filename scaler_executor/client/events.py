@@ -114,6 +114,15 @@ class ResultIn(NamedTuple):
     result: m.TaskResult
 
 
+class DaemonResults(NamedTuple):
+    """A ``TaskResults`` message from the daemon, before its results are completed: what a
+    journaled daemon's client keeps count of (the ResultsAck's count, the store objects
+    held for us, submissions refused for a full journal).  Agent thread, no lock: only
+    that thread touches these counts."""
+
+    results: list[m.TaskResult]
+
+
 class RunningIn(NamedTuple):
     """The daemon's running notice (``TasksRunning``) for these task ids."""
 
@@ -127,11 +136,12 @@ class Acknowledged(NamedTuple):
 
 
 class Welcomed(NamedTuple):
-    """The daemon's ``Welcome``: our id (``peer_id``), whether it journals, and the
-    heartbeat interval (how often results are acknowledged to a journaled daemon)."""
+    """The daemon's ``Welcome`` (our id, whether it journals, its restart's token), and the
+    heartbeat interval (how often results are acknowledged to a journaled daemon).  A
+    Welcome that answers our Resume yields ``SendToDaemon([ClientReport])``, to go before
+    anything the outbox holds."""
 
-    peer_id: int
-    journal: bool
+    message: m.Welcome
     interval: float
 
 
@@ -192,7 +202,7 @@ class Broken(NamedTuple):
 
 Event = (
     Submitted | Parked | GraphTaskAdded | GraphSubmitted | Repickled | TaskFailed | CancelRequested
-    | ForceCancelRequested | CancelAnswered | ResultIn | RunningIn | Acknowledged | Welcomed | Tick
+    | ForceCancelRequested | CancelAnswered | ResultIn | DaemonResults | RunningIn | Acknowledged | Welcomed | Tick
     | LaneOpened | LaneLost | LaneRefused | Posted | FunctionReleased | DaemonLost | Broken
 )
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from scaler_executor.client import serialization as ser
 from scaler_executor.client.completion import RUNNING
-from scaler_executor.client.events import Acknowledged, Posted, Welcomed
+from scaler_executor.client.events import Acknowledged, DaemonResults, Posted, Welcomed
 from scaler_executor.client.no_worker import warn_no_worker
 from scaler_executor.client.remote_store import RemoteStore
 from scaler_executor.client.state import PARTS_TAKEN
@@ -62,12 +62,7 @@ class DaemonMessages:
         }
 
     def _on_results(self, message: m.TaskResults, _buffers: list[Any]) -> None:
-        if self.agent.core.sent_unacked is None or not self.agent.resume.refused(self.agent.core, message.results):
-            self.agent.resume.received += 1  # (refusals for a full journal are not counted: never kept)
-        if self.agent.core.sent_unacked is not None:
-            for result in message.results:
-                if result.objects and not result.delivered:  # held for us until we read it
-                    self.agent.core.count_holds(result.objects, 1)
+        self.agent.core.handle(DaemonResults(message.results))  # (no command: counts for a journal)
         self.agent.take_results(message.results)
 
     def _on_running(self, message: m.TasksRunning, _buffers: list[Any]) -> None:
@@ -81,16 +76,13 @@ class DaemonMessages:
             self.agent.core.handle(Acknowledged(message.count))  # (no command: this turn's tick sends more)
 
     def _on_welcome(self, message: m.Welcome, _buffers: list[Any]) -> None:
-        resumed = self.agent.resume.welcomed(message)
         # The daemon judges our liveness by its settings, not ours.
         interval = min(self.agent.config.heartbeat_interval, message.heartbeat_interval)
         with self.agent.lock:
-            self.agent.core.handle(Welcomed(message.peer_id, message.journal, interval))
-        if resumed:
+            commands = self.agent.core.handle(Welcomed(message, interval))
+        if commands:  # it answers our Resume: the report goes before anything the outbox holds
             log.warning("client: resumed with the daemon at %s after its restart", self.agent.address)
-            with self.agent.lock:
-                report = self.agent.resume.report(self.agent.core)
-            self.agent.daemon.send([report])  # before anything the outbox holds
+            self.agent.execute(commands)
             if message.object_store != getattr(self.agent.packer.store, "name", message.object_store):
                 self._attach_store(message.object_store)  # (objects in the old region are gone)
         self.agent.daemon.welcomed = True

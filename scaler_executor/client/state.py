@@ -48,6 +48,7 @@ from scaler_executor.client.events import (
     CancelRequested,
     Command,
     DaemonLost,
+    DaemonResults,
     Event,
     Fail,
     FailAll,
@@ -218,6 +219,7 @@ class ClientCore:
             ForceCancelRequested: self._on_force_cancel,
             CancelAnswered: self._on_cancel_answered,
             ResultIn: self._on_result,
+            DaemonResults: self._on_daemon_results,
             RunningIn: self._on_running,
             Acknowledged: self._on_acknowledged,
             Welcomed: self._on_welcomed,
@@ -451,6 +453,17 @@ class ClientCore:
         command = self.result_in(e.result)
         return [] if command is None else [command]
 
+    def _on_daemon_results(self, e: DaemonResults) -> list[Command]:
+        if self.sent_unacked is None:
+            self.resume.received += 1
+            return []
+        if not self.resume.refused(self, e.results):
+            self.resume.received += 1  # (refusals for a full journal are not counted: never kept)
+        for result in e.results:
+            if result.objects and not result.delivered:  # held for us until we read it
+                self.count_holds(result.objects, 1)
+        return []
+
     def running_in(self, task_ids: list[int]) -> MarkRunning | None:
         """A running notice: the outstanding tasks among ``task_ids`` (completed ones are
         skipped; a result that comes first marks its future running itself)."""
@@ -471,11 +484,14 @@ class ClientCore:
         return []
 
     def _on_welcomed(self, e: Welcomed) -> list[Command]:
-        self.base = e.peer_id << m.TASK_ID_BITS
+        message = e.message
+        resumed = self.resume.welcomed(message)
         self.ack_interval = e.interval
-        if e.journal and self.sent_unacked is None:
+        if message.journal and self.sent_unacked is None:
             self.sent_unacked = deque()
-        return []
+        out: list[Command] = [SendToDaemon([self.resume.report(self)])] if resumed else []
+        self.base = message.peer_id << m.TASK_ID_BITS  # (a resumed client keeps its id)
+        return out
 
     # ------------------------------------------------------------------ lanes
 

@@ -79,7 +79,7 @@ class World:
         self.core = ClientCore(window)
         self.core.cancel_hook = HOOK
         self.now = 100.0
-        self.core.handle(Welcomed(5, False, 0.5))
+        self.core.handle(Welcomed(m.Welcome(5, 0.5, 3, ""), 0.5))
         self.base = 5 << m.TASK_ID_BITS
         self.queued: dict[int, TaskRecord] = {}  # the daemon holds them, not started (by wire id)
         self.started: dict[int, TaskRecord] = {}  # at a worker: they run (by wire id)

@@ -21,6 +21,7 @@ from scaler_executor.client.events import (
     CancelAnswered,
     CancelRequested,
     DaemonLost,
+    DaemonResults,
     FailAll,
     FailTasks,
     GraphSubmitted,
@@ -40,6 +41,7 @@ from scaler_executor.client.events import (
     Settle,
     Submitted,
     Tick,
+    Welcomed,
 )
 from scaler_executor.client.future import TaskFuture
 from scaler_executor.client.state import (
@@ -515,3 +517,27 @@ def test_randomized_every_task_ends_once(seed: int) -> None:
     assert c.core.records == {} and not daemon
     assert ended and set(ended.values()) <= {"taken", "cancelled", "result"}
     _ = CANCEL  # the outbox kind a cancel asked of the daemon travels as
+
+
+def test_a_journaled_daemons_client_keeps_submissions_till_acked_and_acks_results_on_ticks() -> None:
+    """Welcomed(journal) → tasks kept until SubmitAck; DaemonResults counted and
+    acknowledged (ResultsAck) by a Tick once the interval passed."""
+    c = Client()
+    welcome = m.Welcome(7, 0.5, 3, "", True, 10.0, b"token")
+    assert c.core.handle(Welcomed(welcome, 0.5)) == []
+    records = [c.submit() for _ in range(3)]
+    c.drain()
+    assert [s.task_id & TASK_MASK for s in c.core.sent_unacked or ()] == [r.n for r in records]
+    c.ack(2)
+    assert [s.task_id & TASK_MASK for s in c.core.sent_unacked or ()] == [records[2].n]
+    held = m.TaskResult(BASE | records[0].n, 0, m.Status.OK, b"", m.NO_FACTS, [b"obj"])
+    assert c.core.handle(DaemonResults([held])) == []
+    c.check()
+    assert c.core.holds == {b"obj": 1} and c.core.resume.received == 1
+    assert c.tick() == [SendToDaemon([m.ResultsAck(1)])]
+    assert c.tick() == [], "acknowledged once"
+    c.core.handle(DaemonResults([held]))
+    c.now += 0.1
+    assert c.tick() == [], "not due yet: one result, less than the interval since the last"
+    c.now += 1.0
+    assert c.tick() == [SendToDaemon([m.ResultsAck(2)])]
