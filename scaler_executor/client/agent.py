@@ -14,14 +14,16 @@
       reply inbox itself (pick-up)        worker's lane, the reply inbox
 
 * What the client knows of its tasks is the pure core (``state.py``: one record per
-  task, the outbox, the window, the registries; results and running notices in,
-  ``Settle``/``MarkRunning`` commands out); futures are settled only through
-  ``completion.py``, which executes those commands; the cancel contract is
-  ``cancel.py``; the submit path is ``submit.py``; the daemon's messages are handled in
-  ``inbound.py``; the watchdog over the daemon is ``watchdog.py``.  The daemon's
-  connection, the lane and the reply inbox are route objects with one interface
-  (``routes.Route``).  This module keeps the loop, shaped like ``scheduler/loop.py``:
-  poll, serve each ready route (``_serve``), drain the outbox; and the lock order.
+  task, the outbox, the window, the registries).  Everything that happens goes in as an
+  event (``events.py``: submits, cancels and the daemon's answers, results, notices,
+  acknowledgements, lanes opened and lost, ticks, the daemon's loss) and comes out as
+  commands, which the shell executes (``execute`` here; futures are settled only
+  through ``completion.py``).  The cancel side is ``cancel.py``; the submit path is
+  ``submit.py``; the daemon's messages are handled in ``inbound.py``; the watchdog over
+  the daemon is ``watchdog.py``.  The daemon's connection, the lane and the reply inbox
+  are route objects with one interface (``routes.Route``).  This module keeps the loop,
+  shaped like ``scheduler/loop.py``: poll, serve each ready route (``_serve``), tick the
+  core and send what it says (``_tick``); and the lock order.
 * Only the thread holding the agent role touches the socket, and it runs no user
   code while it holds it, so a slow done-callback delays no result and no heartbeat.
   (A user thread used to write a lone submit itself, beside the agent's poll; with the
