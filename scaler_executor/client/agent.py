@@ -468,7 +468,10 @@ class ClientAgent:
         self.take_results(results)
 
     def send_again(self, records: list[TaskRecord], closed: bool) -> None:
-        with self.lock:
+        # Under the lane's lock: a caller picking up its result may have connected a new
+        # lane since the old one closed (its LaneOpened follows its connect, hence this).
+        with self.lock, self.lane.lock:
+            closed = closed and not self.lane.open
             self.core.handle(LaneLost(records, closed))  # (WAKE: this turn's tick sends them)
 
     def pin(self, object_ids: list[bytes]) -> None:
