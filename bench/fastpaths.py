@@ -116,7 +116,7 @@ PATHS: dict[str, Path] = {
             "pick_up",
             "the caller waiting in result() reads its own result datagram",
             "client.submit.PICK_UP=False",
-            "per submit",
+            "at executor start",
             _set("scaler_executor.client.submit", "PICK_UP", False),
         ),
         Path(

@@ -14,14 +14,16 @@
       reply inbox itself (pick-up)        worker's lane, the reply inbox
 
 * What the client knows of its tasks is the pure core (``state.py``: one record per
-  task, the outbox, the window, the registries; results and running notices in,
-  ``Settle``/``MarkRunning`` commands out); futures are settled only through
-  ``completion.py``, which executes those commands; the cancel contract is
-  ``cancel.py``; the submit path is ``submit.py``; the daemon's messages are handled in
-  ``inbound.py``; the watchdog over the daemon is ``watchdog.py``.  The daemon's
-  connection, the lane and the reply inbox are route objects with one interface
-  (``routes.Route``).  This module keeps the loop, shaped like ``scheduler/loop.py``:
-  poll, serve each ready route (``_serve``), drain the outbox; and the lock order.
+  task, the outbox, the window, the registries).  Everything that happens goes in as an
+  event (``events.py``: submits, cancels and the daemon's answers, results, notices,
+  acknowledgements, lanes opened and lost, ticks, the daemon's loss) and comes out as
+  commands, which the shell executes (``execute`` here; futures are settled only
+  through ``completion.py``).  The cancel side is ``cancel.py``; the submit path is
+  ``submit.py``; the daemon's messages are handled in ``inbound.py``; the watchdog over
+  the daemon is ``watchdog.py``.  The daemon's connection, the lane and the reply inbox
+  are route objects with one interface (``routes.Route``).  This module keeps the loop,
+  shaped like ``scheduler/loop.py``: poll, serve each ready route (``_serve``), tick the
+  core and send what it says (``_tick``); and the lock order.
 * Only the thread holding the agent role touches the socket, and it runs no user
   code while it holds it, so a slow done-callback delays no result and no heartbeat.
   (A user thread used to write a lone submit itself, beside the agent's poll; with the
@@ -73,13 +75,40 @@ from scaler_executor._locks import ranked_lock
 from scaler_executor._version import __version__
 from scaler_executor.client import connect
 from scaler_executor.client import serialization as ser
+from scaler_executor.client import submit as submit_module
 from scaler_executor.client.authkey import AuthkeyFile
 from scaler_executor.client.cancel import Cancels
 from scaler_executor.client.cluster import EmbeddedCluster
 from scaler_executor.client.completion import (
+    CANCELLED,
     FAIL_ALL,
     Completer,
     Completion,
+)
+from scaler_executor.client.events import (
+    AnswerCancel,
+    AwaitAnswer,
+    Command,
+    DaemonLost,
+    Discard,
+    Fail,
+    FailAll,
+    FailTasks,
+    FunctionReleased,
+    KillOnLane,
+    LaneLost,
+    LaneOpened,
+    MarkRunning,
+    NotifyCancelled,
+    Posted,
+    ReleaseOnLane,
+    Resend,
+    SendDownLane,
+    SendToDaemon,
+    SetFlushed,
+    Settle,
+    Tick,
+    Wake,
 )
 from scaler_executor.client.future import TaskFuture
 from scaler_executor.client.inbound import DaemonMessages
@@ -91,14 +120,12 @@ from scaler_executor.client.pickling import (
     Pickled,
 )
 from scaler_executor.client.remote_store import RemoteStore
-from scaler_executor.client.resume import ClientResume
 from scaler_executor.client.routes import DaemonRoute, LaneRoute, ReplyInbox, Route
 from scaler_executor.client.state import (
     FETCH_OBJECTS,
     FLUSHED,
     HISTORY,
     PIN_OBJECTS,
-    RELEASE_FN,
     RELEASE_OBJECTS,
     STATS,
     TASK_MASK,
@@ -108,7 +135,8 @@ from scaler_executor.client.state import (
 from scaler_executor.client.submit import Submitter
 from scaler_executor.client.watchdog import check_daemon
 from scaler_executor.config import ClusterConfig
-from scaler_executor.exceptions import BrokenScalerExecutor, DaemonLost
+from scaler_executor.exceptions import BrokenScalerExecutor
+from scaler_executor.exceptions import DaemonLost as DaemonLostError
 from scaler_executor.protocol import channel
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.chunks import Incoming
@@ -166,7 +194,6 @@ class ClientAgent:
         self.remote_store: RemoteStore | None = None  # the daemon's store, when this host cannot map it
         self.incoming = Incoming(keep_parts=True)  # objects fetched from it that come in parts (protocol/chunks.py)
         self.shutdown_requested = False
-        self.broken: BaseException | None = None
         self.welcome = threading.Event()  # set at the daemon's Welcome, or when the agent breaks first
         # A running daemon's: is anything still listening once it is silent (connect.py).
         self.listener = connect.ListenerProbe(address) if cluster is None else None
@@ -183,9 +210,10 @@ class ClientAgent:
         self._closed = False
         self.finished = threading.Event()  # set once the agent role has torn the connection down
         self.cancels = Cancels(self)
-        self.cancel_hook = self.cancels.request  # bound once, shared by every future
-        self._pickup_hook = self._pick_up  # bound once, set on each sequential caller's future
-        self.resume = ClientResume()  # a journaled daemon's restart (client/resume.py)
+        # Bound once, shared by every future (the core sets them on new tasks' futures).
+        self.cancel_hook = self.core.cancel_hook = self.cancels.request
+        self._pickup_hook = self._pick_up  # on each sequential caller's future, once the inbox is bound
+        self.resume = self.core.resume  # a journaled daemon's restart (client/resume.py)
         self.messages = DaemonMessages(self)  # a handler per message of the daemon (inbound.py)
         # The submit path (submit.py), called through these names by the executor and
         # completion.py (bound once: no extra call on the hot path).
@@ -196,6 +224,11 @@ class ClientAgent:
         self.completer = Completer(self)
         self.completer.start()  # its first thread takes the agent role
         _live_agents.add(self)
+
+    @property
+    def broken(self) -> BaseException | None:
+        """Why the executor broke (the core's ``DaemonLost``), or None."""
+        return self.core.broken
 
     @property
     def store(self) -> Any:
@@ -215,10 +248,11 @@ class ClientAgent:
                     os.eventfd_write(self._wake_fd, 1)
 
     def check_usable(self) -> None:
-        if self.broken is not None:
-            if isinstance(self.broken, BrokenScalerExecutor):
-                raise type(self.broken)(*self.broken.args)
-            raise BrokenScalerExecutor(str(self.broken))
+        broken = self.core.broken  # (not the property: this runs twice per submit)
+        if broken is not None:
+            if isinstance(broken, BrokenScalerExecutor):
+                raise type(broken)(*broken.args)
+            raise BrokenScalerExecutor(str(broken))
         if self.shutdown_requested:
             raise RuntimeError("cannot schedule new futures after shutdown")
 
@@ -252,11 +286,7 @@ class ClientAgent:
 
     def release_function(self, fn_id: int) -> None:
         """(Possibly from a finalizer: no lock but the wake-up's) the callable is gone."""
-        self.core.fn_payloads.pop(fn_id, None)
-        if self.shutdown_requested and not self.core.records:
-            return
-        self.core.outbox.append((RELEASE_FN, fn_id))
-        self.wake()
+        self.execute(self.core.handle(FunctionReleased(fn_id, self.shutdown_requested)))
 
     def options_id(self, options: TaskOptions) -> int:
         with self.lock:
@@ -267,14 +297,12 @@ class ClientAgent:
         return self.packer.put(value)
 
     def pin_objects(self, object_ids: list[bytes]) -> None:
-        self.core.outbox.append((PIN_OBJECTS, object_ids))
-        self.wake()
+        self.execute(self.core.handle(Posted(PIN_OBJECTS, object_ids)))
 
     def release_objects(self, object_ids: list[bytes]) -> None:
         """(Possibly from a finalizer: no lock but the wake-up's.)"""
         if self.broken is None and not self._closed:
-            self.core.outbox.append((RELEASE_OBJECTS, object_ids))
-            self.wake()
+            self.execute(self.core.handle(Posted(RELEASE_OBJECTS, object_ids)))
 
     def fetch_objects(self, object_ids: list[bytes]) -> dict[bytes, bytes]:
         """The bytes of store objects, through the daemon (for a client on another host)."""
@@ -282,8 +310,8 @@ class ClientAgent:
         with self.lock:
             self.check_usable()
             self.fetch_waiters.append(future)
-            self.core.outbox.append((FETCH_OBJECTS, object_ids))
-        self.wake()
+            commands = self.core.handle(Posted(FETCH_OBJECTS, object_ids))
+        self.execute(commands)
         return future.result()
 
     def request_stats(self) -> Future[Statistics]:
@@ -291,8 +319,8 @@ class ClientAgent:
         with self.lock:
             self.check_usable()
             self.stats_waiters.append(future)
-            self.core.outbox.append((STATS, None))
-        self.wake()
+            commands = self.core.handle(Posted(STATS, None))
+        self.execute(commands)
         return future
 
     def request_history(self) -> Future[m.History]:
@@ -301,8 +329,8 @@ class ClientAgent:
         with self.lock:
             self.check_usable()
             self.history_waiters.append(future)
-            self.core.outbox.append((HISTORY, None))
-        self.wake()
+            commands = self.core.handle(Posted(HISTORY, None))
+        self.execute(commands)
         return future
 
     # ------------------------------------------------------------------ shutdown
@@ -320,8 +348,7 @@ class ClientAgent:
             # freed a processor first, and every cancelled future is notified.
             self.cancels.many([r.future for r in list(self.core.records.values())], FLUSH_WAIT)
             flushed = threading.Event()
-            self.core.outbox.append((FLUSHED, flushed))
-            self.wake()
+            self.execute(self.core.handle(Posted(FLUSHED, flushed)))
             daemon = getattr(self, "daemon", None)
             if daemon is not None and daemon.welcomed and not own:
                 deadline = time.monotonic() + FLUSH_WAIT
@@ -347,6 +374,8 @@ class ClientAgent:
         # Not under a journal: a task must reach the daemon, which journals it, not a lane.
         if self.cluster is not None and REPLY_INBOX and not self.config.journal:
             self.inbox = ReplyInbox.bind(self.cluster.directory, poller, self._open_lane)
+            if self.inbox is not None and submit_module.PICK_UP:
+                self.core.pickup_hook = self._pickup_hook  # set on each sequential caller's future
         self.authkey = AuthkeyFile.reserve(self.cluster.directory if self.cluster is not None else None)
         self.daemon = daemon
         # What the loop serves (routes.Route), the daemon first; the lane's is None until it opens.
@@ -362,8 +391,12 @@ class ClientAgent:
             import scaler_executor.objstore  # noqa: F401
 
     def _open_lane(self, path: str) -> None:
+        """A result named a worker's lane (on the agent thread, or a caller picking up its
+        result, holding the inbox's pick-up lock: ``LaneOpened`` takes no lock)."""
         if not self.lane.open and self.inbox is not None:
             self.lane.connect(path, self.inbox.path, self._poller, self._closed)
+            if self.lane.open:
+                self.core.handle(LaneOpened())
 
     def agent_turns(self) -> None:
         """The agent's loop, on the pool thread that holds the agent role, until the
@@ -394,9 +427,7 @@ class ClientAgent:
             if self.broken is not None:
                 return
             if daemon.welcomed:
-                self._drain_outbox()
-                if self.resume.journal and self.resume.ack_due(now, daemon.heartbeat_interval):
-                    daemon.send([self.resume.ack(now)])
+                self._tick(now)
                 if self.remote_store is not None and daemon.pending is None:
                     self.remote_store.send_pending(daemon)  # a put's chunks, after what it depends on
             if daemon.pending is not None:
@@ -436,13 +467,16 @@ class ClientAgent:
     def on_results(self, results: list[m.TaskResult]) -> None:
         self.take_results(results)
 
-    def send_again(self, records: list[TaskRecord]) -> None:
-        for record in records:
-            self.submitter.submit_again(record)
+    def send_again(self, records: list[TaskRecord], closed: bool) -> None:
+        # Under the lane's lock: a caller picking up its result may have connected a new
+        # lane since the old one closed (its LaneOpened follows its connect, hence this).
+        with self.lock, self.lane.lock:
+            closed = closed and not self.lane.open
+            self.core.handle(LaneLost(records, closed))  # (WAKE: this turn's tick sends them)
 
     def pin(self, object_ids: list[bytes]) -> None:
         # Held for us from now on, released (ReleaseObjects, after this in the outbox) once read.
-        self.core.outbox.append((PIN_OBJECTS, object_ids))
+        self.core.handle(Posted(PIN_OBJECTS, object_ids))  # (WAKE: this turn's tick sends it)
 
     def _hello(self) -> m.Hello:
         return m.Hello(
@@ -461,20 +495,49 @@ class ClientAgent:
             self.authkey.path if self.authkey is not None else "",
         )
 
-    def _drain_outbox(self) -> None:
-        while self.daemon.pending is None and self.core.outbox:
+    def _tick(self, now: float) -> None:
+        """The core's ``Tick``: what the outbox holds goes out, a transmission at a time,
+        while the daemon's queue takes it."""
+        while self.daemon.pending is None:
             with self.lock:
-                batch, flushed = self.core.drain()
+                commands = self.core.handle(Tick(now))
                 more = self.core.more_to_drain  # a full transmission: the rest in the next one
-            for message in batch:
-                if type(message) is m.ReleaseFunctions:
-                    self.lane.release(message.fn_ids[0] & TASK_MASK)
-            if batch:
-                self.daemon.send(batch)
-            for event in flushed:
-                event.set()  # written, or held in order behind a full queue (DaemonRoute.pending)
+            self.execute(commands)
             if not more:
                 return
+
+    def execute(self, commands: list[Command]) -> None:
+        """Carry out the core's commands, in order (``events.py``); an unknown one is a bug."""
+        for command in commands:
+            match command:
+                case Wake():
+                    self.wake()
+                case SendToDaemon(messages):
+                    self.daemon.send(messages)
+                case ReleaseOnLane(fn_id):
+                    self.lane.release(fn_id)
+                case SetFlushed(events):
+                    for event in events:
+                        event.set()  # written, or held in order behind a full queue (DaemonRoute.pending)
+                case Settle() | Resend() | MarkRunning() | Fail() | FailTasks():
+                    self.completion.execute(command)
+                case FailAll(error):
+                    self.completer.put(FAIL_ALL, error)
+                case NotifyCancelled(records):
+                    for record in records:
+                        record.future.cancel_now()
+                case SendDownLane():  # (the submit path executes it under the lock)
+                    with self.lock:
+                        if not self.submitter.down_lane(command):
+                            self.wake()
+                case AnswerCancel(record, wait, dropped):
+                    # A dropped task whose canceller stopped waiting: cancelled on a pool thread.
+                    if wait.answer(record, dropped) and dropped:
+                        self.completer.put(CANCELLED, record.future)
+                case KillOnLane() | AwaitAnswer() | Discard():
+                    raise RuntimeError(f"{command!r} is executed by its caller (cancel.py, submit.py)")
+                case _:
+                    raise TypeError(f"not a client core command: {command!r}")
 
     # ------------------------------------------------------------------ results
 
@@ -501,19 +564,18 @@ class ClientAgent:
 
     def break_with(self, exc: BaseException) -> None:
         with self.lock:
-            if self.broken is not None:
-                return
-            self.broken = exc
-            self.core.outbox.clear()
+            commands = self.core.handle(DaemonLost(exc))
+        if not commands:
+            return  # broken already
         log.debug("client broken: %s", exc)
         if self.remote_store is not None:
             self.remote_store.fail_all(exc)
         self.welcome.set()  # a constructor waiting for the Welcome raises this
-        self.completer.put(FAIL_ALL, exc)
+        self.execute(commands)  # FailAll: on a completion thread, after the results read before
 
     def _teardown(self) -> None:
         self.incoming.clear()  # objects half-received from the daemon: their buffers go now
-        self.daemon.close(goodbye=self.broken is None or not isinstance(self.broken, DaemonLost))
+        self.daemon.close(goodbye=self.broken is None or not isinstance(self.broken, DaemonLostError))
         self.lane.close(self._poller)
         if self.listener is not None:
             self.listener.close()
@@ -535,7 +597,7 @@ class ClientAgent:
                     ObjectStore.unlink_name(name, tempfile.gettempdir())
             except Exception as exc:  # noqa: BLE001 - closing is best effort; the process may exit next
                 log.debug("closing the object store %s: %s", name, exc)
-        self.completer.put(FAIL_ALL, DaemonLost("the executor shut down before these tasks finished"))
+        self.completer.put(FAIL_ALL, DaemonLostError("the executor shut down before these tasks finished"))
         self.completer.stop()
         with self._wake_lock:
             self._closed = True

@@ -2,12 +2,13 @@
 
 ::
 
-    Future.cancel() ─► Cancels.request ─ core.cancel(record):
-        "taken"  (UNSENT/PARKED: the daemon never had it) ─► cancelled and notified at once
-        "ask"    (SENT) ─► CancelTasks (without force); a user thread waits ≤ cancel_wait
-                 for TasksCancelled: dropped ─► cancelled and notified; refused ─► False
-                 (a client thread never waits: False)
-        "no"     (LANE: running; or its result is being completed) ─► False
+    Future.cancel() ─► Cancels.request ─ the core's CancelRequested:
+        UNSENT/PARKED (the daemon never had it) ─► NotifyCancelled: cancelled at once
+        SENT ─► CancelTasks (without force) and AwaitAnswer: a user thread waits
+                ≤ cancel_wait for TasksCancelled (CancelAnswered ─► AnswerCancel):
+                dropped ─► cancelled and notified; refused ─► False
+                (a client thread never waits, nor asks: False)
+        LANE (running), or its result is being completed ─► no command: False
 
 * Cancels made together (``shutdown(cancel_futures=True)``, a closed ``map``: ``many``)
   travel in one message and share one ``CancelWait``.
@@ -23,8 +24,16 @@ import threading
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from scaler_executor.client.completion import CANCEL_MANY, CANCELLED, CancelWait
-from scaler_executor.client.state import FORCE_CANCEL, TaskRecord
+from scaler_executor.client.completion import CANCEL_MANY, CancelWait
+from scaler_executor.client.events import (
+    AwaitAnswer,
+    CancelAnswered,
+    CancelRequested,
+    ForceCancelRequested,
+    KillOnLane,
+    NotifyCancelled,
+)
+from scaler_executor.client.state import TaskRecord
 from scaler_executor.protocol import messages as m
 
 if TYPE_CHECKING:
@@ -33,7 +42,9 @@ if TYPE_CHECKING:
 
 
 class Cancels:
-    """The cancel side of one client agent (see the module doc)."""
+    """The cancel side of one client agent (see the module doc): it reports the core's
+    ``CancelRequested``, ``ForceCancelRequested`` and ``CancelAnswered`` and executes the
+    commands (``NotifyCancelled``, ``AwaitAnswer``, ``AnswerCancel``, ``KillOnLane``)."""
 
     def __init__(self, agent: ClientAgent) -> None:
         self.agent = agent
@@ -48,54 +59,56 @@ class Cancels:
         waits up to ``cancel_wait`` for the answer; on a thread of the client's own (a
         done-callback, a ``map`` iterator closed there) it never waits and answers False.
         """
+        agent = self.agent
         record: TaskRecord | None = getattr(future, "_record", None)
-        if record is None or record.owner is not self.agent.core:
+        if record is None or record.owner is not agent.core:
             return future.cancel_now()
-        with self.agent.lock:
-            verdict = self.agent.core.cancel(record)
-            wait: CancelWait | None = record.cancel
-            own = threading.current_thread() in self.agent.completer.threads
-            if verdict == "ask" and wait is None and not own and self.agent.broken is None and not self.agent._closed:
-                wait = CancelWait(1)
-                self.agent.core.ask_cancel(record, wait)
-                asked = True
-            else:
-                asked = False
-        if verdict == "taken":
-            return future.cancel_now()
-        if verdict == "no" or wait is None or own:
+        own = threading.current_thread() in agent.completer.threads
+        wait = None if own or agent._closed else CancelWait(1)  # (None: the core asks nobody)
+        with agent.lock:
+            commands = agent.core.handle(CancelRequested([record], wait, True))
+        awaited: CancelWait | None = None
+        for command in commands:
+            match command:
+                case NotifyCancelled():
+                    return future.cancel_now()
+                case AwaitAnswer(_, answer):
+                    awaited = answer
+                case _:
+                    agent.execute([command])  # WAKE: the agent sends the CancelTasks
+        if awaited is None:
             return False
-        if asked:
-            self.agent.wake()
-        return wait.result(self.agent.config.cancel_wait, record)
+        return awaited.result(agent.config.cancel_wait, record)
 
     def many(self, futures: list[Future[Any]], wait: float | None) -> None:
         """Cancel futures in one go (``shutdown(cancel_futures=True)``, a closed ``map``):
         every cancel to ask of the daemon travels in one message; waits up to ``wait``
         seconds (None: ``cancel_wait``) for the answer, on a user thread only."""
-        taken: list[TaskFuture[Any]] = []
-        asked: list[TaskRecord] = []
+        agent = self.agent
+        core = agent.core
+        records = [
+            record for future in futures
+            if (record := getattr(future, "_record", None)) is not None and record.owner is core
+            and not future.running() and not future.done()
+        ]
+        if not records:
+            return
         group = CancelWait(0)
-        core = self.agent.core
-        with self.agent.lock:
-            for future in futures:
-                record = getattr(future, "_record", None)
-                if record is None or record.owner is not core or future.running() or future.done():
-                    continue
-                verdict = core.cancel(record)
-                if verdict == "taken":
-                    taken.append(record.future)
-                elif verdict == "ask" and record.cancel is None and self.agent.broken is None:
-                    group.expected += 1
-                    core.ask_cancel(record, group)
-                    asked.append(record)
-        if asked:
-            self.agent.wake()
-        for future in taken:
-            future.cancel_now()
-        if asked:
-            own = threading.current_thread() in self.agent.completer.threads
-            group.results(0 if own else self.agent.config.cancel_wait if wait is None else wait, asked)
+        with agent.lock:
+            commands = core.handle(CancelRequested(records, group, False))
+            for command in commands:
+                if type(command) is AwaitAnswer:
+                    group.expected = len(command.records)  # before the answer can come
+        own = threading.current_thread() in agent.completer.threads
+        for command in commands:
+            match command:
+                case NotifyCancelled(taken):
+                    for record in taken:
+                        record.future.cancel_now()
+                case AwaitAnswer(asked, _):
+                    group.results(0 if own else agent.config.cancel_wait if wait is None else wait, asked)
+                case _:
+                    agent.execute([command])
 
     def later(self, futures: list[Future[Any]]) -> None:
         """``many`` on a pool thread: for code a finalizer may run (a ``map``
@@ -109,24 +122,25 @@ class Cancels:
             return True
         if not force or future.done():
             return False
+        agent = self.agent
         record = getattr(future, "_record", None)
-        if record is None or record.owner is not self.agent.core or self.agent.core.records.get(record.n) is not record:
-            return False  # not one of ours, or it finished meanwhile
-        if self.agent.lane.holds(record.n) and self.agent.lane.kill(record.n):
-            return True
-        self.agent.core.outbox.append((FORCE_CANCEL, record.n))
-        if self.agent.resume.journal:  # named again when resuming: its daemon may be down now
-            with self.agent.lock:
-                self.agent.resume.force_cancelled(self.agent.core, record.n)
-        self.agent.wake()
+        if record is None or record.owner is not agent.core:
+            return False  # not one of ours
+        with agent.lock:
+            commands = agent.core.handle(ForceCancelRequested(record, True))
+        if not commands:
+            return False  # it finished meanwhile
+        if type(commands[0]) is KillOnLane:
+            if agent.lane.kill(record.n):
+                return True
+            with agent.lock:  # the lane closed: its tasks go to the daemon, which can be told
+                commands = agent.core.handle(ForceCancelRequested(record, False))
+        agent.execute(commands)
         return True
 
     def answered(self, message: m.TasksCancelled, _buffers: list[Any]) -> None:
         """The futures of dropped tasks are cancelled by the threads that wait for the
         answer, or on a pool thread if none waits any more."""
         with self.agent.lock:
-            answers = self.agent.core.cancel_answered(message)
-        for record, verdict in answers:
-            wait, record.cancel = record.cancel, None
-            if wait.answer(record, verdict) and verdict:
-                self.agent.completer.put(CANCELLED, record.future)
+            commands = self.agent.core.handle(CancelAnswered(message.cancelled, message.refused))
+        self.agent.execute(commands)  # AnswerCancel, each

@@ -32,17 +32,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from scaler_executor.client import serialization as ser
-from scaler_executor.client.forward import Forwarder
-from scaler_executor.client.future import TaskFuture
-from scaler_executor.client.state import (
+from scaler_executor.client.events import (
     Broken,
     Command,
+    Fail,
     FailTasks,
     MarkRunning,
     Resend,
     Settle,
-    TaskRecord,
 )
+from scaler_executor.client.forward import Forwarder
+from scaler_executor.client.future import TaskFuture
+from scaler_executor.client.state import TaskRecord
 from scaler_executor.exceptions import BrokenScalerExecutor, ResultUnreadable
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol import output as capture
@@ -146,8 +147,12 @@ class Completion:
             case MarkRunning(records):
                 for record in records:
                     record.future.mark_running()
+            case Fail(record, error):
+                settle(record.future, False, error)
             case FailTasks(records, error):
                 self._fail(records, error)
+            case _:
+                raise TypeError(f"not a command for completion.py: {command!r}")
 
     def _settle(self, record: TaskRecord, result: m.TaskResult, quietly: bool) -> None:
         future = record.future

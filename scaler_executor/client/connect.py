@@ -61,7 +61,8 @@ PROBE_EVERY = 1.0
 class _Agent(Protocol):
     welcome: threading.Event
     finished: threading.Event
-    broken: BaseException | None
+    @property
+    def broken(self) -> BaseException | None: ...
 
     def break_with(self, exc: BaseException) -> None: ...
 

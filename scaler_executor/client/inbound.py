@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from scaler_executor.client import serialization as ser
 from scaler_executor.client.completion import RUNNING
+from scaler_executor.client.events import Acknowledged, DaemonResults, Posted, Welcomed
 from scaler_executor.client.no_worker import warn_no_worker
 from scaler_executor.client.remote_store import RemoteStore
 from scaler_executor.client.state import PARTS_TAKEN
@@ -62,12 +62,7 @@ class DaemonMessages:
         }
 
     def _on_results(self, message: m.TaskResults, _buffers: list[Any]) -> None:
-        if self.agent.core.sent_unacked is None or not self.agent.resume.refused(self.agent.core, message.results):
-            self.agent.resume.received += 1  # (refusals for a full journal are not counted: never kept)
-        if self.agent.core.sent_unacked is not None:
-            for result in message.results:
-                if result.objects and not result.delivered:  # held for us until we read it
-                    self.agent.core.count_holds(result.objects, 1)
+        self.agent.core.handle(DaemonResults(message.results))  # (no command: counts for a journal)
         self.agent.take_results(message.results)
 
     def _on_running(self, message: m.TasksRunning, _buffers: list[Any]) -> None:
@@ -77,31 +72,29 @@ class DaemonMessages:
             self.agent.completer.put(RUNNING, message.task_ids)
 
     def _on_ack(self, message: m.SubmitAck, _buffers: list[Any]) -> None:
-        self.agent.core.acknowledged(message.count)
+        with self.agent.lock:
+            self.agent.core.handle(Acknowledged(message.count))  # (no command: this turn's tick sends more)
 
     def _on_welcome(self, message: m.Welcome, _buffers: list[Any]) -> None:
-        resumed = self.agent.resume.welcomed(message)
-        if message.journal and self.agent.core.sent_unacked is None:
-            self.agent.core.sent_unacked = deque()
-        if resumed:
+        # The daemon judges our liveness by its settings, not ours.
+        interval = min(self.agent.config.heartbeat_interval, message.heartbeat_interval)
+        with self.agent.lock:
+            commands = self.agent.core.handle(Welcomed(message, interval))
+        if commands:  # it answers our Resume: the report goes before anything the outbox holds
             log.warning("client: resumed with the daemon at %s after its restart", self.agent.address)
-            with self.agent.lock:
-                report = self.agent.resume.report(self.agent.core)
-            self.agent.daemon.send([report])  # before anything the outbox holds
+            self.agent.execute(commands)
             if message.object_store != getattr(self.agent.packer.store, "name", message.object_store):
                 self._attach_store(message.object_store)  # (objects in the old region are gone)
         self.agent.daemon.welcomed = True
         self.agent.welcome.set()
         if self.agent.listener is not None:
             self.agent.listener.welcomed(message.heartbeat_interval)
-        self.agent.core.base = message.peer_id << m.TASK_ID_BITS
-        # The daemon judges our liveness by its settings, not ours.
-        self.agent.daemon.heartbeat_interval = min(self.agent.config.heartbeat_interval, message.heartbeat_interval)
+        self.agent.daemon.heartbeat_interval = interval
         self._attach_store(message.object_store)
 
     def _on_object_part(self, message: m.ObjectPart, buffers: list[Any]) -> None:
         self.agent.incoming.part(message, buffers[0] if buffers else b"")
-        self.agent.core.outbox.append((PARTS_TAKEN, 1))  # the daemon's window moves on
+        self.agent.core.handle(Posted(PARTS_TAKEN, 1))  # the daemon's window moves on (WAKE: this turn's tick)
 
     def _on_object_data(self, message: m.ObjectData, buffers: list[Any]) -> None:
         data = iter(buffers)

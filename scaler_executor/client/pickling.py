@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
 
 from scaler_executor.client import serialization as ser
-from scaler_executor.client.state import LANE, PARKED, SENT, SUBMIT_BATCH, TaskItem
+from scaler_executor.client.events import GraphSubmitted
+from scaler_executor.client.state import LANE, PARKED, TaskItem
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol.messages import TaskFlags
 from scaler_executor.protocol.refs import dependency, identity, stored
@@ -218,19 +219,15 @@ class GraphBatch:
     def add(self, future: TaskFuture[Any] | None, fn_id: int, options_id: int, flags: int, pickled: Pickled) -> int:
         agent = self.agent
         with agent.lock:
-            # SENT from the start: the batch goes whole, so a cancel asks the daemon
-            # (after the batch, in the outbox's order) rather than taking one task back.
-            n = agent.core.new_task(future, SENT, time.time()).n if future is not None else agent.core.number()
-        if future is not None:
-            future._on_cancel = agent.cancel_hook
+            n = agent.core.graph_number(future, time.time())  # the core's GraphTaskAdded
         self.items.append(TaskItem(n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects))
         return n
 
     def submit(self) -> None:
         with self.agent.lock:
             self.agent.check_usable()
-            self.agent.core.outbox.append((SUBMIT_BATCH, self.items))
-        self.agent.wake()
+            commands = self.agent.core.handle(GraphSubmitted(self.items))
+        self.agent.execute(commands)
 
 
 class MapCache(dict):  # type: ignore[type-arg]  # entries are (weakref or owner, oid); get() and [] speak (owner, oid)

@@ -70,8 +70,9 @@ class RouteSink(Protocol):
     def on_results(self, results: list[m.TaskResult]) -> None:
         """Results to complete (``completion.py``)."""
 
-    def send_again(self, records: list[TaskRecord]) -> None:
-        """Lane tasks that did not run to the end: to the daemon (``submit.py``)."""
+    def send_again(self, records: list[TaskRecord], closed: bool) -> None:
+        """Lane tasks that did not run to the end: to the daemon; ``closed``: the lane
+        closed (the core's ``LaneLost``)."""
 
     def pin(self, object_ids: list[bytes]) -> None:
         """Objects made for us that the daemon does not know of: held until read."""
@@ -198,9 +199,9 @@ class LaneRoute:
 
     def serve(self, sink: RouteSink) -> None:
         assert self.poller is not None  # set when the lane was connected
-        results, again = self.receive(self.poller)
-        if again:
-            sink.send_again(again)
+        results, again, lost = self.receive(self.poller)
+        if again or lost:
+            sink.send_again(again, lost)
         pins = [oid for r in results for oid in r.objects]
         if pins:
             sink.pin(pins)  # made by the processor for us, unknown to the daemon
@@ -208,9 +209,9 @@ class LaneRoute:
             sink.on_results(results)
 
     def submit(self, record: TaskRecord, item: TaskItem) -> bool:
-        """Send a task submitted alone down the lane; False: it goes to the daemon instead.
-        The caller marks the future RUNNING: the worker has it, a cancel could no longer
-        keep it from running."""
+        """Send a task down the lane (the core's ``SendDownLane``); False: it goes to the
+        daemon instead (``LaneRefused``).  The caller marks the future RUNNING: the worker
+        has it, a cancel could no longer keep it from running."""
         core = self.agent.core
         with self.lock:
             dealer = self.dealer
@@ -218,16 +219,11 @@ class LaneRoute:
                 return False
             base = core.base
             messages: list[Any] = []
-            blob = None
-            if item.fn_id:
-                blob = core.fn_payloads.get(item.fn_id)
-                if blob is None:
-                    return False  # released meanwhile (its callable is gone): the daemon's path
-                if item.fn_id not in self.fns:
-                    messages.append(m.RegisterFunction(base | item.fn_id, blob))
+            if item.fn_id and item.fn_id not in self.fns:
+                assert record.blob is not None  # the core routes a task whose callable is gone to the daemon
+                messages.append(m.RegisterFunction(base | item.fn_id, record.blob))
             spec = m.TaskSpec(base | item.n, base | item.fn_id if item.fn_id else 0, 0, item.flags, item.payload, [], [], 0)
             messages.append(m.SubmitTasks([spec]))
-            record.item, record.blob = item, blob
             self.tasks[item.n] = record  # first: its result may be read before send returns
             try:
                 dealer.send(codec.encode(messages))
@@ -264,14 +260,14 @@ class LaneRoute:
             self.poller = poller
             self.dealer = dealer
 
-    def receive(self, poller: channel.Poller) -> tuple[list[m.TaskResult], list[TaskRecord]]:
+    def receive(self, poller: channel.Poller) -> tuple[list[m.TaskResult], list[TaskRecord], bool]:
         """(Agent thread) What came back: results, and the tasks to send again through the
         daemon (their processor died, or the lane closed with them on it)."""
         results: list[m.TaskResult] = []
         with self.lock:
             dealer = self.dealer
             if dealer is None:
-                return [], []
+                return [], [], False
             while dealer.conn is not None and dealer.readable():
                 try:
                     frames = dealer.recv()
@@ -296,7 +292,7 @@ class LaneRoute:
             if lost:
                 again.extend(self.tasks.values())
                 self.tasks.clear()
-        return [r for r in results if r.status != Status.PROCESSOR_DIED], again
+        return [r for r in results if r.status != Status.PROCESSOR_DIED], again, lost
 
     def delivered(self, n: int) -> None:
         """A lane task's result came another way (a reply datagram)."""

@@ -2,28 +2,31 @@
 
 ::
 
-    submit ──► new_task (UNSENT, item in the outbox)  ── drain ──► SENT ── result ─► claimed
-                 │ park (PARKED: waits for a lane task)            │   (TasksRunning marks
-                 │ send_down_lane (LANE)                           │    the future running)
-                 └─► cancel: UNSENT/PARKED taken back at once ◄────┘ cancel: ASK the daemon
-                                                                       (TasksCancelled)
+    Submitted ──► UNSENT (item in the outbox) ── Tick ──► SENT ── ResultIn ─► Settle
+        │ Parked (PARKED: waits for a lane task)           │   (RunningIn: MarkRunning)
+        │ lane open, alone: LANE (SendDownLane)            │
+        └─► CancelRequested: UNSENT/PARKED taken back ◄────┘ CancelRequested: ask the
+            at once (NotifyCancelled)                         daemon (AwaitAnswer), whose
+                                                              CancelAnswered decides
 
-One ``TaskRecord`` per outstanding task (``records``, by the task's number ``n``), in
-place of the parallel dictionaries the agent used to keep; the outbox, the submit window
-and the registries of callables and options live here too.  The agent (``agent.py``) owns
-the sockets and the threads: it calls the core, then sends what ``drain`` returns and
-settles futures through ``completion.py``.
+Events in, commands out (``events.py``; the table is in ``docs/architecture.rst``):
+``handle(event)`` applies an event and returns the commands the shell (``agent.py``,
+``submit.py``, ``cancel.py``, ``completion.py``) executes; the shell decides nothing
+about tasks.  The hot paths call ``handle_submit``, ``result_in`` and ``running_in``
+directly: the same code, one command (or None) and no list per task.
 
-Threads: user threads (submit, cancel), the agent thread (drain, results, notices) and
-completion threads (results) call the core.  Every method that changes more than one
-field runs under the agent's ``lock`` (its callers hold it, as each docstring says);
-``claim`` is one ``dict.pop``, atomic under the GIL, so exactly one thread completes a
-task however many paths its result takes.  Results, running notices and the breaking of
-the executor are events (``handle``: ``ResultIn``, ``RunningIn``, ``Broken``), whose
-commands (``Settle``, ``Resend``, ``MarkRunning``, ``FailTasks``) ``completion.py``
-executes; submits, drains and cancels are still direct calls under the lock.
-``validate()`` checks the invariants; the
-unit tests (``tests/unit/test_client_state.py``) call it after every step.
+One ``TaskRecord`` per outstanding task (``records``, by the task's number ``n``); the
+outbox, the submit window and the registries of callables and options live here too;
+time comes in with the events (``Submitted.now``, ``Tick.now``).
+
+Threads: user threads (submit, cancel), the agent thread (tick, results, notices, lanes)
+and completion threads (results) call the core.  Every event but ``ResultIn``,
+``RunningIn``, ``Posted`` and ``FunctionReleased`` is handled under the agent's ``lock``
+(the shell holds it); those four are lock-free: a claim is one ``dict.pop`` (atomic
+under the GIL, so exactly one thread completes a task however many routes its result
+takes) and a post one ``deque.append``.  ``validate()`` checks the invariants; the unit
+tests (``tests/unit/test_client_state.py``, ``test_client_core_events.py``) call it
+after every step.
 """
 
 from __future__ import annotations
@@ -34,7 +37,50 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from scaler_executor.client.events import (
+    DISCARD,
+    WAKE,
+    Acknowledged,
+    AnswerCancel,
+    AwaitAnswer,
+    Broken,
+    CancelAnswered,
+    CancelRequested,
+    Command,
+    DaemonLost,
+    DaemonResults,
+    Event,
+    Fail,
+    FailAll,
+    FailTasks,
+    ForceCancelRequested,
+    FunctionReleased,
+    GraphSubmitted,
+    GraphTaskAdded,
+    KillOnLane,
+    LaneLost,
+    LaneOpened,
+    LaneRefused,
+    MarkRunning,
+    NotifyCancelled,
+    Parked,
+    Posted,
+    ReleaseOnLane,
+    Repickled,
+    Resend,
+    ResultIn,
+    RunningIn,
+    SendDownLane,
+    SendToDaemon,
+    SetFlushed,
+    Settle,
+    Submitted,
+    TaskFailed,
+    Tick,
+    Welcomed,
+)
 from scaler_executor.client.pending import PendingLimit
+from scaler_executor.client.resume import ClientResume
 from scaler_executor.protocol import codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import TaskFlags, TaskOptions
@@ -64,63 +110,12 @@ TRANSITIONS: dict[tuple[str, str], str | None] = {
     (SENT, "resend"): UNSENT,  # DEP_GONE: pickled again with the value inline
     (LANE, "result"): None,
     (LANE, "lane-lost"): UNSENT,  # its lane closed or its processor died: to the daemon
+    (LANE, "refused"): UNSENT,  # the send down the lane failed: to the daemon
 }
 
 
 class IllegalTransition(RuntimeError):
     pass
-
-
-# Events in (``ClientCore.handle``): what the routes and the agent report.
-class ResultIn(NamedTuple):
-    """A task's result came, by any route (the daemon, a lane, the reply inbox)."""
-
-    result: m.TaskResult
-
-
-class RunningIn(NamedTuple):
-    """The daemon's running notice (``TasksRunning``) for these task ids."""
-
-    task_ids: list[int]
-
-
-class Broken(NamedTuple):
-    """The executor is broken (the daemon lost, a bug): every outstanding task fails.
-    (Under the agent's lock.)"""
-
-    error: BaseException
-
-
-# Commands out, executed by ``completion.py`` (the one module that settles futures).
-class Settle(NamedTuple):
-    """Complete ``record``'s future from ``result`` (its record has left the core)."""
-
-    record: TaskRecord
-    result: m.TaskResult
-
-
-class Resend(NamedTuple):
-    """DEP_GONE: a dependency finished before the daemon saw task ``n``: pickle it again,
-    the value inlined (``submit.py``); its record stays."""
-
-    n: int
-
-
-class MarkRunning(NamedTuple):
-    """Mark these records' futures running (no callback runs: any thread may do it)."""
-
-    records: list[TaskRecord]
-
-
-class FailTasks(NamedTuple):
-    """Fail these records' futures (and wake their cancellers) with ``error``."""
-
-    records: list[TaskRecord]
-    error: BaseException
-
-
-Event = ResultIn | RunningIn | Broken
-Command = Settle | Resend | MarkRunning | FailTasks
 
 
 # Outbox entries other than tasks: (kind, data).
@@ -204,32 +199,64 @@ class ClientCore:
         # ... and the store objects it holds at the daemon (pins sent, results with objects
         # received, minus releases sent): a restarted daemon may not have written them all.
         self.holds: dict[bytes, int] = {}
+        self.resume = ClientResume()  # a journaled daemon's restart, and our ResultsAcks
+        self.ack_interval = 0.0  # how often results are acknowledged (the heartbeat interval)
         self.pending: PendingLimit | None = None  # frees a charged task as its record leaves
+        self.lane_open = False  # a worker's lane is connected (LaneOpened / LaneLost)
+        self.broken: BaseException | None = None  # set by DaemonLost: nothing more is sent
+        # Set on the futures of new tasks (opaque to the core): the shell's cancel hook, and
+        # the pick-up hook of a sequential caller's future (None: no reply inbox).
+        self.cancel_hook: Any = None
+        self.pickup_hook: Any = None
+        self._handlers: dict[type, Callable[[Any], list[Command]]] = {
+            Submitted: self._on_submitted,
+            Parked: self._on_parked,
+            GraphTaskAdded: self._on_graph_task,
+            GraphSubmitted: self._on_graph_submitted,
+            Repickled: self._on_repickled,
+            TaskFailed: self._on_task_failed,
+            CancelRequested: self._on_cancel_requested,
+            ForceCancelRequested: self._on_force_cancel,
+            CancelAnswered: self._on_cancel_answered,
+            ResultIn: self._on_result,
+            DaemonResults: self._on_daemon_results,
+            RunningIn: self._on_running,
+            Acknowledged: self._on_acknowledged,
+            Welcomed: self._on_welcomed,
+            Tick: self._on_tick,
+            LaneOpened: self._on_lane_opened,
+            LaneLost: self._on_lane_lost,
+            LaneRefused: self._on_lane_refused,
+            Posted: self._on_posted,
+            FunctionReleased: self._on_function_released,
+            DaemonLost: self._on_daemon_lost,
+            Broken: self._on_broken,
+        }
 
     def _left(self, record: TaskRecord) -> None:
         if record.charge >= 0 and self.pending is not None:
             self.pending.free(record.charge)
             record.charge = -1
 
-    # ------------------------------------------------------------------ tasks
+    # ------------------------------------------------------------------ events in, commands out
+
+    def handle(self, event: Event) -> list[Command]:
+        """Apply ``event``; the commands the shell then executes, in order."""
+        handler = self._handlers.get(type(event))
+        if handler is None:
+            raise TypeError(f"not a client core event: {event!r}")
+        return handler(event)
+
+    # ------------------------------------------------------------------ records
 
     def new_task(self, future: Any, where: str, submitted: float) -> TaskRecord:
-        """(Under the lock) a record for a new task; the caller queues its item (``queue``)."""
+        """A record for a new task (its item, if any, is queued by the caller)."""
         n = next(self._numbers)
         record = TaskRecord(n, future, where, submitted, self)
         self.records[n] = record
         if future is not None:
             future._record = record
         return record
-
-    def number(self) -> int:
-        """(Under the lock) a number for a task with no future (a graph's intermediate)."""
-        return next(self._numbers)
-
-    def queue(self, record: TaskRecord, item: TaskItem) -> None:
-        """(Under the lock) the task's item joins the outbox; it is UNSENT until drained."""
-        record.where = UNSENT
-        self.outbox.append(item)
 
     def move(self, record: TaskRecord, event: str) -> str | None:
         """Apply ``event`` to ``record`` by the transition table; raises on an illegal one."""
@@ -253,9 +280,9 @@ class ClientCore:
             self._left(record)
         return record
 
-    def renumber(self, record: TaskRecord) -> int:
-        """(Under the lock) a new number for a task sent again after it left a lane (the
-        worker may still hold the old one); the record stays the future's."""
+    def _renumber(self, record: TaskRecord) -> int:
+        """A new number for a task sent again after it left a lane (the worker may still
+        hold the old one); the record stays the future's."""
         if self.records.get(record.n) is record:
             del self.records[record.n]
         record.n = n = next(self._numbers)
@@ -265,55 +292,154 @@ class ClientCore:
     def outstanding(self, n: int) -> bool:
         return n in self.records
 
-    # ------------------------------------------------------------------ cancel
+    def owns(self, record: TaskRecord) -> bool:
+        """``record`` is outstanding (not completed, cancelled or failed meanwhile)."""
+        return self.records.get(record.n) is record
 
-    def cancel(self, record: TaskRecord) -> str:
-        """(Under the lock) what a ``cancel()`` can do: "taken" (the daemon never had it;
-        the record is gone), "ask" (only the daemon knows) or "no" (running, or being
-        completed)."""
-        if self.records.get(record.n) is not record:
-            return "no"
-        if record.where in (UNSENT, PARKED):
-            self.move(record, "cancel")
-            return "taken"
-        if record.where is SENT:
-            return "ask"
-        return "no"
 
-    def ask_cancel(self, record: TaskRecord, wait: Any) -> None:
-        """(Under the lock) ask the daemon to drop the task; ``wait`` hears its answer."""
-        record.cancel = wait
-        self.outbox.append((CANCEL, record.n))
+    # ------------------------------------------------------------------ submits
 
-    def cancel_answered(self, message: m.TasksCancelled) -> list[tuple[TaskRecord, bool]]:
-        """(Under the lock) the daemon's answer: (record, dropped?) for each task asked
-        about; dropped tasks leave ``records``, refused ones stay (their results come)."""
-        out = []
-        for verdict, task_ids in ((True, message.cancelled), (False, message.refused)):
+    def handle_submit(
+        self, future: Any, fn_id: int, options_id: int, flags: int, payload: bytes, deps: list[int],
+        objects: list[bytes], repack: tuple[Callable[[], Any], int] | None, charge: int, now: float,
+    ) -> SendDownLane | None:
+        """``Submitted``, called directly by the submit path (no event, no list): None (the
+        task waits in the outbox: wake the agent), or SendDownLane for a task submitted alone while a
+        lane is open (``LaneRefused`` if that send fails).  A task submitted alone is a
+        sequential caller's: its result may come straight back (REPLY_DIRECT)."""
+        alone = not self.records
+        n = next(self._numbers)
+        record = TaskRecord(n, future, UNSENT, now, self)
+        self.records[n] = record
+        future._record = record
+        future._on_cancel = self.cancel_hook
+        record.charge = charge
+        if repack is not None:
+            record.repack = repack
+        if alone:
+            flags |= TaskFlags.REPLY_DIRECT
+            if self.pickup_hook is not None:
+                future._pickup = self.pickup_hook
+        item = TaskItem(n, fn_id, options_id, flags, payload, deps, objects)
+        if alone and self.lane_open and options_id == 0 and not deps and not objects:
+            blob = self.fn_payloads.get(fn_id) if fn_id else None
+            if blob is not None or not fn_id:  # (a released callable: the daemon's path)
+                record.where = LANE
+                record.item, record.blob = item, blob
+                return SendDownLane(record, item)
+        self.outbox.append(item)
+        return None
+
+    def _on_submitted(self, e: Submitted) -> list[Command]:
+        command = self.handle_submit(
+            e.future, e.fn_id, e.options_id, e.flags, e.payload, e.deps, e.objects, e.repack, e.charge, e.now
+        )
+        return [WAKE if command is None else command]
+
+    def _on_parked(self, e: Parked) -> list[Command]:
+        self.new_task(e.future, PARKED, e.now)
+        e.future._on_cancel = self.cancel_hook
+        return []
+
+    def _on_graph_task(self, e: GraphTaskAdded) -> list[Command]:
+        # SENT from the start: the batch goes whole, so a cancel asks the daemon (after
+        # the batch, in the outbox's order) rather than taking one task back.
+        self.graph_number(e.future, e.now)
+        return []
+
+    def graph_number(self, future: Any, now: float) -> int:
+        """``GraphTaskAdded``, and the number it gave the task (the graph's items need it)."""
+        n = next(self._numbers)
+        if future is not None:
+            self.records[n] = TaskRecord(n, future, SENT, now, self)
+            future._record = self.records[n]
+            future._on_cancel = self.cancel_hook
+        return n
+
+    def _on_graph_submitted(self, e: GraphSubmitted) -> list[Command]:
+        self.outbox.append((SUBMIT_BATCH, e.items))
+        return [WAKE]
+
+    def _on_repickled(self, e: Repickled) -> list[Command]:
+        """A parked task's argument is done, or a sent task lost a dependency (DEP_GONE):
+        its new item joins the outbox, unless it was cancelled or completed meanwhile."""
+        record = e.record
+        if not self.owns(record) or record.where not in (PARKED, SENT):
+            return [DISCARD]
+        if record.cancel is not None:
+            # Asked of the daemon, which gave it back unrun (DEP_GONE): it never ran and
+            # is ours again, so the cancel is granted here (the daemon's own answer about
+            # the old id then finds no record and is ignored).
+            wait, record.cancel = record.cancel, None
+            self.move(record, "cancelled")
+            return [DISCARD, AnswerCancel(record, wait, True)]
+        record.repack = e.repack
+        self.move(record, "unpark" if record.where is PARKED else "resend")
+        self.outbox.append(e.item._replace(n=record.n))
+        return [WAKE]
+
+    def _on_task_failed(self, e: TaskFailed) -> list[Command]:
+        record = e.record
+        return [Fail(record, e.error)] if self.claim(record.n) is record else []
+
+    # ------------------------------------------------------------------ cancels
+
+    def _on_cancel_requested(self, e: CancelRequested) -> list[Command]:
+        """UNSENT/PARKED tasks are taken back (the daemon never had them): NotifyCancelled.
+        SENT ones are asked of the daemon if the caller may wait (AwaitAnswer), or awaited
+        if another caller asked already (``join``).  LANE ones run: nothing to do."""
+        taken: list[TaskRecord] = []
+        asked: list[TaskRecord] = []
+        joined: Any = None
+        for record in e.records:
+            if not self.owns(record):
+                continue  # completed (or being completed) meanwhile
+            if record.where is UNSENT or record.where is PARKED:
+                self.move(record, "cancel")
+                taken.append(record)
+            elif record.where is SENT:
+                if record.cancel is None and e.wait is not None and self.broken is None:
+                    record.cancel = e.wait
+                    self.outbox.append((CANCEL, record.n))
+                    asked.append(record)
+                elif record.cancel is not None and e.join and e.wait is not None:
+                    joined = record
+        out: list[Command] = []
+        if taken:
+            out.append(NotifyCancelled(taken))
+        if asked:
+            out.append(WAKE)
+            out.append(AwaitAnswer(asked, e.wait))
+        elif joined is not None:
+            out.append(AwaitAnswer([joined], joined.cancel))
+        return out
+
+    def _on_force_cancel(self, e: ForceCancelRequested) -> list[Command]:
+        record = e.record
+        if not self.owns(record):
+            return []  # finished meanwhile
+        if e.lane and record.where is LANE:
+            return [KillOnLane(record)]
+        self.outbox.append((FORCE_CANCEL, record.n))
+        if self.resume.journal:  # named again when resuming: its daemon may be down now
+            self.resume.force_cancelled(self, record.n)
+        return [WAKE]
+
+    def _on_cancel_answered(self, e: CancelAnswered) -> list[Command]:
+        """Dropped tasks leave ``records``; refused ones stay (their results come)."""
+        out: list[Command] = []
+        for dropped, task_ids in ((True, e.cancelled), (False, e.refused)):
             for task_id in task_ids:
                 record = self.records.get(task_id & TASK_MASK)
                 if record is None or record.cancel is None:
                     continue  # completed meanwhile (a refused task's result came first)
-                if verdict:
+                wait, record.cancel = record.cancel, None
+                if dropped:
                     self.move(record, "cancelled")
-                out.append((record, verdict))
+                out.append(AnswerCancel(record, wait, dropped))
         return out
 
-    # ------------------------------------------------------------------ events in, commands out
-
-    def handle(self, event: Event) -> list[Command]:
-        """Apply ``event``; the commands the agent and ``completion.py`` then execute.
-        (The hot paths call ``result_in`` and ``running_in`` directly: same code, no list.)"""
-        match event:
-            case ResultIn(result):
-                command = self.result_in(result)
-                return [] if command is None else [command]
-            case RunningIn(task_ids):
-                running = self.running_in(task_ids)
-                return [] if running is None else [running]
-            case Broken(error):
-                return [FailTasks(self.forget_all(), error)]
-        raise TypeError(f"not a client core event: {event!r}")
+    # ------------------------------------------------------------------ results and notices
 
     def result_in(self, result: m.TaskResult) -> Settle | Resend | None:
         """A result: Settle its task (claimed here: exactly one route's copy wins), Resend
@@ -325,12 +451,123 @@ class ClientCore:
         record = self.claim(n)
         return None if record is None else Settle(record, result)
 
+    def _on_result(self, e: ResultIn) -> list[Command]:
+        command = self.result_in(e.result)
+        return [] if command is None else [command]
+
+    def _on_daemon_results(self, e: DaemonResults) -> list[Command]:
+        if self.sent_unacked is None:
+            self.resume.received += 1
+            return []
+        if not self.resume.refused(self, e.results):
+            self.resume.received += 1  # (refusals for a full journal are not counted: never kept)
+        for result in e.results:
+            if result.objects and not result.delivered:  # held for us until we read it
+                self.count_holds(result.objects, 1)
+        return []
+
     def running_in(self, task_ids: list[int]) -> MarkRunning | None:
         """A running notice: the outstanding tasks among ``task_ids`` (completed ones are
         skipped; a result that comes first marks its future running itself)."""
         records = self.records
         found = [record for task_id in task_ids if (record := records.get(task_id & TASK_MASK)) is not None]
         return MarkRunning(found) if found else None
+
+    def _on_running(self, e: RunningIn) -> list[Command]:
+        running = self.running_in(e.task_ids)
+        return [] if running is None else [running]
+
+    def _on_acknowledged(self, e: Acknowledged) -> list[Command]:
+        self.unacked -= e.tasks
+        retained = self.sent_unacked
+        if retained is not None:
+            for _ in range(min(e.tasks, len(retained))):
+                retained.popleft()
+        return []
+
+    def _on_welcomed(self, e: Welcomed) -> list[Command]:
+        message = e.message
+        resumed = self.resume.welcomed(message)
+        self.ack_interval = e.interval
+        if message.journal and self.sent_unacked is None:
+            self.sent_unacked = deque()
+        out: list[Command] = [SendToDaemon([self.resume.report(self)])] if resumed else []
+        self.base = message.peer_id << m.TASK_ID_BITS  # (a resumed client keeps its id)
+        return out
+
+    # ------------------------------------------------------------------ lanes
+
+    def _on_lane_opened(self, e: LaneOpened) -> list[Command]:
+        self.lane_open = True
+        return []
+
+    def _on_lane_refused(self, e: LaneRefused) -> list[Command]:
+        record = e.record
+        item = record.item
+        if not self.owns(record) or item is None or record.where is not LANE:
+            return []
+        self.move(record, "refused")
+        record.item = record.blob = None
+        self.outbox.append(item)
+        return [WAKE]
+
+    def _on_lane_lost(self, e: LaneLost) -> list[Command]:
+        """To the daemon, under a new number (the worker may still hold the old one),
+        which retries it by the usual rules (LANE_RETRY: the attempt on the lane counts)."""
+        if e.closed:
+            self.lane_open = False
+        for record in e.records:
+            item = record.item
+            if item is None or not self.owns(record) or record.where is not LANE:
+                continue  # completed meanwhile (its result came straight)
+            n = self._renumber(record)
+            self.move(record, "lane-lost")
+            flags = item.flags | TaskFlags.LANE_RETRY
+            fn_id = item.fn_id
+            if fn_id and fn_id not in self.fn_payloads and record.blob is not None:
+                # Its callable was released meanwhile: registered again, for this task only.
+                fn_id = self.register_function(record.blob)
+                self.fn_payloads.pop(fn_id, None)
+                self.outbox.append(item._replace(n=n, fn_id=fn_id, flags=flags))
+                self.outbox.append((RELEASE_FN, fn_id))
+            else:
+                self.outbox.append(item._replace(n=n, flags=flags))
+            record.item = record.blob = None
+        return [WAKE] if e.records else []
+
+    # ------------------------------------------------------------------ posts and the end
+
+    def _on_posted(self, e: Posted) -> list[Command]:
+        self.outbox.append((e.kind, e.data))
+        return [WAKE]
+
+    def _on_function_released(self, e: FunctionReleased) -> list[Command]:
+        self.fn_payloads.pop(e.fn_id, None)
+        if e.closing and not self.records:
+            return []  # the connection goes: the daemon forgets our callables with it
+        self.outbox.append((RELEASE_FN, e.fn_id))
+        return [WAKE]
+
+    def _on_daemon_lost(self, e: DaemonLost) -> list[Command]:
+        if self.broken is not None:
+            return []
+        self.broken = e.error
+        self.outbox.clear()
+        return [FailAll(e.error)]
+
+    def _on_broken(self, e: Broken) -> list[Command]:
+        return [FailTasks(self.forget_all(), e.error)]
+
+    def forget_all(self) -> list[TaskRecord]:
+        """Every outstanding task, taken out (the executor is broken)."""
+        records = list(self.records.values())
+        self.records.clear()
+        self.outbox.clear()
+        for record in records:
+            self._left(record)
+        if self.pending is not None:
+            self.pending.close()
+        return records
 
     # ------------------------------------------------------------------ registries
 
@@ -363,6 +600,27 @@ class ClientCore:
         return options_id, True
 
     # ------------------------------------------------------------------ the outbox
+
+    def _on_tick(self, e: Tick) -> list[Command]:
+        """The outbox's messages for the daemon, in order, in one transmission (the rest,
+        if it is full, at the next tick: ``more_to_drain``), the lane's share of callable
+        releases, the FLUSHED markers passed, and a ResultsAck when one is due."""
+        out: list[Command] = []
+        if self.outbox:
+            batch, flushed = self.drain()
+            for message in batch:
+                if type(message) is m.ReleaseFunctions:
+                    out.append(ReleaseOnLane(message.fn_ids[0] & TASK_MASK))
+            if batch:
+                out.append(SendToDaemon(batch))
+            if flushed:
+                out.append(SetFlushed(flushed))
+        else:
+            self.more_to_drain = False
+        resume = self.resume
+        if resume.journal and not self.more_to_drain and resume.ack_due(e.now, self.ack_interval):
+            out.append(SendToDaemon([resume.ack(e.now)]))
+        return out
 
     def drain(self) -> tuple[list[Any], list[Any]]:
         """(Under the lock) the messages the outbox holds for the daemon, in order, and the
@@ -451,29 +709,9 @@ class ClientCore:
             else:
                 holds.pop(object_id, None)
 
-    def acknowledged(self, count: int) -> None:
-        self.unacked -= count
-        retained = self.sent_unacked
-        if retained is not None:
-            for _ in range(min(count, len(retained))):
-                retained.popleft()
-
     def has_tasks_to_send(self) -> bool:
         outbox = self.outbox
         return any(type(item) is TaskItem or item[0] == SUBMIT_BATCH for item in outbox)
-
-    # ------------------------------------------------------------------ the end
-
-    def forget_all(self) -> list[TaskRecord]:
-        """(Under the lock) every outstanding task, taken out (the executor is broken)."""
-        records = list(self.records.values())
-        self.records.clear()
-        self.outbox.clear()
-        for record in records:
-            self._left(record)
-        if self.pending is not None:
-            self.pending.close()
-        return records
 
     def validate(self) -> None:
         """Check the invariants; raises AssertionError naming the first that fails."""
@@ -489,12 +727,22 @@ class ClientCore:
             assert record.where in (UNSENT, PARKED, SENT, LANE), f"{record!r}: unknown place"
             if record.future is not None:
                 assert getattr(record.future, "_record", None) is record, f"{record!r}: its future lost it"
-            if record.where is UNSENT:
+            if record.where is UNSENT and self.broken is None:  # (broken: the outbox was dropped)
                 assert queued.get(n, 0) == 1, f"{record!r} has {queued.get(n, 0)} items in the outbox"
             elif record.where is PARKED:
                 assert queued.get(n, 0) == 0, f"{record!r} parked with an item in the outbox"
             if record.where is LANE:
                 assert record.item is not None, f"{record!r} on a lane without its item"
+                assert (record.blob is not None) == bool(record.item.fn_id), f"{record!r}: its callable's blob"
             if record.cancel is not None:
                 assert record.where is SENT, f"{record!r}: a cancel asked of the daemon while {record.where}"
+            assert record.charge >= -1, f"{record!r} charged {record.charge}"
+            if record.future is not None and self.cancel_hook is not None:
+                assert record.future._on_cancel is self.cancel_hook, f"{record!r}: its future's cancel bypasses the core"
+        for item in self.outbox:
+            if type(item) is not TaskItem and item[0] == CANCEL:
+                asked = self.records.get(item[1])
+                if asked is not None:  # (completed meanwhile: the daemon answers "refused")
+                    assert asked.cancel is not None, f"{asked!r}: asked of the daemon without a waiter"
         assert self.unacked >= 0, f"unacked {self.unacked}"
+        assert not self.more_to_drain or self.outbox, "more to drain from an empty outbox"

@@ -7,11 +7,12 @@
         for a task submitted alone (routes.LaneRoute)
     an argument that is a running lane task's future ─► park: PARKED until it is done
     DEP_GONE ─► resend (pickled again, the value inlined)
-    a lane task whose lane closed ─► submit_again (to the daemon, a new number)
 
-Runs on user threads (submit, cancel), completion threads (resend, unpark) and the
-agent thread (submit_again).  It takes ``ClientAgent.lock`` (the core) only, never
-across pickling or user code; see the lock order in ``agent.py``.
+Every decision is the core's (``state.py``): this module pickles, reports the events
+(``Submitted``, ``Parked``, ``Repickled``, ``TaskFailed``, ``LaneRefused``) and executes
+the commands that come back.  Runs on user threads (submit, cancel) and completion
+threads (resend, unpark).  It takes ``ClientAgent.lock`` (the core) only, never across
+pickling or user code; see the lock order in ``agent.py``.
 """
 
 from __future__ import annotations
@@ -23,17 +24,17 @@ from typing import TYPE_CHECKING, Any
 
 from scaler_executor.client import serialization as ser
 from scaler_executor.client.completion import settle
+from scaler_executor.client.events import (
+    DISCARD,
+    LaneRefused,
+    Parked,
+    Repickled,
+    SendDownLane,
+    TaskFailed,
+)
 from scaler_executor.client.future import TaskFuture
 from scaler_executor.client.pickling import AfterLane, DependencyFailed, Pickled
-from scaler_executor.client.state import (
-    LANE,
-    PARKED,
-    RELEASE_FN,
-    SENT,
-    UNSENT,
-    TaskItem,
-    TaskRecord,
-)
+from scaler_executor.client.state import TaskItem, TaskRecord
 from scaler_executor.protocol.messages import TaskFlags
 
 if TYPE_CHECKING:
@@ -108,43 +109,42 @@ class Submitter:
         repack: Pack | None,
         charge: int = -1,
     ) -> None:
-        core = self.core
+        """The core's ``Submitted`` (called directly: one command back, no list); a
+        ``SendDownLane`` is executed under the lock, as the core's decision was taken."""
         with self.lock:
             self.agent.check_usable()
-            alone = not core.records
-            record = core.new_task(future, UNSENT, time.time())
-            record.charge = charge
-            if repack is not None:
-                record.repack = (repack, options_id)
-            if alone:
-                flags |= TaskFlags.REPLY_DIRECT  # a sequential caller's: its result may come straight back
-                if self.agent.inbox is not None and PICK_UP:
-                    future._pickup = self.agent._pickup_hook
-            item = TaskItem(record.n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects)
-            future._on_cancel = self.agent.cancel_hook
-            if alone and self.lane.open and options_id == 0 and not pickled.deps and not pickled.objects:
-                record.where = LANE
-                if self.lane.submit(record, item):
-                    future.mark_running()  # (unless its result was read, and completed it, already)
-                    return
-            core.queue(record, item)
+            command = self.core.handle_submit(
+                future, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects,
+                None if repack is None else (repack, options_id), charge, time.time(),
+            )
+            if command is not None and self.down_lane(command):
+                return
         self.agent.wake()
+
+    def down_lane(self, command: SendDownLane) -> bool:
+        """(Under the lock) execute ``SendDownLane``: True if the task went down the lane
+        (its future is then running), False if it waits in the outbox (``LaneRefused``)."""
+        record = command.record
+        if self.lane.submit(record, command.item):
+            record.future.mark_running()  # (unless its result was read, and completed it, already)
+            return True
+        self.core.handle(LaneRefused(record))
+        return False
 
     def _park(self, future: TaskFuture[Any], pack: Pack, options_id: int, note: Callable[[], str], lane_future: Future[Any]) -> None:
         """A task with an argument that is a running lane task's future (or one of a task
         parked like this): the daemon never held that task, so this one waits here,
-        outstanding and PENDING, and is pickled again (the value inlined) and sent once
-        that future is done."""
+        outstanding and PENDING (``Parked``), and is pickled again (the value inlined) and
+        sent once that future is done (``Repickled``)."""
         with self.lock:
             self.agent.check_usable()
-            record = self.core.new_task(future, PARKED, time.time())
-        future._on_cancel = self.agent.cancel_hook
+            self.core.handle(Parked(future, time.time()))
+        record: TaskRecord = future._record
         lane_future.add_done_callback(lambda _done: self._unpark(record, pack, options_id, note))
 
     def _unpark(self, record: TaskRecord, pack: Pack, options_id: int, note: Callable[[], str]) -> None:
-        core = self.core
-        if core.records.get(record.n) is not record:
-            return  # cancelled (or failed with the executor) meanwhile
+        if not self.core.owns(record):
+            return  # cancelled (or failed with the executor) meanwhile: no need to pickle it
         future = record.future
         try:
             fn_id, flags, pickled = pack()
@@ -159,65 +159,35 @@ class Submitter:
                     return
             else:
                 exc.add_note(note())
-            if core.claim(record.n) is record:
-                settle(future, False, exc)
+            self.agent.execute(self.core.handle(TaskFailed(record, exc)))
             return
+        self._repickled(record, fn_id, options_id, flags, pickled, pack)
+
+    def _repickled(self, record: TaskRecord, fn_id: int, options_id: int, flags: int, pickled: Pickled, pack: Pack) -> None:
+        item = TaskItem(record.n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects)
         with self.lock:
-            if core.records.get(record.n) is not record or record.where is not PARKED:
+            commands = self.core.handle(Repickled(record, item, (pack, options_id) if pickled.deps else None))
+        for command in commands:
+            if command is DISCARD:
                 self.packer.discard_created(pickled)
-                return
-            if pickled.deps:
-                record.repack = (pack, options_id)
-            core.move(record, "unpark")
-            core.outbox.append(TaskItem(record.n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects))
-        self.agent.wake()
+            else:
+                self.agent.execute([command])
 
     def resend(self, n: int) -> None:
-        """DEP_GONE: a dependency finished before the daemon saw this task: pickle it again,
-        the value inlined."""
+        """DEP_GONE (the core's ``Resend``): a dependency finished before the daemon saw
+        this task: pickle it again, the value inlined."""
         core = self.core
         record = core.records.get(n)
         if record is None:
             return
         if record.repack is None:
-            if core.claim(n) is record:
-                settle(record.future, False, RuntimeError(f"task {n} lost a dependency it could not send again"))
+            error = RuntimeError(f"task {n} lost a dependency it could not send again")
+            self.agent.execute(core.handle(TaskFailed(record, error)))
             return
         repack, options_id = record.repack
         try:
             fn_id, flags, pickled = repack()
         except DependencyFailed as failed:
-            if core.claim(n) is record:
-                settle(record.future, False, failed.args[0])
+            self.agent.execute(core.handle(TaskFailed(record, failed.args[0])))
             return
-        with self.lock:
-            if core.records.get(n) is not record or record.where is not SENT:
-                self.packer.discard_created(pickled)
-                return  # cancelled meanwhile
-            record.repack = (repack, options_id) if pickled.deps else None
-            core.move(record, "resend")
-            core.outbox.append(TaskItem(n, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects))
-        self.agent.wake()
-
-    def submit_again(self, record: TaskRecord) -> None:
-        """(Agent thread) A lane task that did not run to the end (its processor died, or
-        the lane closed): to the daemon, under a new number (the worker may still hold
-        the old one), which retries it by the usual rules."""
-        core = self.core
-        item = record.item
-        assert item is not None
-        with self.lock:
-            if core.records.get(record.n) is not record:
-                return  # completed meanwhile (its result came straight)
-            n = core.renumber(record)
-            core.move(record, "lane-lost")
-            flags = item.flags | TaskFlags.LANE_RETRY  # the daemon counts the attempt made on the lane
-            fn_id = item.fn_id
-            if fn_id and fn_id not in core.fn_payloads and record.blob is not None:
-                # Its callable was released meanwhile: registered again, for this task only.
-                fn_id = core.register_function(record.blob)
-                core.fn_payloads.pop(fn_id, None)
-                core.outbox.append(item._replace(n=n, fn_id=fn_id, flags=flags))
-                core.outbox.append((RELEASE_FN, fn_id))
-            else:
-                core.outbox.append(item._replace(n=n, flags=flags))
+        self._repickled(record, fn_id, options_id, flags, pickled, repack)
