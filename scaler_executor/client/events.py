@@ -178,6 +178,13 @@ class Posted(NamedTuple):
     data: Any
 
 
+class Answered(NamedTuple):
+    """The daemon answered our oldest request of this ``kind`` (``state.STATS``,
+    ``state.HISTORY``, ``state.FETCH_OBJECTS``): it is no longer asked again after a restart."""
+
+    kind: int
+
+
 class FunctionReleased(NamedTuple):
     """A registered callable is gone (its finalizer ran).  ``closing``: the executor is
     shutting down (nothing is released once no task is left)."""
@@ -203,7 +210,7 @@ class Broken(NamedTuple):
 Event = (
     Submitted | Parked | GraphTaskAdded | GraphSubmitted | Repickled | TaskFailed | CancelRequested
     | ForceCancelRequested | CancelAnswered | ResultIn | DaemonResults | RunningIn | Acknowledged | Welcomed | Tick
-    | LaneOpened | LaneLost | LaneRefused | Posted | FunctionReleased | DaemonLost | Broken
+    | LaneOpened | LaneLost | LaneRefused | Posted | Answered | FunctionReleased | DaemonLost | Broken
 )
 
 

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from scaler_executor.client import serialization as ser
 from scaler_executor.client.completion import RUNNING
-from scaler_executor.client.events import Acknowledged, DaemonResults, Posted, Welcomed
+from scaler_executor.client.events import Acknowledged, Answered, DaemonResults, Posted, Welcomed
 from scaler_executor.client.no_worker import warn_no_worker
-from scaler_executor.client.remote_store import RemoteStore
-from scaler_executor.client.state import PARTS_TAKEN
+from scaler_executor.client.remote_store import RemoteStore, RemoteStoreError
+from scaler_executor.client.state import FETCH_OBJECTS, HISTORY, PARTS_TAKEN, STATS
 from scaler_executor.exceptions import DaemonLost, InitializerFailed
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.chunks import StreamError
@@ -82,6 +82,14 @@ class DaemonMessages:
             commands = self.agent.core.handle(Welcomed(message, interval))
         if commands:  # it answers our Resume: the report goes before anything the outbox holds
             log.warning("client: resumed with the daemon at %s after its restart", self.agent.address)
+            # Objects the dead daemon was sending us in parts are asked again (the report's
+            # requests): what came of them goes.  Puts it was receiving cannot be resumed.
+            self.agent.incoming.clear()
+            if self.agent.remote_store is not None:
+                self.agent.remote_store.fail_all(RemoteStoreError(
+                    "the daemon restarted (docs/durability.rst) while this object was being put "
+                    "from this host: put it again"
+                ))
             self.agent.execute(commands)
             if message.object_store != getattr(self.agent.packer.store, "name", message.object_store):
                 self._attach_store(message.object_store)  # (objects in the old region are gone)
@@ -107,6 +115,7 @@ class DaemonMessages:
                     got[oid] = self.agent.incoming.take(oid, next(data, b""))
                 except StreamError as exc:
                     failed = exc
+        self.agent.core.handle(Answered(FETCH_OBJECTS))
         if self.agent.fetch_waiters:
             waiter = self.agent.fetch_waiters.popleft()
             missing = [oid.hex() for oid, ok in zip(message.object_ids, message.found, strict=False) if not ok]
@@ -122,6 +131,7 @@ class DaemonMessages:
             self.agent.remote_store.stored(message)
 
     def _on_stats(self, message: m.Stats, _buffers: list[Any]) -> None:
+        self.agent.core.handle(Answered(STATS))
         if self.agent.stats_waiters:
             # Imported when first asked for: no start-up cost for a client that never asks.
             from scaler_executor.scheduler.stats import Statistics
@@ -129,6 +139,7 @@ class DaemonMessages:
             self.agent.stats_waiters.popleft().set_result(Statistics.from_message(message))
 
     def _on_history(self, message: m.History, _buffers: list[Any]) -> None:
+        self.agent.core.handle(Answered(HISTORY))
         if self.agent.history_waiters:
             self.agent.history_waiters.popleft().set_result(message)
 

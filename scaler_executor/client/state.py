@@ -42,6 +42,7 @@ from scaler_executor.client.events import (
     WAKE,
     Acknowledged,
     AnswerCancel,
+    Answered,
     AwaitAnswer,
     Broken,
     CancelAnswered,
@@ -193,6 +194,9 @@ class ClientCore:
         self.fn_cache: weakref.WeakKeyDictionary[Callable[..., Any], int] = weakref.WeakKeyDictionary()
         self.options: dict[tuple[Any, ...], int] = {}
         self.option_records: dict[int, TaskOptions] = {}  # by id: sent again to a restarted daemon
+        # Requests awaiting the daemon's answer (answered in order, one answer each), asked
+        # again of a restarted daemon, which never saw them or died before answering.
+        self.asked: dict[int, deque[Any]] = {STATS: deque(), HISTORY: deque(), FETCH_OBJECTS: deque()}
         # Under a journaled daemon (client/resume.py): every task sent and not yet acknowledged
         # (SubmitAck), in order, to send again if the daemon restarts before it wrote them.
         self.sent_unacked: deque[m.TaskSpec] | None = None
@@ -228,6 +232,7 @@ class ClientCore:
             LaneLost: self._on_lane_lost,
             LaneRefused: self._on_lane_refused,
             Posted: self._on_posted,
+            Answered: self._on_answered,
             FunctionReleased: self._on_function_released,
             DaemonLost: self._on_daemon_lost,
             Broken: self._on_broken,
@@ -491,9 +496,10 @@ class ClientCore:
         self.ack_interval = e.interval
         if message.journal and self.sent_unacked is None:
             self.sent_unacked = deque()
-        out: list[Command] = [SendToDaemon([self.resume.report(self)])] if resumed else []
         self.base = message.peer_id << m.TASK_ID_BITS  # (a resumed client keeps its id)
-        return out
+        if not resumed:
+            return []
+        return [SendToDaemon([self.resume.report(self), *self._ask_again()])]
 
     # ------------------------------------------------------------------ lanes
 
@@ -539,7 +545,23 @@ class ClientCore:
 
     def _on_posted(self, e: Posted) -> list[Command]:
         self.outbox.append((e.kind, e.data))
+        asked = self.asked.get(e.kind)
+        if asked is not None:
+            asked.append(e.data)
         return [WAKE]
+
+    def _on_answered(self, e: Answered) -> list[Command]:
+        asked = self.asked[e.kind]
+        if asked:
+            asked.popleft()
+        return []
+
+    def _ask_again(self) -> list[Any]:
+        """(A resumed Welcome) the requests still unanswered, as messages for the restarted
+        daemon; taken out of the outbox, so that each is asked once and answers stay in order."""
+        kinds = self.asked
+        self.outbox = deque(x for x in self.outbox if not (type(x) is tuple and x[0] in kinds))
+        return [_MESSAGE[kind](self.base, data) for kind, asked in kinds.items() for data in asked]
 
     def _on_function_released(self, e: FunctionReleased) -> list[Command]:
         self.fn_payloads.pop(e.fn_id, None)

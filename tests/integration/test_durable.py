@@ -491,6 +491,28 @@ def test_releases_and_cancels_made_while_the_daemon_is_down_reach_its_restart(cl
     assert runs(cluster.runs) == [100], "the task cancelled while the daemon was down ran"
 
 
+def test_statistics_and_a_report_asked_while_the_daemon_is_down_are_answered_after_its_restart(
+    cluster: Cluster, tmp_path
+) -> None:
+    """Requests sent between the daemon's death and the client's Resume reach nobody; the
+    resumed client asks the restarted daemon again.  Each answer goes to the oldest waiter,
+    so a lost request would leave every later caller one answer short: the requests that
+    timed out during the outage are answered after the restart, and so are new ones."""
+    daemon = cluster.daemon()
+    cluster.worker(processors=1)
+    with ScalerExecutor(address=cluster.address, config=CLIENT) as ex:
+        assert ex.submit(add, 1, 2).result(timeout=60) == 3
+        cluster.kill(daemon)
+        with pytest.raises(TimeoutError):
+            ex.statistics(timeout=1.0)
+        with pytest.raises(TimeoutError):
+            ex.report(tmp_path / "lost.html", timeout=1.0)
+        cluster.daemon()
+        assert ex.submit(add, 2, 3).result(timeout=120) == 5
+        assert ex.statistics(timeout=60).counters["finished"] >= 1
+        assert os.path.getsize(ex.report(tmp_path / "report.html", timeout=60)) > 0
+
+
 def test_a_tcp_daemon_resumes_its_peers_on_new_connections(cluster: Cluster) -> None:
     """Over ZeroMQ each reconnection has a new routing id: the Resume's token, not the
     connection, tells the restarted daemon who is back."""

@@ -98,3 +98,34 @@ def test_a_client_reports_what_it_released_cancelled_and_cancelled_with_force_wh
     assert report.forced == [base | sent[1].n]
     assert [f.fn_id for f in report.functions] == [base | 1] and report.objects == [b"k" * 16]
     assert resume.forced == {sent[1].n}
+
+
+def test_requests_unanswered_when_the_daemon_died_are_asked_again_once_after_the_resume() -> None:
+    """ex.statistics(), ex.report() and a fetch through the daemon during an outage: their requests went to a dead
+    daemon (or were refused before the Resume); the resumed Welcome asks again, after the
+    report, each once (taken out of the outbox), and an answered one is not asked again."""
+    from scaler_executor.client.events import Answered, Posted, SendToDaemon, Tick, Welcomed
+    from scaler_executor.client.state import FETCH_OBJECTS, HISTORY, STATS
+
+    core = ClientCore(window=100)
+    core.handle(Welcomed(JOURNALED, 0.5))
+    for kind in (STATS, STATS, HISTORY):
+        core.handle(Posted(kind, None))
+    [sent] = [c for c in core.handle(Tick(1.0)) if type(c) is SendToDaemon]
+    assert [type(x) for x in sent.messages] == [m.StatsRequest, m.StatsRequest, m.HistoryRequest]
+    core.handle(Answered(STATS))  # the first was answered before the daemon died
+    core.handle(Posted(STATS, None))  # asked during the outage: still in the outbox
+    core.handle(Posted(FETCH_OBJECTS, [b"o" * 16]))
+    core.resume.start(2.0)
+    commands = core.handle(Welcomed(JOURNALED, 0.5))
+    assert [type(c) for c in commands] == [SendToDaemon]
+    again = commands[0].messages
+    assert type(again[0]) is m.ClientReport
+    assert [type(x) for x in again[1:]] == [m.StatsRequest, m.StatsRequest, m.HistoryRequest, m.ObjectRequest]
+    assert again[-1] == m.ObjectRequest([b"o" * 16])
+    assert not core.outbox  # asked once: not a second time from the outbox
+    core.validate()
+    for kind in (STATS, STATS, HISTORY, FETCH_OBJECTS):
+        core.handle(Answered(kind))
+    core.resume.start(3.0)
+    assert [type(x) for x in core.handle(Welcomed(JOURNALED, 0.5))[0].messages] == [m.ClientReport]
