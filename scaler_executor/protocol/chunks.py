@@ -6,7 +6,7 @@ object at a time (scheduler/object_stream.py), then the ``ObjectData`` that ends
 carries an empty frame in its place. The receiver:
 
 * allocates the object's buffer once (``allocate``), at its first part (offset 0, with the total size),
-  and writes every part straight into it: no part is kept, nothing is joined at the end;
+  and writes every part straight into it (``write``): no part is kept, nothing is joined at the end;
 * checks each part against what came before: the same object, the next offset, the same
   total, nothing beyond it; a part that does not fit fails the object (its answer then
   reports it with the reason) and frees its buffer, and the parts after it are dropped;
@@ -35,7 +35,7 @@ class StreamError(Exception):
 class _Assembly(NamedTuple):
     object_id: bytes
     total: int
-    buffer: memoryview | None  # writable, ``total`` bytes (Incoming.allocate); None: parts kept
+    buffer: Any  # ``total`` bytes to write (Incoming.allocate, Incoming.write); None: parts kept
     parts: list[memoryview]  # the frames as they came (Incoming(keep_parts=True))
 
 
@@ -43,6 +43,11 @@ def allocate(total: int) -> memoryview:
     """A writable buffer of ``total`` bytes: an anonymous mapping, whose pages the kernel
     zeroes as the parts are first written (``bytearray(total)`` wrote every byte once more)."""
     return memoryview(mmap.mmap(-1, total))
+
+
+def write(buffer: memoryview, offset: int, part: memoryview) -> None:
+    """Copy ``part`` into ``buffer`` (an ``allocate``'s) at ``offset``."""
+    buffer[offset : offset + part.nbytes] = part
 
 
 class Parts:
@@ -103,18 +108,21 @@ class PartsReader(io.RawIOBase):
 
 
 class Incoming:
-    """``allocate(total)`` gives each object's buffer: a writable, contiguous byte view
-    (an anonymous mapping by default; a worker's are memfds its processors map). With
+    """``allocate(total)`` gives each object's buffer and ``write(buffer, offset, part)`` copies
+    a part into it (by default a writable anonymous mapping; a worker's are memfds written with
+    ``pwrite``, which its processors map: worker/handoff.py). With
     ``keep_parts`` no buffer is made: the parts' frames are kept as they came, and ``take``
     gives a ``Parts`` (a client: ``pickle.load`` reads them, one copy in all)."""
 
     def __init__(
         self,
-        allocate: Callable[[int], memoryview] = allocate,
+        allocate: Callable[[int], Any] = allocate,
         keep_parts: bool = False,
-        finish: Callable[[memoryview], memoryview] = memoryview.toreadonly,
+        finish: Callable[[Any], memoryview] = memoryview.toreadonly,
+        write: Callable[[Any, int, memoryview], None] = write,
     ) -> None:
         self.allocate = allocate
+        self.write = write
         self.finish = finish  # an allocated buffer, written whole -> the read-only object
         self.keep_parts = keep_parts
         self.current: _Assembly | None = None
@@ -156,7 +164,11 @@ class Incoming:
         if current.buffer is None:
             current.parts.append(view.toreadonly())
         else:
-            current.buffer[offset : offset + size] = view
+            try:
+                self.write(current.buffer, offset, view)
+            except OSError as exc:  # a memfd's pages are charged as written: no memory left
+                self._fail(object_id, f"could not keep it on this host ({exc})")
+                return
         self.received += size
         if self.received == total:
             self.current = None

@@ -316,3 +316,16 @@ def test_a_put_in_parts_is_cut_into_chunks_without_joining_a_large_part() -> Non
     # The middle chunk lies within the large part: a view of it, not a copy.
     assert isinstance(chunks[1][1], memoryview) and chunks[1][1].obj is big
     assert remote_store._chunks([], 0) == [(0, b"")]
+
+
+def test_a_part_that_cannot_be_written_fails_its_object_with_the_reason() -> None:
+    def no_memory(buffer: object, offset: int, part: memoryview) -> None:
+        raise OSError(28, "No space left on device")
+
+    incoming = Incoming(write=no_memory)
+    incoming.part(m.ObjectPart(A, 0, 30), bytes(10))
+    incoming.part(m.ObjectPart(A, 10, 30), bytes(20))  # dropped: its object failed already
+    assert incoming.holding() == 0
+    with pytest.raises(StreamError, match="could not keep it on this host"):
+        incoming.take(A, b"")
+
