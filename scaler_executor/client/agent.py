@@ -65,7 +65,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
@@ -111,7 +111,7 @@ from scaler_executor.client.events import (
     Wake,
 )
 from scaler_executor.client.future import TaskFuture
-from scaler_executor.client.inbound import DaemonMessages
+from scaler_executor.client.inbound import DaemonMessages, ObjectsFetch
 from scaler_executor.client.pending import PendingLimit
 from scaler_executor.client.pickling import (
     GraphBatch,
@@ -139,7 +139,7 @@ from scaler_executor.exceptions import BrokenScalerExecutor
 from scaler_executor.exceptions import DaemonLost as DaemonLostError
 from scaler_executor.protocol import channel
 from scaler_executor.protocol import messages as m
-from scaler_executor.protocol.chunks import Incoming
+from scaler_executor.protocol.chunks import Incoming, Parts
 from scaler_executor.protocol.messages import TaskOptions
 
 if TYPE_CHECKING:
@@ -190,9 +190,10 @@ class ClientAgent:
         self.completion = Completion(self)
         self.stats_waiters: deque[Future[Statistics]] = deque()
         self.history_waiters: deque[Future[m.History]] = deque()
-        self.fetch_waiters: deque[Future[dict[bytes, bytes]]] = deque()
+        self.fetch_waiters: deque[ObjectsFetch] = deque()  # in the order asked, as the daemon answers
         self.remote_store: RemoteStore | None = None  # the daemon's store, when this host cannot map it
-        self.incoming = Incoming(keep_parts=True)  # objects fetched from it that come in parts (protocol/chunks.py)
+        # objects fetched from it that come in parts (protocol/chunks.py), read as they come
+        self.incoming = Incoming(keep_parts=True, started=self._object_started)
         self.shutdown_requested = False
         self.welcome = threading.Event()  # set at the daemon's Welcome, or when the agent breaks first
         # A running daemon's: is anything still listening once it is silent (connect.py).
@@ -304,15 +305,39 @@ class ClientAgent:
         if self.broken is None and not self._closed:
             self.execute(self.core.handle(Posted(RELEASE_OBJECTS, object_ids)))
 
-    def fetch_objects(self, object_ids: list[bytes]) -> dict[bytes, bytes]:
+    def fetch_objects(self, object_ids: list[bytes]) -> dict[bytes, Any]:
         """The bytes of store objects, through the daemon (for a client on another host)."""
-        future: Future[dict[bytes, bytes]] = Future()
+        return self._fetch(ObjectsFetch(None), object_ids).result()
+
+    def fetch_stream(self, object_id: bytes) -> Any:
+        """One store object through the daemon, to be read once as a stream: its ``Parts`` as
+        soon as its first part is here (their reader waits for the rest, so unpickling
+        overlaps the transfer), or its bytes if it came whole. Raises what the fetch raises."""
+        fetch = self._fetch(ObjectsFetch(object_id), [object_id])
+        either: list[Future[Any]] = [fetch, fetch.early]
+        wait(either, return_when=FIRST_COMPLETED)
+        if fetch.done() or not fetch.early.done():
+            return fetch.result()[object_id]
+        return fetch.early.result()
+
+    def _fetch(self, fetch: ObjectsFetch, object_ids: list[bytes]) -> ObjectsFetch:
         with self.lock:
             self.check_usable()
-            self.fetch_waiters.append(future)
+            self.fetch_waiters.append(fetch)
             commands = self.core.handle(Posted(FETCH_OBJECTS, object_ids))
         self.execute(commands)
-        return future.result()
+        return fetch
+
+    def _object_started(self, object_id: bytes, parts: Parts) -> None:
+        """(The agent's thread, Incoming.started.) The first part of an object came: it answers
+        the oldest fetch not answered yet (the daemon answers in the order asked), whose
+        reader may begin."""
+        try:
+            fetch = self.fetch_waiters[0]
+        except IndexError:
+            return
+        if fetch.stream_id == object_id and not fetch.early.done():
+            fetch.early.set_result(parts)
 
     def request_stats(self) -> Future[Statistics]:
         future: Future[Statistics] = Future()

@@ -13,6 +13,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from scaler_executor.client import serialization as ser
@@ -23,7 +24,7 @@ from scaler_executor.client.remote_store import RemoteStore, RemoteStoreError
 from scaler_executor.client.state import FETCH_OBJECTS, HISTORY, PARTS_TAKEN, STATS
 from scaler_executor.exceptions import DaemonLost, InitializerFailed
 from scaler_executor.protocol import messages as m
-from scaler_executor.protocol.chunks import StreamError
+from scaler_executor.protocol.chunks import Parts, StreamError
 from scaler_executor.protocol.rejoin import is_not_resumable, is_unknown_peer
 
 if TYPE_CHECKING:
@@ -36,6 +37,19 @@ log = logging.getLogger("scaler_executor.client")
 # about 80 us of CPU per task of 12 ms on the 2-core VM.  Larger ones go to the pool, so
 # the agent thread is not held up by a long loop.
 RUNNING_INLINE = 64
+
+
+
+class ObjectsFetch(Future[dict[bytes, Any]]):
+    """A fetch of objects through the daemon (``ObjectRequest``), settled by the ``ObjectData``
+    that ends its answer: the objects by id. For a read as a stream (``stream_id``: one
+    object), ``early`` is settled sooner, by the object's ``Parts`` at its first part
+    (``agent._object_started``)."""
+
+    def __init__(self, stream_id: bytes | None) -> None:
+        super().__init__()
+        self.stream_id = stream_id
+        self.early: Future[Parts] = Future()
 
 
 class DaemonMessages:

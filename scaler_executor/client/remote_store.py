@@ -84,8 +84,9 @@ class RemoteStore:
         return Fetched(self.agent.fetch_objects([object_id])).get(object_id)
 
     def stream(self, object_id: bytes) -> Any:
-        """A pickle stream's object, read from the parts it came in (objstore.payload.unpack)."""
-        return Fetched(self.agent.fetch_objects([object_id])).stream(object_id)
+        """A pickle stream's object, read from the parts as they come (objstore.payload.unpack:
+        ``pickle.load`` starts at the first part, ClientAgent.fetch_stream)."""
+        return Fetched({object_id: self.agent.fetch_stream(object_id)}).stream(object_id)
 
     def contains(self, object_id: bytes) -> bool:
         return object_id in self.written  # written by this client and not deleted by it

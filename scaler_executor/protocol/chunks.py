@@ -6,7 +6,7 @@ object at a time (scheduler/object_stream.py), then the ``ObjectData`` that ends
 carries an empty frame in its place. The receiver:
 
 * allocates the object's buffer once (``allocate``), at its first part (offset 0, with the total size),
-  and writes every part straight into it: no part is kept, nothing is joined at the end;
+  and writes every part straight into it (``write``): no part is kept, nothing is joined at the end;
 * checks each part against what came before: the same object, the next offset, the same
   total, nothing beyond it; a part that does not fit fails the object (its answer then
   reports it with the reason) and frees its buffer, and the parts after it are dropped;
@@ -14,13 +14,15 @@ carries an empty frame in its place. The receiver:
   window moves on and the answer still ends with its ObjectData;
 * frees everything (``clear``) when the connection to the daemon is lost.
 
-No socket, no lock: the thread that reads the daemon's connection owns it.
+No socket, no lock: the thread that reads the daemon's connection owns it (a ``Parts`` being
+read while its parts come is shared with the reading thread under its own condition).
 """
 
 from __future__ import annotations
 
 import io
 import mmap
+import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -35,8 +37,8 @@ class StreamError(Exception):
 class _Assembly(NamedTuple):
     object_id: bytes
     total: int
-    buffer: memoryview | None  # writable, ``total`` bytes (Incoming.allocate); None: parts kept
-    parts: list[memoryview]  # the frames as they came (Incoming(keep_parts=True))
+    buffer: Any  # ``total`` bytes to write (Incoming.allocate, Incoming.write); None: parts kept
+    parts: Parts | None  # the frames as they came (Incoming(keep_parts=True))
 
 
 def allocate(total: int) -> memoryview:
@@ -45,28 +47,61 @@ def allocate(total: int) -> memoryview:
     return memoryview(mmap.mmap(-1, total))
 
 
+def write(buffer: memoryview, offset: int, part: memoryview) -> None:
+    """Copy ``part`` into ``buffer`` (an ``allocate``'s) at ``offset``."""
+    buffer[offset : offset + part.nbytes] = part
+
+
 class Parts:
     """An object kept as the frames it came in (views of libzmq's messages, no copy made):
     read once as a stream (``reader``: ``pickle.load`` copies each part straight into the
     objects it builds), or put together (``join``: one copy, as an assembly would have made).
-    Read-only either way."""
+    Read-only either way.
 
-    __slots__ = ("views", "nbytes")
+    Live: ``Incoming`` makes it at the object's first part and adds each part as it comes
+    (``add``), so a reader may start before the last part is here (a client's read-back:
+    ``Incoming.started``): it then waits for the next part, and raises StreamError if the
+    object fails (``fail``: a part that does not fit, the connection lost). The condition
+    guards ``views``, ``received`` and ``error`` between the thread that receives and the one
+    that reads; nothing else is done under it."""
+
+    __slots__ = ("views", "nbytes", "received", "error", "taken", "changed")
 
     def __init__(self, views: list[memoryview], nbytes: int) -> None:
         self.views = views
         self.nbytes = nbytes
+        self.received = sum(v.nbytes for v in views)
+        self.error: str | None = None
+        self.taken = False  # a reader has the parts
+        self.changed = threading.Condition(threading.Lock())
+
+    def add(self, view: memoryview) -> None:
+        with self.changed:
+            self.views.append(view)
+            self.received += view.nbytes
+            self.changed.notify_all()
+
+    def fail(self, reason: str) -> None:
+        with self.changed:
+            if self.received < self.nbytes and self.error is None:
+                self.error = reason
+                self.views.clear()
+                self.changed.notify_all()
 
     def reader(self) -> PartsReader:
         """Read once: the reader takes the parts, and lets each go once read past."""
-        views, self.views = self.views, []
-        if not views and self.nbytes:
-            raise StreamError("an object's parts were read already")
-        return PartsReader(views)
+        with self.changed:
+            if self.taken:
+                raise StreamError("an object's parts were read already")
+            self.taken = True
+        return PartsReader(self)
 
     def join(self) -> memoryview:
-        if not self.views and self.nbytes:
+        """The whole object in one buffer (called once every part is here)."""
+        if self.taken:
             raise StreamError("an object's parts were read already")
+        if self.error is not None or self.received < self.nbytes:
+            raise StreamError(self.error or "an object's parts were joined before the last came")
         whole = allocate(self.nbytes)
         offset = 0
         for view in self.views:
@@ -76,21 +111,47 @@ class Parts:
 
 
 class PartsReader(io.RawIOBase):
-    """A binary file over ``Parts``' frames (``readinto`` copies from them, nothing else)."""
+    """A binary file over ``Parts``' frames (``readinto`` copies from them, nothing else),
+    waiting for parts that have not come yet."""
 
-    def __init__(self, views: list[memoryview]) -> None:
+    def __init__(self, parts: Parts) -> None:
         super().__init__()
-        self._views = deque(views)
+        with parts.changed:
+            self._views = deque(parts.views)
+            parts.views = []
+            self._left = parts.nbytes - sum(v.nbytes for v in self._views)  # not yet received
+            self._parts = parts if self._left else None
+            self._error = parts.error
         self._offset = 0  # into the first view
 
     def readable(self) -> bool:
         return True
 
+    def _more(self) -> bool:
+        """Wait for parts not yet taken; False at the end of the object."""
+        parts = self._parts
+        if parts is None:
+            return False
+        with parts.changed:
+            while not parts.views and parts.error is None and self._left:
+                parts.changed.wait()
+            if parts.error is not None:
+                raise StreamError(parts.error)
+            for view in parts.views:
+                self._views.append(view)
+                self._left -= view.nbytes
+            parts.views = []
+            if not self._left:
+                self._parts = None
+        return bool(self._views)
+
     def readinto(self, buffer: Any) -> int:
+        if self._error is not None:
+            raise StreamError(self._error)
         target = memoryview(buffer).cast("B")
         want, done = target.nbytes, 0
         views = self._views
-        while done < want and views:
+        while done < want and (views or self._more()):
             view = views[0]
             count = min(want - done, view.nbytes - self._offset)
             target[done : done + count] = view[self._offset : self._offset + count]
@@ -103,18 +164,25 @@ class PartsReader(io.RawIOBase):
 
 
 class Incoming:
-    """``allocate(total)`` gives each object's buffer: a writable, contiguous byte view
-    (an anonymous mapping by default; a worker's are memfds its processors map). With
+    """``allocate(total)`` gives each object's buffer and ``write(buffer, offset, part)`` copies
+    a part into it (by default a writable anonymous mapping; a worker's are memfds written with
+    ``pwrite``, which its processors map: worker/handoff.py). With
     ``keep_parts`` no buffer is made: the parts' frames are kept as they came, and ``take``
-    gives a ``Parts`` (a client: ``pickle.load`` reads them, one copy in all)."""
+    gives a ``Parts`` (a client: ``pickle.load`` reads them, one copy in all); ``started``, if
+    given, is called with an object's ``Parts`` at its first part, so that its reader can
+    begin while the rest come (a client's read-back overlaps unpickling with the transfer)."""
 
     def __init__(
         self,
-        allocate: Callable[[int], memoryview] = allocate,
+        allocate: Callable[[int], Any] = allocate,
         keep_parts: bool = False,
-        finish: Callable[[memoryview], memoryview] = memoryview.toreadonly,
+        finish: Callable[[Any], memoryview] = memoryview.toreadonly,
+        write: Callable[[Any, int, memoryview], None] = write,
+        started: Callable[[bytes, Parts], None] | None = None,
     ) -> None:
         self.allocate = allocate
+        self.started = started
+        self.write = write
         self.finish = finish  # an allocated buffer, written whole -> the read-only object
         self.keep_parts = keep_parts
         self.current: _Assembly | None = None
@@ -139,7 +207,8 @@ class Incoming:
             except (MemoryError, OSError):
                 self._fail(object_id, f"no memory on this host for an object of {total} bytes")
                 return
-            current = self.current = _Assembly(object_id, total, buffer, [])
+            parts = Parts([], total) if self.keep_parts else None
+            current = self.current = _Assembly(object_id, total, buffer, parts)
             self.received = 0
         elif current is None or current.object_id != object_id:
             if object_id not in self.failed:
@@ -153,15 +222,21 @@ class Incoming:
             )
             return
         view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
-        if current.buffer is None:
-            current.parts.append(view.toreadonly())
+        if current.parts is not None:
+            current.parts.add(view.toreadonly())
+            if offset == 0 and self.started is not None:
+                self.started(object_id, current.parts)
         else:
-            current.buffer[offset : offset + size] = view
+            try:
+                self.write(current.buffer, offset, view)
+            except OSError as exc:  # a memfd's pages are charged as written: no memory left
+                self._fail(object_id, f"could not keep it on this host ({exc})")
+                return
         self.received += size
         if self.received == total:
             self.current = None
             try:
-                whole = Parts(current.parts, total) if current.buffer is None else self.finish(current.buffer)
+                whole = current.parts if current.parts is not None else self.finish(current.buffer)
             except OSError as exc:
                 self._fail(object_id, f"could not keep it on this host ({exc})")
                 return
@@ -181,13 +256,19 @@ class Incoming:
                 del self.ready[object_id]
             return whole
         if self.current is not None and self.current.object_id == object_id:
-            received, total = self.received, self.current.total
+            received, total, parts = self.received, self.current.total, self.current.parts
             self.current = None
-            raise StreamError(f"object {object_id.hex()} ended at {received} of its {total} bytes")
+            reason = f"object {object_id.hex()} ended at {received} of its {total} bytes"
+            if parts is not None:
+                parts.fail(reason)
+            raise StreamError(reason)
         return frame
 
     def clear(self) -> None:
-        """The connection is gone: free every buffer, whole or partial."""
+        """The connection is gone: free every buffer, whole or partial (a reader of the
+        partial one raises StreamError)."""
+        if self.current is not None and self.current.parts is not None:
+            self.current.parts.fail("the connection to the daemon was lost before the object was whole")
         self.current = None
         self.received = 0
         self.ready.clear()
@@ -201,4 +282,7 @@ class Incoming:
     def _fail(self, object_id: bytes, reason: str) -> None:
         self.failed[object_id] = reason
         if self.current is not None and self.current.object_id == object_id:
+            if self.current.parts is not None:
+                # its reader, if one began, raises this
+                self.current.parts.fail(f"object {object_id.hex()} came from the daemon in parts that do not fit: {reason}")
             self.current = None  # its buffer goes with it

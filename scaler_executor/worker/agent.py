@@ -178,7 +178,7 @@ class WorkerAgent:
         self.fetching: dict[bytes, list[int]] = {}  # object id -> tasks waiting for it
         # fetched objects that come in parts (protocol/chunks.py), written into memfds that
         # the processors map (worker/handoff.py)
-        self.incoming = Incoming(allocate=handoff.allocate, finish=handoff.seal)
+        self.incoming = Incoming(allocate=handoff.allocate, write=handoff.write, finish=handoff.seal)
         self.parked: dict[int, set[bytes]] = {}  # task id -> objects it still waits for
         self.oom = OomCounter()
         self.next_sample = 0.0

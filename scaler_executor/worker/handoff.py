@@ -8,9 +8,10 @@ out of it; with 100 MB that was ~0.3 s of the 0.5 s a remote task took to read i
 (bench/multihost.py), and the agent and the processor each held it whole twice. A large
 result came back the same way. Now:
 
-* the agent writes an object's parts (``chunks.Incoming``, ``allocate``) straight into a
-  memfd mapping (``SharedBlob``): the one copy a fetch needs; then seals the memfd against
-  writes (``seal``): processors of other clients' tasks may be given the same object;
+* the agent writes an object's parts (``chunks.Incoming``, ``allocate``, ``write``) straight
+  into a memfd with ``pwrite``: the one copy a fetch needs; then seals the memfd against
+  writes and keeps a read-only mapping of it (``seal``, a ``SharedBlob``): processors of
+  other clients' tasks may be given the same object;
 * a RUN names such an object by its size, and its descriptor travels beside the message
   (``SCM_RIGHTS``, ``framing.send_with_fds``); the processor maps it read-only (``attach``)
   and closes the descriptor: the processor reads the agent's pages, no copy;
@@ -41,7 +42,7 @@ MAX_FDS = 64
 
 
 class SharedBlob(mmap.mmap):
-    """A writable shared mapping of a memfd; ``fd`` stays open while the mapping lives
+    """A shared mapping of a memfd; ``fd`` stays open while the mapping lives
     (closed when it is collected), so it can be handed to processors."""
 
     fd: int
@@ -53,32 +54,53 @@ class SharedBlob(mmap.mmap):
             os.close(fd)
 
 
-def allocate(total: int) -> memoryview:
-    """A writable buffer of ``total`` bytes in a fresh memfd (``chunks.Incoming``'s allocator)."""
+class Unsealed:
+    """A fresh memfd of ``size`` bytes being written (``allocate``, ``write``) before ``seal``;
+    its descriptor is closed when it is collected unsealed (an object cut short)."""
+
+    __slots__ = ("fd", "size")
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd = fd
+        self.size = size
+
+    def __del__(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+def allocate(total: int) -> Unsealed:
+    """A fresh memfd of ``total`` bytes to write the parts of an object into
+    (``chunks.Incoming``'s allocator)."""
     fd = os.memfd_create("scaler-object", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.ftruncate(fd, total)
-        blob = SharedBlob(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     except BaseException:
         os.close(fd)
         raise
-    blob.fd = fd
-    return memoryview(blob)
+    return Unsealed(fd, total)
 
 
-def seal(buffer: memoryview) -> memoryview:
+def write(memfd: Unsealed, offset: int, part: memoryview) -> None:
+    """Copy ``part`` into the memfd at ``offset`` (``chunks.Incoming``'s writer). ``pwrite``,
+    not a writable mapping: the kernel fills the memfd's pages as it copies, where a mapping
+    took a page fault per 4 KiB page (measured in docs/security.rst, "the fetch's limits").
+    Raises OSError when the host has no memory left for it (a mapping would get SIGBUS)."""
+    done, size = 0, part.nbytes
+    while done < size:
+        done += os.pwrite(memfd.fd, part[done:], offset + done)
+
+
+def seal(memfd: Unsealed) -> memoryview:
     """The object ``allocate`` gave, once written whole (``chunks.Incoming``'s ``finish``):
-    its writable mapping goes and the memfd is sealed against writes, shrinking and growing
-    (``F_SEAL_WRITE``...), so a processor given it (tasks of other clients may read the same
-    object on this worker) can neither write it nor map it writable, even by ``mprotect``.
-    Returns a read-only view of a read-only mapping that holds the descriptor."""
-    blob = buffer.obj
-    assert type(blob) is SharedBlob, blob
-    fd, size = blob.fd, len(blob)
-    blob.fd = -1  # the descriptor is the new mapping's
-    buffer.release()
+    the memfd is sealed against writes, shrinking and growing (``F_SEAL_WRITE``...), so a
+    processor given it (tasks of other clients may read the same object on this worker) can
+    neither write it nor map it writable, even by ``mprotect``. Returns a read-only view of
+    a read-only mapping that holds the descriptor."""
+    fd, size = memfd.fd, memfd.size
+    memfd.fd = -1  # the descriptor is the sealed mapping's
     try:
-        blob.close()  # (no other view of it exists: Incoming held the only one)
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
         sealed = SharedBlob(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
     except BaseException:

@@ -39,7 +39,7 @@ def _open_fds() -> int:
 def test_an_object_written_in_parts_reaches_the_processor_as_the_same_pages(pair) -> None:
     agent, reader = pair
     opened = _open_fds()
-    incoming = Incoming(allocate=handoff.allocate, finish=handoff.seal)
+    incoming = Incoming(allocate=handoff.allocate, write=handoff.write, finish=handoff.seal)
     data = bytes(range(256)) * 40_000
     for offset in range(0, len(data), 1 << 20):
         incoming.part(m.ObjectPart(b"o" * 16, offset, len(data)), data[offset : offset + (1 << 20)])
@@ -105,7 +105,7 @@ def test_a_memfd_smaller_than_named_is_refused() -> None:
 
 
 def test_at_most_max_fds_descriptors_go_beside_one_run() -> None:
-    blobs = {i.to_bytes(16, "big"): handoff.allocate(1) for i in range(handoff.MAX_FDS + 2)}
+    blobs = {i.to_bytes(16, "big"): handoff.seal(handoff.allocate(1)) for i in range(handoff.MAX_FDS + 2)}
     out, fds = handoff.blobs_for_run(blobs)
     assert len(fds) == handoff.MAX_FDS
     assert sum(type(v) is int for v in out.values()) == handoff.MAX_FDS  # the rest inline

@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import pickle
+import threading
+import time
 
 import cloudpickle
 import pytest
@@ -316,3 +318,83 @@ def test_a_put_in_parts_is_cut_into_chunks_without_joining_a_large_part() -> Non
     # The middle chunk lies within the large part: a view of it, not a copy.
     assert isinstance(chunks[1][1], memoryview) and chunks[1][1].obj is big
     assert remote_store._chunks([], 0) == [(0, b"")]
+
+
+def test_a_part_that_cannot_be_written_fails_its_object_with_the_reason() -> None:
+    def no_memory(buffer: object, offset: int, part: memoryview) -> None:
+        raise OSError(28, "No space left on device")
+
+    incoming = Incoming(write=no_memory)
+    incoming.part(m.ObjectPart(A, 0, 30), bytes(10))
+    incoming.part(m.ObjectPart(A, 10, 30), bytes(20))  # dropped: its object failed already
+    assert incoming.holding() == 0
+    with pytest.raises(StreamError, match="could not keep it on this host"):
+        incoming.take(A, b"")
+
+
+# --------------------------------------------------------------------- read while the parts come
+
+
+def _reading(parts: Parts) -> tuple[threading.Thread, list[object]]:
+    """``pickle.load`` over ``parts`` on a thread: its value or the exception it raised."""
+    out: list[object] = []
+
+    def read() -> None:
+        try:
+            out.append(pickle.load(parts.reader()))
+        except StreamError as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def _taken(parts: Parts) -> None:
+    """Wait until the reader has taken every part added so far (it reads as they come)."""
+    deadline = time.monotonic() + 10
+    while parts.views:
+        assert time.monotonic() < deadline, "the reader did not take the parts that came"
+        time.sleep(0.001)
+
+
+def test_a_reader_begun_at_the_first_part_reads_each_as_it_comes() -> None:
+    value = (_bytes(5 * CHUNK), "tail")
+    stream = pickle.dumps(value, protocol=5)
+    begun: list[tuple[bytes, Parts]] = []
+    incoming = Incoming(keep_parts=True, started=lambda oid, parts: begun.append((oid, parts)))
+    incoming.part(m.ObjectPart(A, 0, len(stream)), stream[:CHUNK])
+    [(oid, parts)] = begun
+    assert oid == A
+    thread, out = _reading(parts)
+    for offset in range(CHUNK, len(stream), CHUNK):
+        _taken(parts)  # the parts before this one were read before it came
+        incoming.part(m.ObjectPart(A, offset, len(stream)), stream[offset : offset + CHUNK])
+    thread.join(10)
+    assert out == [value]
+    assert incoming.take(A, b"") is parts  # the answer's ObjectData finds the same parts
+    with pytest.raises(StreamError, match="read already"):
+        parts.reader()
+
+
+@pytest.mark.parametrize(
+    ("cut", "reason"),
+    [
+        (lambda incoming, n: incoming.clear(), "connection to the daemon was lost"),
+        (lambda incoming, n: incoming.part(m.ObjectPart(A, 3 * CHUNK, n), b"x"), "do not fit"),
+        (lambda incoming, n: incoming.take(A, b""), "ended at 10 of its"),
+    ],
+)
+def test_a_reader_of_an_object_that_does_not_come_whole_raises_the_reason(cut, reason: str) -> None:
+    stream = pickle.dumps(_bytes(5 * CHUNK), protocol=5)
+    begun: list[Parts] = []
+    incoming = Incoming(keep_parts=True, started=lambda oid, parts: begun.append(parts))
+    incoming.part(m.ObjectPart(A, 0, len(stream)), stream[:CHUNK])
+    thread, out = _reading(begun[0])
+    _taken(begun[0])
+    try:
+        cut(incoming, len(stream))
+    except StreamError:
+        pass  # take raises it too
+    thread.join(10)
+    assert len(out) == 1 and isinstance(out[0], StreamError) and reason in str(out[0])
