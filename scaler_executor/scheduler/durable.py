@@ -441,7 +441,7 @@ class DurableScheduler(Scheduler):
     def _unkeep(self, task_id: int) -> None:
         """A kept result is acknowledged (or not wanted): its record goes."""
         if self._kpending.pop(task_id, None) is None:
-            self._entries.append((_key(self._kkey.pop(task_id, b"k"), task_id), None))
+            self._entries.append((_KEY(self._kkey.pop(task_id, b"k"), task_id), None))
 
     # ------------------------------------------------------------------ hooks on the core's paths
 
@@ -598,7 +598,7 @@ class DurableScheduler(Scheduler):
         if self._kpending:
             for task_id, result in self._kpending.items():
                 self._kkey[task_id] = b"k"
-                self._entries.append((_key(b"k", task_id), _pack(result)))
+                self._entries.append((_KEY(b"k", task_id), _pack(result)))
             self._kpending = {}
         if self._odirty:
             self._journal_holds()
