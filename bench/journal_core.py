@@ -2,7 +2,7 @@
 
 ::
 
-    PYTHONPATH=. chrt -r 1 python bench/journal_core.py [--reps 10] [--tasks 40000]
+    PYTHONPATH=. chrt -r 1 python bench/journal_core.py [--reps 10] [--tasks 40000] [--writer-share]
     PYTHONPATH=. chrt -r 1 python bench/journal_core.py --before /tmp/old-checkout --after . [--reps 10]
 
 No process, no socket: the core (scheduler/core.py), and the journaled core
@@ -47,8 +47,9 @@ def _hello(role: str, name: str, capacity: int = 0) -> m.Hello:
     return m.Hello(role, m.PROTOCOL_VERSION, python_version(), cloudpickle.__version__, __version__, name, 1, "node", capacity, {}, [])
 
 
-def per_task(durable: bool, tasks: int, batch: int = 500, in_flight: int = 4000) -> float:
-    """CPU µs per task of one core driven through ``tasks`` no-op tasks."""
+def per_task(durable: bool, tasks: int, batch: int = 500, in_flight: int = 4000, appends: bool = True) -> float:
+    """CPU µs per task of one core driven through ``tasks`` no-op tasks (``appends=False``:
+    the journaled core's entries are not written, to see the writer's share)."""
     directory = tempfile.mkdtemp(prefix="journal-core-")
     writer = None
     core: Scheduler
@@ -69,7 +70,8 @@ def per_task(durable: bool, tasks: int, batch: int = 500, in_flight: int = 4000)
         for command in core.handle(*events):
             if type(command) is JournalWrite:
                 assert writer is not None
-                writer.append(command.entries)
+                if appends:
+                    writer.append(command.entries)
             elif type(command) is Send:
                 for message in command.messages:
                     if type(message) is m.DispatchTasks:
@@ -108,10 +110,11 @@ def per_task(durable: bool, tasks: int, batch: int = 500, in_flight: int = 4000)
     return elapsed / tasks * 1e6
 
 
-def one(tasks: int) -> dict[str, float]:
-    plain = per_task(False, tasks)
-    durable = per_task(True, tasks)
-    return {"plain": plain, "durable": durable}
+def one(tasks: int, writer_share: bool = False) -> dict[str, float]:
+    got = {"plain": per_task(False, tasks), "durable": per_task(True, tasks)}
+    if writer_share:
+        got["durable, no appends"] = per_task(True, tasks, appends=False)
+    return got
 
 
 def main() -> int:
@@ -121,17 +124,22 @@ def main() -> int:
     parser.add_argument("--before")
     parser.add_argument("--after")
     parser.add_argument("--one", action="store_true", help="one repetition, printed as JSON")
+    parser.add_argument("--writer-share", action="store_true", help="also the journaled core without its appends")
     args = parser.parse_args()
     if args.one:
         print(json.dumps(one(args.tasks)))
         return 0
     print(f"load before: {os.getloadavg()}", flush=True)
     if not args.before:
-        runs = [one(args.tasks) for _ in range(args.reps)]
+        runs = [one(args.tasks, args.writer_share) for _ in range(args.reps)]
         plain = statistics.median(r["plain"] for r in runs)
         durable = statistics.median(r["durable"] for r in runs)
         extra = statistics.median(r["durable"] - r["plain"] for r in runs)
         print(f"core {plain:.2f} µs/task, journaled core {durable:.2f} µs/task, difference {extra:.2f} µs/task (medians of {args.reps})")
+        if args.writer_share:
+            bare = statistics.median(r["durable, no appends"] for r in runs)
+            share = statistics.median(r["durable"] - r["durable, no appends"] for r in runs)
+            print(f"journaled core without its appends {bare:.2f} µs/task: the writer's share {share:.2f} µs/task")
     else:
         from bench.ab import summarize
 
