@@ -29,6 +29,8 @@ load average is printed before and after (the machine may be shared).
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import shutil
 import signal
@@ -39,6 +41,7 @@ import tempfile
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
 
+from bench.ab import t95
 from scaler_executor import ScalerExecutor
 from scaler_executor.config import ClusterConfig
 
@@ -79,9 +82,10 @@ def _measure(config: ClusterConfig, journal: str | None, tasks: int, trips: int)
     return throughput, statistics.median(rtts)
 
 
-def cost(args: argparse.Namespace) -> None:
+def configurations() -> dict[str, tuple[ClusterConfig, bool, bool]]:
+    """name -> (config, journaled, reply inbox)."""
     base = ClusterConfig(heartbeat_interval=0.5)
-    configs = {
+    return {
         "off": (base, False, True),
         "off, no lanes": (base.replace(worker_lanes=False), False, True),
         "off, no fast paths": (base.replace(worker_lanes=False), False, False),
@@ -89,6 +93,32 @@ def cost(args: argparse.Namespace) -> None:
         "interval": (base.replace(journal_fsync="interval"), True, True),
         "os": (base.replace(journal_fsync="os"), True, True),
     }
+
+
+def one(args: argparse.Namespace) -> None:
+    """One configuration, measured once, printed as one JSON line (bench/journal_ab.py runs this
+    in a fresh interpreter of each checkout, so it must run against older trees too)."""
+    config, journaled, inbox = configurations()[args.one]
+    directory = tempfile.mkdtemp(prefix="jcost-", dir=args.dir)
+    try:
+        journal = os.path.join(directory, "j") if journaled else None
+        throughput, rtt = measure(config, journal, args.tasks, args.trips, inbox)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    print(json.dumps({"throughput": throughput, "round_trip": rtt}))
+
+
+def mean_ci(ratios: list[float]) -> tuple[float, float, float]:
+    """The mean of the paired ratios and its 95 % confidence interval (t distribution)."""
+    mean = statistics.fmean(ratios)
+    if len(ratios) < 2:
+        return mean, math.nan, math.nan
+    half = t95(len(ratios) - 1) * statistics.stdev(ratios) / math.sqrt(len(ratios))
+    return mean, mean - half, mean + half
+
+
+def cost(args: argparse.Namespace) -> None:
+    configs = configurations()
     names = list(configs)
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     for rep in range(args.reps):
@@ -106,6 +136,10 @@ def cost(args: argparse.Namespace) -> None:
         """The median of the per-repetition ratios (each repetition ran both, side by side)."""
         return statistics.median(a[i] / b[i] for a, b in zip(results[name], results[base], strict=True))
 
+    def ci(name: str, base: str, i: int) -> str:
+        mean, low, high = mean_ci([a[i] / b[i] for a, b in zip(results[name], results[base], strict=True)])
+        return f"{mean:.3f} ({low:.3f}-{high:.3f})"
+
     print(f"\nload {os.getloadavg()}; medians of {args.reps} repetitions, paired: the median per-repetition ratio")
     print(
         f"{'journal':18} {'no-op tasks/s':>14} {'range':>15} {'÷ no lanes':>11} {'÷ no fast':>10}"
@@ -120,6 +154,9 @@ def cost(args: argparse.Namespace) -> None:
             f" {statistics.median(rts):14.0f} {min(rts):6.0f}-{max(rts):<6.0f}"
             f" {paired(name, 'off, no lanes', 1):11.2f} {paired(name, 'off, no fast paths', 1):10.2f}"
         )
+    print("\nmean paired ratio to 'off, no fast paths' (95 % CI): throughput, round trip")
+    for name in names:
+        print(f"{name:18} {ci(name, 'off, no fast paths', 0):>24} {ci(name, 'off, no fast paths', 1):>24}")
 
 
 def restart_to_resume(args: argparse.Namespace) -> None:
@@ -194,7 +231,11 @@ def main() -> int:
     parser.add_argument("--dir", default=None, help="where journals go (default: the temp dir)")
     parser.add_argument("--skip-cost", action="store_true")
     parser.add_argument("--skip-restart", action="store_true")
+    parser.add_argument("--one", choices=list(configurations()), help="measure this configuration once, print JSON")
     args = parser.parse_args()
+    if args.one:
+        one(args)
+        return 0
     print(f"load before: {os.getloadavg()}", flush=True)
     if not args.skip_cost:
         cost(args)

@@ -118,6 +118,7 @@ def _key(kind: bytes, number: int) -> bytes:
 
 
 _KEY = struct.Struct(">cQ").pack
+_DISPATCH = struct.Struct(">QI").pack  # a dispatch: the worker's peer id (8 bytes) and the attempt (4)
 
 
 def _pack(value: Any) -> bytes:
@@ -204,9 +205,10 @@ class Ledger:
     """A client's results sent and not yet acknowledged: kept (and journaled, ``k``) until its
     ResultsAck counts the TaskResults message that carried them."""
 
-    __slots__ = ("batches", "kept", "seq")
+    __slots__ = ("batches", "client_id", "kept", "seq")
 
-    def __init__(self) -> None:
+    def __init__(self, client_id: int) -> None:
+        self.client_id = client_id
         self.kept: dict[int, m.TaskResult] = {}
         self.batches: deque[tuple[int, list[int]]] = deque()  # (seq, task ids) of messages sent
         self.seq = 0  # TaskResults messages sent since the client's last Welcome
@@ -334,7 +336,7 @@ class DurableScheduler(Scheduler):
         super()._on_hello(peer, hello)
         token = self._tokens.get(peer, b"")
         if (client := self.clients.get(peer)) is not None:
-            self._ledgers[peer] = Ledger()
+            self._ledgers[peer] = Ledger(client.client_id)
             self._entries.append((_key(b"c", client.client_id), _pack(
                 [client.name, client.host, client.reply_to, client.authkey_file, token]
             )))
@@ -439,7 +441,7 @@ class DurableScheduler(Scheduler):
     def _unkeep(self, task_id: int) -> None:
         """A kept result is acknowledged (or not wanted): its record goes."""
         if self._kpending.pop(task_id, None) is None:
-            self._entries.append((_key(self._kkey.pop(task_id, b"k"), task_id), None))
+            self._entries.append((_KEY(self._kkey.pop(task_id, b"k"), task_id), None))
 
     # ------------------------------------------------------------------ hooks on the core's paths
 
@@ -490,7 +492,7 @@ class DurableScheduler(Scheduler):
         if ledger is None:
             return  # the client is gone (or not a client): nobody waits for it
         super()._result_to(peer, result)
-        if result.task_id >> m.TASK_ID_BITS == int.from_bytes(peer[len(LOGICAL):], "big"):  # its client id
+        if result.task_id >> m.TASK_ID_BITS == ledger.client_id:
             ledger.kept[result.task_id] = result
             self._kpending[result.task_id] = result
         # else the refusal of an id not its own (a bad id): sent, never journaled under
@@ -596,7 +598,7 @@ class DurableScheduler(Scheduler):
         if self._kpending:
             for task_id, result in self._kpending.items():
                 self._kkey[task_id] = b"k"
-                self._entries.append((_key(b"k", task_id), _pack(result)))
+                self._entries.append((_KEY(b"k", task_id), _pack(result)))
             self._kpending = {}
         if self._odirty:
             self._journal_holds()
@@ -650,38 +652,41 @@ class DurableScheduler(Scheduler):
         """The records of the tasks this turn touched, from their state.  A task's dispatch
         travels in its ``t`` record when both are written in one turn (submitted and
         dispatched at once: the common case), else in a ``d`` record of its own; a task
-        leaves a worker other than by ending only with a new attempt, which rewrites ``t``."""
-        entries, tasks, clients = self._entries, self.tasks, self.clients
-        jt, jd, jr, dkeys = self._jt, self._jd, self._jr, self._dkeys
+        leaves a worker other than by ending only with a new attempt, which rewrites ``t``.
+        (Every task passes here two or three times: locals, and no work a branch does not
+        need: docs/durability.rst, "What the journal costs".)"""
+        entries, tasks, clients, workers = self._entries, self.tasks, self.clients, self.workers
+        jt, jd, jr, dkeys, kpending = self._jt, self._jd, self._jr, self._dkeys, self._kpending
+        at_worker, finished = AT_WORKER_STATES, TaskState.FINISHED
         for task_id in self._dirty:
             task = tasks.get(task_id)
             if task is None or task.client not in clients:
                 if jt.pop(task_id, None) is not None:
-                    kept = self._kpending.pop(task_id, None)
+                    kept = kpending.pop(task_id, None) if kpending else None
                     if kept is None:
-                        entries.append((_key(b"t", task_id), None))
+                        entries.append((_KEY(b"t", task_id), None))
                     else:  # ended this turn, its result sent: the record becomes the result
                         self._kkey[task_id] = b"t"
-                        entries.append((_key(b"t", task_id), _pack([KEPT, kept])))
-                jd.pop(task_id, None)
-                if task_id in dkeys:
+                        entries.append((_KEY(b"t", task_id), _pack([KEPT, kept])))
+                if jd.pop(task_id, None) is not None and task_id in dkeys:
                     dkeys.discard(task_id)
-                    entries.append((_key(b"d", task_id), None))
+                    entries.append((_KEY(b"d", task_id), None))
                 if task_id in jr:
                     jr.discard(task_id)
-                    entries.append((_key(b"r", task_id), None))
+                    entries.append((_KEY(b"r", task_id), None))
                 continue
             state = task.state
-            dispatch = b""
-            if state in AT_WORKER_STATES:
-                assert task.worker is not None
-                dispatch = self.workers[task.worker].worker_id.to_bytes(8, "big") + task.attempt.to_bytes(4, "big")
-            if jt.get(task_id) != task.attempt:
-                jt[task_id] = task.attempt
+            attempt = task.attempt
+            if state in at_worker:
+                dispatch = _DISPATCH(workers[task.worker].worker_id, attempt)  # type: ignore[index]
+            else:
+                dispatch = b""
+            if jt.get(task_id) != attempt:
+                jt[task_id] = attempt
                 options = None if task.options is DEFAULT_OPTIONS else list(task.options)
-                entries.append((_key(b"t", task_id), _pack([
+                entries.append((_KEY(b"t", task_id), _pack([
                     task.fn_id, task.flags, task.payload, task.deps, task.objects, task.parent,
-                    options, task.attempt, task.failures, dispatch,
+                    options, attempt, task.failures, dispatch,
                 ])))
                 if dispatch:
                     jd[task_id] = dispatch
@@ -689,19 +694,19 @@ class DurableScheduler(Scheduler):
                     jd.pop(task_id, None)
                 if task_id in dkeys:  # an earlier attempt's
                     dkeys.discard(task_id)
-                    entries.append((_key(b"d", task_id), None))
+                    entries.append((_KEY(b"d", task_id), None))
             elif dispatch:
                 if jd.get(task_id) != dispatch:
                     jd[task_id] = dispatch
                     dkeys.add(task_id)
-                    entries.append((_key(b"d", task_id), dispatch))
+                    entries.append((_KEY(b"d", task_id), dispatch))
             elif task_id in dkeys:
                 dkeys.discard(task_id)
                 jd.pop(task_id, None)
-                entries.append((_key(b"d", task_id), None))
-            if state is TaskState.FINISHED and task_id not in jr:
+                entries.append((_KEY(b"d", task_id), None))
+            if state is finished and task_id not in jr:
                 jr.add(task_id)
-                entries.append((_key(b"r", task_id), _pack([task.result, task.result_objects or []])))
+                entries.append((_KEY(b"r", task_id), _pack([task.result, task.result_objects or []])))
         self._dirty.clear()
 
     def _journal_holds(self) -> None:
@@ -759,7 +764,7 @@ class DurableScheduler(Scheduler):
             peer = logical(peer_id)
             self.clients[peer] = ClientRecord(peer, peer_id, name, grace_end, host=host, reply_to=reply_to, authkey_file=authkey_file)
             self._tokens[peer] = token
-            self._ledgers[peer] = Ledger()
+            self._ledgers[peer] = Ledger(peer_id)
             self.absent.add(peer)
             self._liveness.add(peer, grace_end + max(liveness, self.config.client_timeout))
             self._next_peer_id = max(self._next_peer_id, peer_id + 1)

@@ -252,6 +252,7 @@ class JournalWriter:
             self._fd = _create_file(os.path.join(path, name), package_version)
             self._sizes[name] = len(header_bytes(package_version))
             _fsync_dir(path)
+        self._name = name  # the active segment's file name (seg_name(self._seg))
         self._want_compact = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -279,7 +280,7 @@ class JournalWriter:
         with self._lock:
             if self._closed:
                 raise JournalError(f"journal {self.path} is closed")
-            name = jf.seg_name(self._seg)
+            name = self._name
             start = self._sizes[name]
             if self._cut_at is not None:
                 self._undo(name, start)
@@ -442,7 +443,7 @@ class JournalWriter:
                     os.close(fd)
                     os.unlink(os.path.join(self.path, jf.seg_name(new)))
                     raise
-                old_fd, self._fd, self._seg = self._fd, fd, new
+                old_fd, self._fd, self._seg, self._name = self._fd, fd, new, jf.seg_name(new)
                 self._sizes[jf.seg_name(new)] = len(header_bytes(self._version))
                 self._dirty = False
             os.close(old_fd)
