@@ -29,7 +29,12 @@ class PendingLimit:
         self.max_bytes = max_bytes
         self.block = block
         self._own_thread = own_thread
-        self._cond = threading.Condition()
+        # Taken directly on the way through (charge and free run once per task: through
+        # Condition's own __enter__ and __exit__ the pair cost 0.7 us); the condition over it
+        # only for a submit that waits for room.  Reentrant: a collection during ``charge``
+        # may close a map iterator, whose cancels free their tasks on this thread.
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         self.tasks = 0
         self.bytes = 0
         self._waiting = 0
@@ -42,8 +47,9 @@ class PendingLimit:
 
     def charge(self, size: int) -> None:
         """Admit one task of ``size`` bytes, waiting for room or raising at a limit."""
-        with self._cond:
-            if self._full(size) and not self._closed:
+        with self._lock:
+            tasks = self.tasks
+            if tasks and (tasks >= self.max_tasks or self.bytes + size > self.max_bytes) and not self._closed:
                 if not self.block or self._own_thread():
                     raise PendingLimitReached(self._describe(size))
                 self._waiting += 1
@@ -57,7 +63,7 @@ class PendingLimit:
 
     def free(self, size: int) -> None:
         """A task charged ``size`` bytes is no longer pending."""
-        with self._cond:
+        with self._lock:
             self.tasks -= 1
             self.bytes -= size
             if self._waiting:

@@ -4,9 +4,12 @@
 globals) connect to their manager as they are unpickled, with
 ``multiprocessing.current_process().authkey``; a proxy keeps the key it was built with.
 The key is set from the client's key file (``client/authkey.py`` says how the path travels
-and why the key itself never does) before the task's function and arguments are unpickled,
-and the processor's own key is back once the task ends, so a later task of another client
-never runs with it.
+and why the key itself never does) before the task's function and arguments are unpickled.
+It is switched only when a task's client differs from the previous task's: the processor's
+own key is back before a task of another client, or one without a key file, starts, so no
+task runs with another client's key, while a run of one client's tasks (the usual case)
+costs a string comparison a task instead of setting and restoring the key around each
+(``docs/performance.rst``, "Won back").  Between two tasks the processor runs no user code.
 
 A proxy that cannot connect (no key here because the client is on another host, a key file
 this user cannot read) fails with :class:`~scaler_executor.exceptions.ProxyUnavailable`
@@ -24,37 +27,44 @@ from scaler_executor.exceptions import ProxyUnavailable
 
 
 class ClientKeys:
-    """The authkeys of this processor's clients, read once per key file."""
+    """The authkeys of this processor's clients, read once per key file; ``key_file`` names
+    the one set now ("": the processor's own)."""
 
     def __init__(self) -> None:
         self.keys: dict[str, bytes] = {}
         self.errors: dict[str, OSError] = {}
         self.process = multiprocessing.current_process()  # this process's for good (a fork's own)
+        self.key_file = ""
+        self.own: bytes = b""  # the processor's key while a client's is set
 
-    def use(self, key_file: str) -> bytes | None:
-        """Set the authkey of the task's client; returns the key to restore (None: unchanged)."""
-        if not key_file:
-            return None
+    def use(self, key_file: str) -> None:
+        """Run the next task with the key of its client (``key_file``; "" or a file that
+        cannot be read: the processor's own key)."""
+        if key_file == self.key_file:
+            return
+        key = self._read(key_file) if key_file else None
+        process = self.process
+        if self.key_file:
+            process.authkey = self.own
+            self.key_file = ""
+        if key is not None:
+            self.own = process.authkey
+            process.authkey = key
+            self.key_file = key_file
+
+    def release(self) -> None:
+        """The processor's own key back."""
+        self.use("")
+
+    def _read(self, key_file: str) -> bytes | None:
         key = self.keys.get(key_file)
-        if key is None:
-            if key_file in self.errors:
-                return None
+        if key is None and key_file not in self.errors:
             try:
                 with open(key_file, "rb") as f:
-                    key = f.read()
+                    key = self.keys[key_file] = f.read()
             except OSError as exc:
                 self.errors[key_file] = exc
-                return None
-            self.keys[key_file] = key
-        # About 0.5 us for the set and the restore together, per task of a client on this host.
-        process = self.process
-        saved: bytes = process.authkey
-        process.authkey = key
-        return saved
-
-    def restore(self, saved: bytes | None) -> None:
-        if saved is not None:
-            self.process.authkey = saved
+        return key
 
     def explain(self, exc: BaseException, key_file: str, what: str) -> BaseException:
         """``exc``, or a ProxyUnavailable that says why, when ``exc`` came from a manager

@@ -459,15 +459,14 @@ def processor_main(
         (_, task_id, attempt, fn_id, _fn_payload, flags, payload, deps, objects, store_name, threshold, blobs, reply, key_file,
          capturing) = message
         # The client's authkey, from before its function is unpickled (a by-value function's
-        # globals may hold manager proxies) until its task ends (worker/mpkey.py).
+        # globals may hold manager proxies) on, switched only when the client changes (worker/mpkey.py).
         state.key_file = key_file
-        own_key = state.keys.use(key_file)
+        state.keys.use(key_file)
         fn: Any = None
         if fn_id:
             try:
                 fn = state.function(fn_id)
             except BaseException as exc:  # noqa: BLE001 - whatever unpickling the function raises is the task's error
-                state.keys.restore(own_key)
                 exc = state.keys.explain(exc, key_file, "the task's function (its globals or defaults)")
                 exc.add_note("while unpickling the task's function in the worker")
                 started = time.time()
@@ -479,7 +478,6 @@ def processor_main(
         try:
             state.use_store(store_name, threshold)
         except Exception as exc:  # noqa: BLE001 - the agent saw it attach; this should not happen
-            state.keys.restore(own_key)
             exc.add_note("while attaching the object store in the worker")
             with state.lock:
                 state.task_id = 0
@@ -488,7 +486,7 @@ def processor_main(
         state.blobs = blobs
         writable = bool(flags & TaskFlags.WRITABLE)
         install_deps(deps, (lambda h, o: state.load(h, o, writable=True)) if writable else state.load)
-        readonly = not writable and (bool(objects) or any(dep[2] for dep in deps))
+        readonly = not writable and (bool(objects) or (bool(deps) and any(dep[2] for dep in deps)))
         output = b""
         if capturing is not None:
             captured = state.capture
@@ -501,7 +499,6 @@ def processor_main(
                 output = captured.stop()
         else:
             status, result, result_objects = _run(fn, flags, payload, objects, state, readonly)
-        state.keys.restore(own_key)
         install_deps(None)  # let the dependency values go
         state.blobs = None
         finished = time.time()

@@ -43,20 +43,31 @@ def test_the_key_file_is_named_only_to_workers_on_the_clients_host(worker_host: 
 
 
 def test_a_processor_uses_its_clients_key_and_restores_its_own(tmp_path: Any) -> None:
-    key = os.urandom(32)
-    path = tmp_path / "mp-authkey"
+    key, other = os.urandom(32), os.urandom(32)
+    path, other_path = tmp_path / "mp-authkey", tmp_path / "other-authkey"
     path.write_bytes(key)
+    other_path.write_bytes(other)
     keys = ClientKeys()
-    own = bytes(multiprocessing.current_process().authkey)
-    assert keys.use("") is None  # no key given: nothing changes
-    saved = keys.use(str(path))
-    assert bytes(multiprocessing.current_process().authkey) == key
-    keys.restore(saved)
-    assert bytes(multiprocessing.current_process().authkey) == own
+    process = multiprocessing.current_process()
+    own = bytes(process.authkey)
+    keys.use("")  # no key given: nothing changes
+    assert bytes(process.authkey) == own
+    keys.use(str(path))
+    assert bytes(process.authkey) == key
+    keys.use(str(path))  # the same client's next task: still its key
+    assert bytes(process.authkey) == key
+    keys.use(str(other_path))  # another client's task runs with that client's key
+    assert bytes(process.authkey) == other
+    keys.use("")  # a task without a key file runs with the processor's own
+    assert bytes(process.authkey) == own
     path.unlink()
-    saved = keys.use(str(path))  # read once: the key stays known to this processor
-    assert bytes(multiprocessing.current_process().authkey) == key
-    keys.restore(saved)
+    keys.use(str(path))  # read once: the key stays known to this processor
+    assert bytes(process.authkey) == key
+    keys.use(str(tmp_path / "missing"))  # unreadable: the processor's own, not the last client's
+    assert bytes(process.authkey) == own
+    keys.use(str(other_path))
+    keys.release()
+    assert bytes(process.authkey) == own
 
 
 def _proxy_error() -> BaseException:
@@ -86,7 +97,8 @@ def test_a_proxy_error_says_why(tmp_path: Any) -> None:
     assert isinstance(elsewhere, ProxyUnavailable) and elsewhere.__cause__ is raw
     assert "not on the client's host" in str(elsewhere) and socket.gethostname() in str(elsewhere)
     unreadable = str(tmp_path / "missing")
-    assert keys.use(unreadable) is None
+    keys.use(unreadable)
+    assert keys.key_file == ""  # not set: the processor's own key stays
     other_user = keys.explain(raw, unreadable, "the task's arguments")
     assert isinstance(other_user, ProxyUnavailable) and "could not read" in str(other_user)
     assert keys.explain(ValueError("unrelated"), "", "the task's arguments").args == ("unrelated",)
