@@ -45,6 +45,7 @@ DURATION_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 MAX_REPORT_RUNS = 65_536
 RUN_BYTES = 17  # two float64 and a status byte
 _SWAP = sys.byteorder != "little"
+_OK = m.Status.OK
 
 
 def pack(starts: array[float], ends: array[float], statuses: bytes | bytearray) -> bytes:
@@ -117,8 +118,16 @@ class RunLog:
     def ended(self, started: float, finished: float, status: int, peak: int) -> None:
         """A task the daemon dispatched ended: its run (``ran``) and, if it ended well with a
         run time, that time and its peak private memory (bytes; 0: unknown)."""
-        self.ran(started, finished, status)
-        if status == m.Status.OK and finished > started:
+        if finished <= started:
+            return
+        capacity = self.capacity
+        if capacity and started > 0:  # ran(), inlined: this is once per task in every worker
+            i = self.seen % capacity
+            self._starts[i] = started
+            self._ends[i] = finished
+            self._statuses[i] = status & 0xFF
+            self.seen += 1
+        if status == _OK:
             seconds = finished - started
             counts = self._counts
             if counts is None:

@@ -17,6 +17,9 @@
   failed (``PROCESSOR_DIED``, the daemon decides on a retry) and the others go
   back to the agent's queue without counting as an attempt.
 * Results leave in one batch per loop iteration.  Heartbeats fill silence.
+* Each task run (start, end, status) and run time goes into a RunLog
+  (protocol/runlog.py), sent as one TaskRuns beside each heartbeat, for the daemon's
+  history and figures: the daemon records nothing per task for them.
 * ``task_timeout`` and ``cancel(force=True)`` kill the processor running the
   task; the zygote forks a replacement in a few milliseconds.
 * Stopping: SIGINT, or SIGTERM without ``drain_seconds``, stops at once: held-back
