@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BUCKET_SECONDS", "MAX_BUCKETS", "RUNS", "History", "history_message"]
 
-RUNS = 20_000  # task runs kept for the stream: ~1 MB on the wire, ~0.35 MB of reports in the daemon
+RUNS = 20_000  # task runs kept for the stream: ~1 MB on the wire; in the daemon ~0.35 MB of reports (~3 MB if each held one run)
 # (the default of the config's history_runs, which sets the ring's size per daemon)
 BUCKET_SECONDS = 10.0  # the series' first bucket width
 MAX_BUCKETS = 8_640  # 24 h of 10 s buckets; then merged pairwise (the width doubles)
