@@ -7,13 +7,16 @@ The goals (issue 24):
 
 * **recorder**: "the daemon keeps only O(1) counters and a bounded ring of recent events
   (its cost measured: ≤ 2 % of no-op throughput)".  Two daemons run side by side, each with
-  2 local workers: A with the ring of task runs at its default (``history_runs`` 20,000),
-  B with it off (``--history-runs 0``: no run recorded).  The counters (tasks ended per
-  second, the run-time histogram, the coarse series; the ring of 64 events takes nothing on
-  a task that succeeds) cannot be turned off without losing ``statistics()``: their
-  per-task code is timed with ``timeit`` instead, on the real ``Recorder`` and ``History``,
-  for result batches of one task (the worst case: their per-batch calls on every task), and
-  added to the A/B's figure as a fraction of B's daemon CPU per task.  ``--blocks`` starts
+  2 local workers: A with the task runs kept at their default (``history_runs`` 20,000: its
+  workers record them and send them in bulk, protocol/runlog.py, and the daemon keeps the
+  reports), B with them off (``--history-runs 0``: no run recorded anywhere; the workers
+  still send their run times).  The counters (tasks ended per second, the coarse series,
+  per result batch; the run times a worker reports, per report; the ring of 64 events
+  takes nothing on a task that succeeds) cannot be turned off without losing
+  ``statistics()``: their code is timed with ``timeit`` instead, on the real ``Recorder``
+  and ``History``, per task, per result batch and per report (the latter two put per task
+  with the batching and the reports of B's windows), and added to the A/B's figure as a
+  fraction of B's daemon CPU per task.  ``--blocks`` starts
   a fresh pair of daemons per block, in swapped order, so that one instance's luck (a core,
   its memory layout) does not pass for the ring's cost.
 * **dashboards**: "with three dashboards open the daemon's throughput stays within 5 % of
@@ -148,6 +151,18 @@ class Daemon:
         live as long as it does, so none of its time leaves the sum between two readings."""
         return cpu_seconds(self.popen.pid)
 
+    def agents_cpu(self) -> float:
+        """CPU seconds of its local workers' agents (not their processors): where the task
+        runs are recorded now (protocol/runlog.py)."""
+        total = 0.0
+        for child in self.process.children():
+            try:
+                if "scaler_executor.cli.worker" in " ".join(child.cmdline()):
+                    total += cpu_seconds(child.pid)
+            except (psutil.NoSuchProcess, FileNotFoundError):
+                continue
+        return total
+
     def ticks(self) -> float:
         """The same from ``/proc/PID/stat`` (10 ms ticks), to check ``cpu`` against."""
         times = self.process.cpu_times()
@@ -264,35 +279,30 @@ def summary(name: str, ratios: list[float]) -> tuple[float, float, float]:
 
 def counters_ns(batch: int) -> float:
     """ns of the core's monitoring counters for one result batch of ``batch`` no-op tasks:
-    the lines of ``Scheduler._on_task_results`` that feed the recorder and the history's
-    series (per task: a run time and a peak kept; per batch: ``result_batches``,
-    ``Recorder.ended``, ``History.ended``, ``Recorder.timed``, the last peak), timed on the
-    real ``Recorder`` and ``History`` against the same loop without them.  The ring's
-    ``History.run`` is not in it: the A/B measures that.  Best of 7 each."""
+    the lines of ``Scheduler._on_task_results`` that feed the counters, the recorder and the
+    history's series (per batch: ``result_batches``, ``finished``/``failed``,
+    ``Recorder.ended``, ``History.ended``; nothing per task since the run times and peak
+    memory come summed up in the workers' ``TaskRuns``), timed on the real ``Recorder`` and
+    ``History`` against the same loop without them.  Best of 7 each."""
     from scaler_executor.scheduler.history import History
     from scaler_executor.scheduler.stats import Recorder
 
     recorder, history = Recorder(), History()
-    counters = {"result_batches": 0}
+    counters = {"result_batches": 0, "finished": 0, "failed": 0}
     items = [(0.0001 * (i + 1), 1 << 20) for i in range(batch)]  # (run time, peak memory)
     clock = [1000.0]
 
     def with_counters() -> None:
         now = clock[0] = clock[0] + 0.0001  # a new one-second bucket now and then, as in a run
-        durations: list[float] = []
-        ended = peak = 0
+        ended = failed = 0
         counters["result_batches"] += 1
-        for duration, peak_memory in items:
-            durations.append(duration)
-            peak = peak_memory or peak
+        for _duration, _peak_memory in items:
             ended += 1
         if ended:
-            recorder.ended(now, ended, 0, len(durations), sum(durations), max(durations, default=0.0))
-            history.ended(now, ended, 0)
-            if durations:
-                recorder.timed(durations)
-        if peak:
-            recorder.peak_memory[b"w1"] = peak
+            counters["finished"] += ended - failed
+            counters["failed"] += failed
+            recorder.ended(now, ended - failed, failed)
+            history.ended(now, ended - failed, failed)
 
     def without() -> None:
         now = clock[0] = clock[0] + 0.0001
@@ -315,11 +325,48 @@ def counters_fit() -> tuple[float, float]:
     return per_task, max(0.0, one - per_task)
 
 
+def report_ns(tasks: int) -> float:
+    """ns of the daemon's work on one worker's ``TaskRuns`` of ``tasks`` no-op runs (its
+    handler's checks, ``History.reported``, ``Recorder.ended``/``timed``, the peak), on the
+    real classes, the message made by the workers' real ``RunLog``; and, printed, the
+    worker's ``RunLog.ended`` per task (the worker's cost, not the daemon's).  Best of 7."""
+    from scaler_executor.protocol.runlog import DURATION_BOUNDS, MAX_REPORT_RUNS, RunLog
+    from scaler_executor.scheduler.history import History
+    from scaler_executor.scheduler.stats import Recorder
+
+    log = RunLog(20_000)
+    number = 2000
+    ended = min(timeit.repeat(lambda: log.ended(1000.0, 1000.0001, 0, 1 << 20), number=number * 10, repeat=7))
+    print(f"  worker: RunLog.ended {ended / (number * 10) * 1e9:.0f} ns per task (in the worker, off the daemon's loop)")
+    for i in range(tasks):
+        log.ended(1000.0 + i, 1000.0001 + i, 0, 1 << 20)
+    message = log.take()
+    assert message is not None
+    recorder, history, peer = Recorder(), History(), b"w1"
+    clock = [1000.0]
+
+    def handle() -> None:
+        now = clock[0] = clock[0] + 0.5
+        count, seen, counts = message.kept, message.seen, message.durations
+        if not 0 <= count <= min(seen, MAX_REPORT_RUNS) or len(message.runs) != count * 17:
+            raise AssertionError
+        if not (message.timed >= 0 and 0.0 <= message.longest <= message.seconds and message.peak_memory >= 0
+                and len(counts) == len(DURATION_BOUNDS) + 1 and min(counts) >= 0 and sum(counts) == message.timed):
+            raise AssertionError
+        history.reported("w1", count, seen, message.runs)
+        recorder.ended(now, 0, 0, message.timed, message.seconds, message.longest)
+        recorder.timed(counts, message.seconds)
+        recorder.peak_memory[peer] = message.peak_memory
+
+    return min(timeit.repeat(handle, number=number, repeat=7)) / number * 1e9
+
+
 def recorder_goal(args: argparse.Namespace) -> str:
     cpu_ratios: list[float] = []
     tp_ratios: list[float] = []
     cpu_off: list[float] = []
-    tasks = [0, 0]  # B's tasks ended and result batches over its windows
+    tasks = [0, 0, 0.0]  # B's tasks ended, result batches and seconds over its windows
+    agents: dict[str, list[float]] = {"A": [], "B": []}  # the workers' agents' CPU µs per task, per window
     per_block = max(2, args.rounds // args.blocks)
     for block in range(args.blocks):
         # A: the ring on (the default); B: off.  Started in swapped order per block.
@@ -338,12 +385,15 @@ def recorder_goal(args: argparse.Namespace) -> str:
                 def run() -> tuple[float, float]:
                     if name == "B":
                         before = batching(executors[name])
+                    agents0, t0 = daemons[name].agents_cpu(), time.perf_counter()
                     tp, cpu = window(executors[name], daemons[name], args.seconds)
+                    agents[name].append((daemons[name].agents_cpu() - agents0) / (tp * (time.perf_counter() - t0)) * 1e6)
                     if name == "B":
                         after = batching(executors[name])
                         cpu_off.append(cpu)
                         tasks[0] += after[0] - before[0]
                         tasks[1] += after[1] - before[1]
+                        tasks[2] += (after[0] - before[0]) / tp
                     return tp, cpu
 
                 return run
@@ -368,10 +418,20 @@ def recorder_goal(args: argparse.Namespace) -> str:
     # The ring's cost: A over B - 1 (a ratio B/A below 1 means the ring costs).
     ring, ring_lo, ring_hi = 1 / cpu_med - 1, 1 / cpu_hi - 1, 1 / cpu_lo - 1
     ring_tp, ring_tp_lo, ring_tp_hi = tp_med - 1, tp_lo - 1, tp_hi - 1  # throughput lost to it
+    summary("workers' agents CPU/task B/A", [b / a for a, b in zip(agents["A"], agents["B"], strict=True)])
+    print(f"  workers' agents: {statistics.median(agents['A']):.2f} us per task (A), {statistics.median(agents['B']):.2f} (B)")
     base = statistics.median(cpu_off)
     per_task_ns, per_batch_ns = counters_fit()
     batches_per_task = tasks[1] / tasks[0] if tasks[0] else 1.0
-    counters_ns_task = per_task_ns + per_batch_ns * batches_per_task
+    # A worker reports its runs beside each heartbeat (0.5 s by default, the daemon's here):
+    # at most 2 workers / 0.5 s reports a second, over B's tasks a second.
+    reports_per_task = (2 / 0.5) * tasks[2] / tasks[0] if tasks[0] else 0.0
+    per_report_ns = report_ns(max(1, round(1 / reports_per_task)) if reports_per_task else 1)
+    print(
+        f"  per TaskRuns report (timeit, best of 7): {per_report_ns:.0f} ns; at most {reports_per_task * 1000:.2f} reports "
+        f"per 1,000 tasks here: {per_report_ns * reports_per_task:.1f} ns per task"
+    )
+    counters_ns_task = per_task_ns + per_batch_ns * batches_per_task + per_report_ns * reports_per_task
     counters = counters_ns_task / 1000 / base
     print(
         f"  counters (timeit, best of 7): {per_task_ns:.0f} ns per task + {per_batch_ns:.0f} ns per result batch; "

@@ -430,9 +430,10 @@ class ClusterConfig:
         "task runs (worker, start, end, status) the daemon keeps for the task stream of the dashboard "
         "and the report, the most recent; 0 = none: runs are not recorded at all and the stream is empty "
         "(the counters, windows, recent events and the run's coarse series are kept whatever this is)",
-        "the ring is allocated when the daemon starts, 32 bytes a run (0.6 MB for 20,000), and each run "
-        "is ~50 bytes in every history sent; recording one costs the daemon ~3 % of its CPU per no-op "
-        "task (docs/monitoring.rst, measured)",
+        "each worker records its runs in a ring of this many (at most 65,536; 17 bytes a run, allocated "
+        "when it joins) and sends them beside its heartbeats, so the live stream lags by up to one "
+        "heartbeat interval; the daemon keeps the reports as they came (~17 bytes a run) and each run is "
+        "~50 bytes in every history sent; its cost to the daemon is measured in docs/monitoring.rst",
         ge=0,
         le=1_000_000,
         metavar="RUNS",

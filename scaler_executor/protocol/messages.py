@@ -42,6 +42,9 @@ LaneStarted            W→D      lane tasks still running LANE_NOTICE after the
                                 daemon records them (load, task counts, monitors)
 LaneDone               W→D      lane tasks that ended, for the daemon's counters (and the
                                 records of those announced by LaneStarted)
+TaskRuns               W→D      the worker's task runs since its last one, in one opaque
+                                blob (protocol/runlog.py), beside its heartbeats: the
+                                daemon's history (task stream) without a per-task write
 ReleaseObjects         C→D      object references dropped by the client (object store)
 PinObjects             C→D      objects the client holds (ex.put, a map's shared argument)
 ObjectRequest          W/C→D    a worker or client that cannot map the store asks for bytes
@@ -285,6 +288,9 @@ class Welcome(NamedTuple):
     journal: bool = False
     grace: float = 0.0
     token: bytes = b""  # this peer's secret for Resume (random, journaled with the peer)
+    # A worker's only: task runs it keeps for the daemon's history between two TaskRuns
+    # (protocol/runlog.py; the daemon's history_runs, capped); 0: it records none.
+    runs: int = 0
 
 
 class Refused(NamedTuple):
@@ -468,9 +474,7 @@ class LaneDone(NamedTuple):
     delivered: int  # of those that ended, results the processor sent straight to the client
     seconds: float  # their run time, summed
     announced: list[int]  # those of them a LaneStarted named
-    # Their runs for the daemon's history (the report's task stream), worker "": the daemon
-    # knows who sent them.  At most worker/lanes.py LANE_RUNS per report; more are only counted.
-    runs: list[TaskRun] = []  # noqa: RUF012 - a NamedTuple default, never mutated
+    # (Their runs for the daemon's history go in the worker's TaskRuns, with its other tasks'.)
     # The first few that failed (at most worker/lanes.py LANE_FAILURES per report, payloads of
     # at most 64 KiB, no objects): the daemon's recent failures, with their tracebacks.
     failures: list[TaskResult] = []  # noqa: RUF012
@@ -567,7 +571,7 @@ class Stats(NamedTuple):
     windows: list[StatWindow] = []  # noqa: RUF012
     store: dict[str, int] = {}  # noqa: RUF012 - the host store's ObjectStoreStats, {} without one
     # Timed tasks' run times since the daemon started: a count per bucket of
-    # scheduler/stats.py DURATION_BOUNDS (the last one past the largest bound), and their sum.
+    # protocol/runlog.py DURATION_BOUNDS (the last one past the largest bound), and their sum.
     durations: list[int] = []  # noqa: RUF012
     duration_sum: float = 0.0
     store_name: str = ""  # the host store's name (workers that map it report it by this name)
@@ -585,6 +589,25 @@ class TaskRun(NamedTuple):
     started: float  # wall clock (the worker's time.time())
     finished: float
     status: int  # Status
+
+
+class TaskRuns(NamedTuple):
+    """A worker's task runs since its last TaskRuns (sent beside its heartbeats), for the
+    daemon's history and run-time figures: one blob the daemon stores as it came and decodes
+    only when a history is asked for, and the run times summed up by the worker
+    (protocol/runlog.py), so a task costs the daemon's loop nothing for them."""
+
+    kept: int  # runs in ``runs``
+    seen: int  # runs that ended since the last report: more than ``kept`` when its ring overflowed
+    runs: bytes  # protocol/runlog.py pack: ``kept`` starts, ``kept`` ends (float64 LE), ``kept`` statuses
+    # Its tasks that ended well with a run time (the daemon's own, not lane tasks'), since the
+    # last report: how many, their seconds summed, the longest, a count per bucket of
+    # protocol/runlog.py DURATION_BOUNDS ([] when none), and the last one's peak private memory.
+    timed: int = 0
+    seconds: float = 0.0
+    longest: float = 0.0
+    durations: list[int] = []  # noqa: RUF012 - a NamedTuple default, never mutated
+    peak_memory: int = 0
 
 
 class SeriesBucket(NamedTuple):
@@ -756,6 +779,7 @@ MESSAGE_TAGS: dict[type, int] = {
     ResultsJournaled: 50,
     ObjectPart: 56,
     ObjectPartsTaken: 57,
+    TaskRuns: 62,
 }
 
 # Which roles may send which messages to the daemon.
@@ -794,6 +818,7 @@ ACCEPTED_FROM: dict[str, frozenset[type]] = {
             LaneStarted,
             WorkerDraining,
             WorkerReport,
+            TaskRuns,
         }
     ),
     Role.MONITOR: frozenset({Heartbeat, Goodbye, StatsRequest, HistoryRequest}),

@@ -32,6 +32,7 @@ from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS as DEFAULT
 from scaler_executor.protocol.messages import Role, Status, TaskFlags
 from scaler_executor.protocol.rejoin import NOT_RESUMABLE, UNKNOWN_PEER
+from scaler_executor.protocol.runlog import DURATION_BOUNDS, MAX_REPORT_RUNS, RUN_BYTES
 from scaler_executor.scheduler.deadlines import DeadlineQueue
 from scaler_executor.scheduler.history import History, history_message
 from scaler_executor.scheduler.managers import AdmitKeys, ManagerController, WithdrawKeys
@@ -290,7 +291,9 @@ class Scheduler:
         self._fetchers: set[bytes] = set()  # peers that asked for objects (ObjectRequest), until lost
         self.recorder = Recorder()  # O(1) monitoring state: ended tasks per second, recent events
         self.history = History(runs=config.history_runs)  # O(1) too: recent task runs, the run's coarse series (ex.report)
-        self._keep_runs = config.history_runs > 0  # history_runs = 0: no run is recorded at all
+        # Task runs are recorded by the workers (protocol/runlog.py) and reach the history in
+        # bulk (TaskRuns): the Welcome tells each worker how many to keep, 0: none.
+        self._worker_runs = min(config.history_runs, MAX_REPORT_RUNS)
         self._memory_total = 0  # the workers' memory, summed from their heartbeats
         self._monitor_snapshot: tuple[float, m.Stats] | None = None  # (built at, snapshot)
         self._monitor_history: tuple[float, m.History] | None = None  # (built at, history)
@@ -330,6 +333,7 @@ class Scheduler:
             m.ObjectChunk: self._on_object_chunk,
             m.ObjectPartsTaken: lambda peer, message: self._commands.append(CreditObjects(peer, message.parts)),
             m.LaneDone: self._on_lane_done,
+            m.TaskRuns: self._on_task_runs,
             m.LaneStarted: self._on_lane_started,
             m.ManagerOffer: lambda peer, message: self.managers.on_offer(peer, message),
             m.WorkerStates: lambda peer, message: self.managers.on_changes(peer, message),
@@ -573,7 +577,8 @@ class Scheduler:
 
     def _welcome(self, peer: bytes, peer_id: int) -> m.Welcome:
         """The answer to an accepted Hello (a journaled daemon adds its fields: durable.py)."""
-        return m.Welcome(peer_id, self.config.heartbeat_interval, self.config.heartbeat_liveness, self.object_store)
+        runs = self._worker_runs if peer in self.workers else 0
+        return m.Welcome(peer_id, self.config.heartbeat_interval, self.config.heartbeat_liveness, self.object_store, runs=runs)
 
     def _on_heartbeat(self, peer: bytes, message: m.Heartbeat) -> None:
         worker = self.workers.get(peer)
@@ -969,10 +974,9 @@ class Scheduler:
 
     def _on_task_results(self, peer: bytes, message: m.TaskResults) -> None:
         worker = self.workers[peer]
-        durations: list[float] = []  # for the recorder, once per batch
-        ended = failed = peak = 0
-        keep_runs = self._keep_runs
-        self.counters["result_batches"] += 1
+        ended = failed = 0
+        counters = self.counters
+        counters["result_batches"] += 1
         for result in message.results:
             if result.status not in WORKER_STATUSES:
                 # Only the daemon says a task was rejected, lost its worker or its dependency:
@@ -988,9 +992,6 @@ class Scheduler:
                     self._deletions.extend(result.objects)  # an orphan result's objects
                 continue  # late: an earlier attempt, or a task already settled elsewhere
             self._unassign(worker, task)
-            facts = result.facts
-            if keep_runs and facts.finished > facts.started > 0:
-                self.history.run(worker.name, facts.started, facts.finished, result.status)
             if result.status == Status.PROCESSOR_DIED:
                 self.recorder.event(self._now, "processor-died", "", task_id=task.task_id, where=worker.name, payload=result.payload, status=result.status)
                 self._attempt_failed(task, f"worker {worker.name}: {result.payload.decode(errors='replace')}", result.output)
@@ -999,10 +1000,7 @@ class Scheduler:
                 duration = result.facts.finished - result.facts.started
                 mean = worker.mean_task_seconds
                 worker.mean_task_seconds = duration if mean is None else mean + EWMA_WEIGHT * (duration - mean)
-                durations.append(duration)
-                peak = result.facts.peak_memory or peak
             ok = result.status == Status.OK
-            self.counters["finished" if ok else "failed"] += 1
             ended += 1
             if not ok:
                 failed += 1
@@ -1026,22 +1024,21 @@ class Scheduler:
                 elif cancelling:  # force-cancelled, it ended before the kill: its dependents do not run
                     self._fail_dependents(task, Status.CANCELLED, b"")
             if result.delivered:
-                self.counters["delivered_direct"] += 1  # the client has it from the processor
+                counters["delivered_direct"] += 1  # the client has it from the processor
             elif not task.flags & TaskFlags.NO_RESULT and task.client in self.clients:
                 if result.objects:
                     self._client_holds(task.client, result.objects)  # until it has read them
                 self._result_to(task.client, result)
             elif result.objects and task.result_objects is None:
                 self._deletions.extend(result.objects)  # nobody will read them
-        # Once per batch, not per result: the tasks that ran and ended, their run times, the
-        # last peak memory.  (Dependents failed with a task count in ``failed``, not here.)
+        # Once per batch, not per result: the tasks that ran and ended.  (Dependents failed
+        # with a task count in ``failed``, not here.)  Their run times and peak memory come
+        # summed up in the worker's TaskRuns (_on_task_runs), nothing per task here.
         if ended:
-            self.recorder.ended(self._now, ended - failed, failed, len(durations), sum(durations), max(durations, default=0.0))
+            counters["finished"] += ended - failed
+            counters["failed"] += failed
+            self.recorder.ended(self._now, ended - failed, failed)
             self.history.ended(self._now, ended - failed, failed)
-            if durations:
-                self.recorder.timed(durations)
-        if peak:
-            self.recorder.peak_memory[peer] = peak
 
     def _record_failure(self, worker: WorkerRecord, task: TaskRecord | None, result: m.TaskResult) -> None:
         """``task``: None for a lane task's (the daemon has no record of it)."""
@@ -1069,6 +1066,28 @@ class Scheduler:
             task.worker = peer
             worker.inflight[task_id] = None
 
+    def _on_task_runs(self, peer: bytes, message: m.TaskRuns) -> None:
+        """A worker's task runs since its last report: kept as they came (one blob), for the
+        history; decoded only when one is asked for (scheduler/history.py)."""
+        count, seen, counts = message.kept, message.seen, message.durations
+        if not 0 <= count <= min(seen, MAX_REPORT_RUNS) or seen > MAX_FIGURE or len(message.runs) != count * RUN_BYTES:
+            self._refuse(peer, "task-runs", f"TaskRuns of {count} runs ({seen} seen) in {len(message.runs)} bytes")
+            return
+        if not (
+            0 <= message.timed <= MAX_FIGURE and 0.0 <= message.longest <= message.seconds <= MAX_FIGURE  # NaN fails
+            and 0 <= message.peak_memory <= MAX_FIGURE
+            and (counts == [] if not message.timed else len(counts) == len(DURATION_BOUNDS) + 1 and min(counts) >= 0 and sum(counts) == message.timed)
+        ):  # fmt: skip
+            self._refuse(peer, "task-runs", f"TaskRuns run times out of range: {message.timed} timed, {message.seconds!r} s")
+            return
+        self.history.reported(self.workers[peer].name, count, seen, message.runs)
+        if message.timed:
+            recorder = self.recorder
+            recorder.ended(self._now, 0, 0, message.timed, message.seconds, message.longest)
+            recorder.timed(counts, message.seconds)
+            if message.peak_memory:
+                recorder.peak_memory[peer] = message.peak_memory
+
     def _on_lane_done(self, peer: bytes, message: m.LaneDone) -> None:
         """Lane tasks that ended: counted as if submitted here (a retried one is submitted
         here again by its client, and counted then); the records of announced ones go."""
@@ -1088,9 +1107,6 @@ class Scheduler:
         if ended:
             self.recorder.ended(self._now, message.finished, message.failed, ended if message.seconds > 0 else 0, message.seconds)
             self.history.ended(self._now, message.finished, message.failed)
-        if self._keep_runs:
-            for run in message.runs[: ended + message.retried]:  # no more runs than tasks it reports
-                self.history.run(worker.name, run.started, run.finished, run.status)
         for result in message.failures[: message.failed]:
             if result.status in WORKER_STATUSES and result.status != Status.OK:
                 self._record_failure(worker, None, result)

@@ -329,7 +329,7 @@ class DurableScheduler(Scheduler):
             token = self._tokens[peer] = self._new_token()
         return m.Welcome(
             peer_id, self.config.heartbeat_interval, self.config.heartbeat_liveness, self.object_store,
-            True, self.grace, token,
+            True, self.grace, token, self._worker_runs if peer in self.workers else 0,
         )
 
     def _on_hello(self, peer: bytes, hello: m.Hello) -> None:

@@ -2,12 +2,19 @@
 
 Two bounded records, each O(1) per event, kept beside the :class:`~.stats.Recorder`:
 
-* **Task runs**: a ring of the most recent :data:`RUNS` runs (worker, wall-clock start and
-  end, status), from the ``TaskFacts`` of each result a worker reports.  Runs without
-  times (a processor that died, a lane task: only counted) are not in it.  Older runs are
+* **Task runs**: the most recent :data:`RUNS` runs (worker, wall-clock start and end,
+  status).  The daemon's loop records none itself: each worker keeps its own ring
+  (protocol/runlog.py) and sends the runs since its last report as one blob beside its
+  heartbeats (``TaskRuns``, lane tasks' included); the daemon keeps each blob as it came,
+  in a queue of reports trimmed from the oldest while the rest still hold ``capacity``
+  runs — O(1) per report, nothing per task — and decodes them only when a history is
+  asked for.  So a live view lags by at most one heartbeat interval, and a worker that
+  dies loses the runs it had not reported yet (at most one interval's); what it had sent
+  stays.  Runs without times (a processor that died) are not in it.  Older runs are
   dropped; ``runs_seen`` says how many there were.  The config's ``history_runs`` sets the
-  ring's size (its default is :data:`RUNS`); 0 turns it off: the core then records no run
-  at all (not even ``runs_seen``), so the ring costs nothing per task.
+  size (its default is :data:`RUNS`), and the daemon's Welcome tells each worker to keep
+  as many per report; 0 turns it off: workers record no run at all (not even
+  ``runs_seen``).
 * **A coarse series over the whole run**: per bucket of :data:`BUCKET_SECONDS` (on the
   daemon's clock), tasks finished and failed, and the most memory (the workers' total,
   from their heartbeats) and workers connected seen in it.  Buckets in which nothing
@@ -22,17 +29,18 @@ The daemon's clock is its own monotonic clock; the runs' times are the workers' 
 
 from __future__ import annotations
 
-from array import array
-from typing import TYPE_CHECKING
+from collections import deque
+from typing import TYPE_CHECKING, NamedTuple
 
 from scaler_executor.protocol import messages as m
+from scaler_executor.protocol.runlog import unpack
 
 if TYPE_CHECKING:
     from scaler_executor.scheduler.core import Scheduler
 
 __all__ = ["BUCKET_SECONDS", "MAX_BUCKETS", "RUNS", "History", "history_message"]
 
-RUNS = 20_000  # task runs kept for the stream: ~1 MB on the wire, 0.6 MB preallocated in the daemon
+RUNS = 20_000  # task runs kept for the stream: ~1 MB on the wire; in the daemon ~0.35 MB of reports (~3 MB if each held one run)
 # (the default of the config's history_runs, which sets the ring's size per daemon)
 BUCKET_SECONDS = 10.0  # the series' first bucket width
 MAX_BUCKETS = 8_640  # 24 h of 10 s buckets; then merged pairwise (the width doubles)
@@ -42,12 +50,19 @@ MAX_BUCKETS = 8_640  # 24 h of 10 s buckets; then merged pairwise (the width dou
 _INDEX, _FINISHED, _FAILED, _MEMORY, _WORKERS = range(5)
 
 
+class _Report(NamedTuple):
+    """A worker's TaskRuns as it came: decoded only when a history is asked for."""
+
+    worker: str
+    kept: int  # runs in blob
+    blob: bytes
+
+
 class History:
     """Bounded, O(1) per event: a ring of recent task runs and the run's coarse series."""
 
     __slots__ = (
-        "_buckets", "_ends", "_max", "_memory", "_starts", "_statuses", "_who", "_workers", "capacity", "origin",
-        "runs_seen", "width",
+        "_buckets", "_kept", "_max", "_memory", "_reports", "_workers", "capacity", "origin", "runs_seen", "width",
     )  # fmt: skip
 
     def __init__(self, runs: int = RUNS, width: float = BUCKET_SECONDS, max_buckets: int = MAX_BUCKETS) -> None:
@@ -55,16 +70,12 @@ class History:
             raise ValueError("max_buckets must be at least 2 (a merge halves them)")
         if runs < 0:
             raise ValueError("runs must be at least 0")
-        # The ring, preallocated and written in place: a run is two C doubles and two
-        # references to objects that live anyway (its worker's name, a small-int status), so
-        # recording one allocates nothing and dropping the oldest frees nothing.  (A deque of
-        # tuples did both, and cost the daemon about 1.3 µs of its ~13 µs per no-op task, 11 %,
-        # where timeit of its append alone said 81 ns: bench/monitoring_cost.py, docs/monitoring.rst.)
+        # The workers' reports of runs, oldest first, each kept as it came (one bytes object
+        # and a small tuple per report, not per run): the ring of task runs the daemon's loop
+        # once wrote per task (~3.5 % of its CPU per no-op task: docs/monitoring.rst).
         self.capacity = runs
-        self._who: list[str] = [""] * runs
-        self._starts = array("d", bytes(8 * runs))
-        self._ends = array("d", bytes(8 * runs))
-        self._statuses: list[int] = [0] * runs
+        self._reports: deque[_Report] = deque()
+        self._kept = 0  # runs in _reports
         self.runs_seen = 0
         self.width = width
         self.origin: float | None = None  # the clock at the first event
@@ -73,24 +84,32 @@ class History:
         self._memory = 0  # the gauges' current values, carried into each new bucket
         self._workers = 0
 
-    def run(self, worker: str, started: float, finished: float, status: int) -> None:
-        """A task run a worker reported (written over the oldest once the ring is full)."""
-        if self.capacity:
-            i = self.runs_seen % self.capacity
-            self._who[i] = worker
-            self._starts[i] = started
-            self._ends[i] = finished
-            self._statuses[i] = status
-        self.runs_seen += 1
+    def reported(self, worker: str, count: int, seen: int, blob: bytes) -> None:
+        """A worker's TaskRuns: ``count`` runs in ``blob`` (protocol/runlog.py), ``seen`` since
+        its last report.  O(1) amortised: reports no longer needed for the most recent
+        ``capacity`` runs go, whole, from the oldest end."""
+        if not self.capacity:
+            return  # off: nothing recorded, whatever a worker sends
+        self.runs_seen += seen
+        if count:
+            reports = self._reports
+            reports.append(_Report(worker, count, blob))
+            self._kept += count
+            while self._kept - reports[0].kept >= self.capacity:
+                self._kept -= reports.popleft().kept
 
     @property
     def runs(self) -> list[tuple[str, float, float, int]]:
-        """The runs kept, oldest first, as (worker, started, finished, status): built on request."""
-        capacity = self.capacity
-        kept = min(self.runs_seen, capacity)
-        first = self.runs_seen - kept
-        who, starts, ends, statuses = self._who, self._starts, self._ends, self._statuses
-        return [(who[i], starts[i], ends[i], statuses[i]) for i in (n % capacity for n in range(first, first + kept))]
+        """The most recent ``capacity`` runs, in the order they were reported (each worker's
+        oldest first), as (worker, started, finished, status): decoded on request."""
+        out: list[tuple[str, float, float, int]] = []
+        skip = max(0, self._kept - self.capacity)  # the oldest report may hold a few more
+        for worker, count, blob in self._reports:
+            starts, ends, statuses = unpack(blob, count)
+            first = min(skip, count)
+            skip -= first
+            out.extend((worker, starts[i], ends[i], statuses[i]) for i in range(first, count))
+        return out
 
     def ended(self, now: float, finished: int, failed: int) -> None:
         """Tasks that ended at ``now``."""

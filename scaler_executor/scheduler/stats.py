@@ -21,7 +21,6 @@ figures, decoding a failure's traceback) is computed when a snapshot is asked fo
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import msgpack
 
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status
+from scaler_executor.protocol.runlog import DURATION_BOUNDS  # the workers count run times into it
 
 if TYPE_CHECKING:
     from scaler_executor.scheduler.core import Scheduler
@@ -55,9 +55,6 @@ HORIZON = 60  # one-second buckets of ended tasks kept: the longest window
 WINDOWS = (10.0, 60.0)  # seconds: the windows a snapshot reports
 MAX_KEPT_PAYLOAD = 64 * 1024  # a failure's payload larger than this is not kept for its traceback
 DETAIL_CHARS = 2000  # the tail of a traceback a snapshot carries
-# Upper bounds (seconds, inclusive) of the task run time histogram: from a no-op's
-# milliseconds to an hour, roughly 1-2.5-5 per decade, as Prometheus' defaults run.
-DURATION_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 
 STATUS_NAMES = {
     Status.OK: "ok",
@@ -115,12 +112,13 @@ class Recorder:
         if longest > bucket[5]:
             bucket[5] = longest
 
-    def timed(self, durations: list[float]) -> None:
-        """Run times of tasks that ended (a bisection each: O(log of the bucket count))."""
-        counts = self.duration_counts
-        for seconds in durations:
-            counts[bisect_left(DURATION_BOUNDS, seconds)] += 1
-        self.duration_sum += sum(durations)
+    def timed(self, counts: list[int], seconds: float) -> None:
+        """Run times a worker counted into DURATION_BOUNDS' buckets (protocol/runlog.py),
+        ``seconds`` in all: O(buckets) per report, nothing per task."""
+        total = self.duration_counts
+        for i, n in enumerate(counts):
+            total[i] += n
+        self.duration_sum += seconds
 
     def event(self, now: float, kind: str, cause: str, *, task_id: int = 0, where: str = "", payload: bytes = b"", status: int = -1) -> None:
         if len(payload) > MAX_KEPT_PAYLOAD:

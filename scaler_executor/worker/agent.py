@@ -17,6 +17,9 @@
   failed (``PROCESSOR_DIED``, the daemon decides on a retry) and the others go
   back to the agent's queue without counting as an attempt.
 * Results leave in one batch per loop iteration.  Heartbeats fill silence.
+* Each task run (start, end, status) and run time goes into a RunLog
+  (protocol/runlog.py), sent as one TaskRuns beside each heartbeat, for the daemon's
+  history and figures: the daemon records nothing per task for them.
 * ``task_timeout`` and ``cancel(force=True)`` kill the processor running the
   task; the zygote forks a replacement in a few milliseconds.
 * Stopping: SIGINT, or SIGTERM without ``drain_seconds``, stops at once: held-back
@@ -57,6 +60,7 @@ from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.chunks import Incoming, StreamError
 from scaler_executor.protocol.messages import Status
 from scaler_executor.protocol.rejoin import Backoff, is_not_resumable, is_unknown_peer
+from scaler_executor.protocol.runlog import RunLog
 from scaler_executor.worker import capture, handoff
 from scaler_executor.worker import processor as proc
 from scaler_executor.worker.dealing import MAX_DEPTH, recall_due, takes_more, task_depth
@@ -78,6 +82,11 @@ RESPAWN_BACKOFF = (0.0, 0.0, 0.1, 0.5, 2.0)  # after consecutive processors died
 STDERR_TAIL_BYTES = 4096  # kept per processor to explain a crash
 MEMORY_SAMPLE_SECONDS = 0.1
 RESULT_LINGER = 0.001  # most a result waits for others when the worker is saturated
+# A worker holding no task sends its task runs (protocol/runlog.py) at once, not at its next
+# heartbeat, so that the end of a burst shows in the dashboard and a report without waiting;
+# at most this often, so that a sequential caller (idle after every task) costs the daemon
+# one TaskRuns per this many seconds, not one per task.
+RUNS_IDLE_SECONDS = 0.05
 RESULT_BATCH = 64  # results that go at once, saturated or not
 HOUSEKEEPING_SECONDS = 0.005  # timers' resolution under load (deadlines, respawns, silence)
 ZYGOTE_WARM_IDLE = 0.2  # seconds without a task before the zygote may spend CPU on imports
@@ -189,6 +198,7 @@ class WorkerAgent:
         self.cpu_seen: dict[int, float] = {}
         self.cpu_at = 0.0
         self.last_heartbeat = 0.0
+        self.runs_sent = 0.0  # when its last TaskRuns went
         self.next_housekeeping = 0.0
         # Tasks reach the cluster they run on through get_executor() (nested tasks).
         os.environ[DAEMON_ADDRESS_ENV] = address
@@ -203,7 +213,10 @@ class WorkerAgent:
         self.sock = channel.connect(address, hwm=config.send_hwm, linger=0.2, security=security)
         self.poller = channel.Poller()
         self.poller.register(self.sock.pollable)
-        self.lanes = Lanes(self.name)  # where local clients submit sequential tasks (lanes.py)
+        # Task runs for the daemon's history, recorded here and sent beside the heartbeats
+        # (protocol/runlog.py): sized by the daemon's Welcome; lane tasks' go in it too.
+        self.runlog = RunLog()
+        self.lanes = Lanes(self.name, runs=self.runlog)  # where local clients submit sequential tasks (lanes.py)
         self.poller.register(self.zygote.control.fileno())
         self.processors: dict[int, Processor] = {}  # by fd
         self.stderr_of: dict[int, Processor] = {}  # by the fd of its stderr pipe
@@ -495,6 +508,7 @@ class WorkerAgent:
             log.info("worker %s: welcomed again (a repeated Hello); discarding what it held", self.name)
             self._forget_daemon_state()
         self.welcomed = True
+        self.runlog.resize(message.runs)
         self.rejoin.reset()
         self._reach_store(message.object_store)
         # Send at least as often as the daemon expects; judge its silence by its own pace.
@@ -829,6 +843,8 @@ class WorkerAgent:
             # and deletes the objects, which nobody else would.
             facts = m.TaskFacts(self.name, started, finished, peak)
             self.results.append(m.TaskResult(task_id, attempt, status, payload, facts, result_objects, delivered, output))
+            if task is not None and task_id not in self.lanes.tasks:  # a lane task's: lanes.py records it
+                self.runlog.ended(started, finished, status, peak)
         if task is not None and self.blobs:
             self._drop_blobs(task)
         duration = finished - started
@@ -1252,6 +1268,12 @@ class WorkerAgent:
             # Also beside results: a busy worker's memory and CPU reach the daemon too.
             self.last_heartbeat = now
             batch.append(self._heartbeat(now))
+            if (runs := self.runlog.take()) is not None:
+                batch.append(runs)  # the daemon's history: in bulk, never per task
+                self.runs_sent = now
+        elif self.runlog.pending and not self.held and now - self.runs_sent >= RUNS_IDLE_SECONDS:
+            batch.append(self.runlog.take())  # idle: a burst's last runs go now
+            self.runs_sent = now
         if batch and self.welcomed:
             if self.raw_out and not self._send_raw():
                 return  # a result's chunks go before it: the batch waits in the outbox
@@ -1403,6 +1425,8 @@ class WorkerAgent:
             for task_id, task in self.held.items()
             if (task_id, task.attempt) not in given and task_id not in lane_tasks
         ]
+        if (runs := self.runlog.take()) is not None:
+            batch.append(runs)  # what it ran since its last heartbeat stays in the daemon's history
         batch.append(m.Goodbye("worker stopping", unstarted))
         return batch
 

@@ -43,6 +43,7 @@ from typing import Any
 from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status
+from scaler_executor.protocol.runlog import RunLog
 from scaler_executor.worker.processor import dump_exception
 
 log = logging.getLogger("scaler_executor.worker")
@@ -64,7 +65,6 @@ class Lane:
     authkey_file: str = ""  # the client's, from the dispatched task that opened the lane
 
 
-LANE_RUNS = 1000  # lane task runs one LaneDone carries for the daemon's history; more are only counted
 LANE_FAILURES = 8  # failed lane tasks one LaneDone carries for the daemon's recent failures
 MAX_FAILURE_PAYLOAD = 64 * 1024  # a larger error payload travels without its traceback
 
@@ -79,7 +79,6 @@ class LaneTally:
     delivered: int = 0
     seconds: float = 0.0
     announced: list[int] = field(default_factory=list)  # ended tasks a LaneStarted named
-    runs: list[m.TaskRun] = field(default_factory=list)  # for the daemon's history, at most LANE_RUNS
     failures: list[m.TaskResult] = field(default_factory=list)  # for its recent failures, at most LANE_FAILURES
 
     def __bool__(self) -> bool:
@@ -95,6 +94,7 @@ class Lanes:
     by_pollable: dict[Any, Lane] = field(default_factory=dict)
     tasks: dict[int, tuple[Lane, bytes, int]] = field(default_factory=dict)  # task id -> (lane, client, fn id)
     tally: LaneTally = field(default_factory=LaneTally)
+    runs: RunLog = field(default_factory=RunLog)  # the agent's: lane tasks' runs join its others'
     # Callables that came down lanes, apart from the daemon's (whose ReleaseFunctions may
     # come while a lane task still needs one), with how many lane tasks hold each; a
     # client's release of one still held waits for its last task.
@@ -233,8 +233,7 @@ class Lanes:
             facts = result.facts
             if facts.finished > facts.started:
                 tally.seconds += facts.finished - facts.started
-                if len(tally.runs) < LANE_RUNS:
-                    tally.runs.append(m.TaskRun("", facts.started, facts.finished, result.status))
+                self.runs.ran(facts.started, facts.finished, result.status)  # for the daemon's history
             if result.delivered:
                 tally.delivered += 1
                 continue
@@ -248,8 +247,7 @@ class Lanes:
             return None
         self.tally = LaneTally()
         return m.LaneDone(
-            tally.finished, tally.failed, tally.retried, tally.delivered, tally.seconds, tally.announced, tally.runs,
-            tally.failures,
+            tally.finished, tally.failed, tally.retried, tally.delivered, tally.seconds, tally.announced, tally.failures,
         )
 
     def due(self, now: float) -> list[int]:

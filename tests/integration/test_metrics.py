@@ -56,6 +56,8 @@ def test_metrics_parse_and_match_the_statistics(cluster: DashboardCluster) -> No
         assert list(ex.map(square, range(20))) == [x * x for x in range(20)]
         with pytest.raises(ValueError, match="no 3"):
             ex.submit(fails, 3).result(timeout=WAIT)
+        # Run times reach the daemon summed up in the worker's TaskRuns, within a heartbeat.
+        assert wait_until(lambda: ex.statistics().durations.count == 20, timeout=WAIT)
         stats = ex.statistics()
         scraped: list[str] = []
 
@@ -63,7 +65,7 @@ def test_metrics_parse_and_match_the_statistics(cluster: DashboardCluster) -> No
             status, text = cluster.get("/metrics", token=cluster.token)
             assert status == 200, text
             scraped[:] = [text]
-            return "scaler_tasks_completed_total{outcome=\"failed\"} 1" in text
+            return "scaler_tasks_completed_total{outcome=\"failed\"} 1" in text and "scaler_task_duration_seconds_count 20" in text
 
         assert wait_until(caught_up, timeout=WAIT), scraped
         got = parse(scraped[0])

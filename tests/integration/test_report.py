@@ -15,6 +15,7 @@ from browser import COMMANDS, chromium
 from scaler_testing import child_env, fast_config, wait_until
 
 from scaler_executor import ScalerExecutor
+from scaler_executor.monitor import Monitor
 
 WAIT = 60.0  # bound on any single wait on a loaded machine; never a timing assertion
 
@@ -46,6 +47,8 @@ def test_the_report_opens_offline_after_the_cluster_is_gone(tmp_path: Path) -> N
         # The worker's results reach the daemon just after the client's: the report shows
         # what the daemon knows (its history has a run per task once they are counted).
         assert wait_until(lambda: ex.statistics()["finished"] == 30 and ex.statistics()["failed"] == 2, timeout=WAIT)
+        # Their runs come from the workers in bulk, within a heartbeat (docs/monitoring.rst).
+        assert wait_until(lambda: ex.report(path) == str(path) and path.read_text().count('<rect class="run"') == 32, timeout=WAIT)
         assert ex.report(path) == str(path)
     assert path.stat().st_size > 0
     driver = chromium()
@@ -100,6 +103,10 @@ def test_the_daemon_writes_its_report_when_it_stops(tmp_path: Path, how: str) ->
         with ScalerExecutor(address=address, config=fast_config()) as ex:
             _run_some(ex)
             assert wait_until(lambda: ex.statistics()["failed"] == 2, timeout=WAIT)
+            # The runs reach the daemon from the worker in bulk, within a heartbeat: a report
+            # written at a stop holds those the daemon had (docs/monitoring.rst).
+            with Monitor(address) as monitor:
+                assert wait_until(lambda: monitor.history().runs_seen == 32, timeout=WAIT)
         assert not report.exists()  # written when the daemon stops, not before
         if lifeline:
             assert proc.stdin is not None

@@ -157,3 +157,45 @@ def test_an_empty_batch_and_a_message_for_someone_else_do_not_stop_the_worker(di
     for kind in ("SubmitAck", "Stats", "TasksRunning"):
         assert f"dropped a {kind} from the daemon" in text, text
     assert "Traceback" not in text, text
+
+
+@pytest.mark.parametrize("runs", [100, 0])
+def test_the_worker_reports_its_runs_and_run_times_in_bulk_as_its_welcome_says(directory: str, runs: int) -> None:
+    """protocol/runlog.py: the runs of the tasks it ran (none when the daemon keeps none) and
+    their run times, in TaskRuns beside its results, never in them."""
+    from scaler_executor.protocol.runlog import unpack
+
+    daemon = FakeDaemon(directory)
+    log_path = Path(directory) / "worker.log"
+    with open(log_path, "wb") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "scaler_executor.cli.worker", daemon.address, "--processors", "1", "--lifeline"],
+            stdin=subprocess.PIPE, stderr=log, env=child_env(),
+        )  # fmt: skip
+    daemon.worker, daemon.log = worker, log_path
+    try:
+        daemon.wait_for(m.Hello)
+        daemon.send([m.Welcome(1, 0.1, 50, "", runs=runs)])
+        daemon.wait_for(m.Heartbeat)
+        daemon.send([m.DispatchTasks([], [_add_task(1, 2, 3), _add_task(2, 40, 2)])])
+        reports: list[m.TaskRuns] = []
+        facts: dict[int, m.TaskFacts] = {}
+        deadline = time.monotonic() + WAIT
+        while sum(r.timed for r in reports) < 2 and time.monotonic() < deadline:
+            for message in daemon.next_batch():
+                if type(message) is m.TaskRuns:
+                    reports.append(message)
+                elif type(message) is m.TaskResults:
+                    facts.update((r.task_id, r.facts) for r in message.results)
+        assert sum(r.timed for r in reports) == 2 and sorted(facts) == [1, 2]
+        got = [run for r in reports for run in zip(*unpack(r.runs, r.kept), strict=True)]
+        want = sorted((f.started, f.finished, Status.OK) for f in facts.values())
+        assert sorted(got) == (want if runs else [])
+        assert sum(r.seen for r in reports) == (2 if runs else 0)
+        assert sum(r.seconds for r in reports) == pytest.approx(sum(f.finished - f.started for f in facts.values()))
+        assert sum(sum(r.durations) for r in reports) == 2
+    finally:
+        _stop(worker)
+        assert worker.stdin is not None
+        worker.stdin.close()
+        daemon.close()

@@ -94,6 +94,7 @@ SAMPLES: dict[type, Any] = {
     m.Seceded: m.Seceded([SPEC.task_id]),
     m.LaneDone: m.LaneDone(3, 1, 1, 2, 0.125, [SPEC.task_id]),
     m.LaneStarted: m.LaneStarted([SPEC.task_id]),
+    m.TaskRuns: m.TaskRuns(1, 3, b"\x00" * 17),
     m.PinObjects: m.PinObjects([b"\x01" * 16]),
     m.ObjectRequest: m.ObjectRequest([b"\x01" * 16, b"\x02" * 16]),
     m.ObjectData: m.ObjectData([b"\x01" * 16, b"\x02" * 16], [True, False]),
@@ -476,8 +477,8 @@ def test_bool_fields_accept_bools() -> None:
 
 
 def test_float_fields_accept_ints() -> None:
-    (welcome,), _ = decode(raw(m.Welcome, [1, 2, 6, "", True, 30, b""]))
-    assert welcome == m.Welcome(1, 2, 6, "", True, 30, b"") and welcome.heartbeat_interval == 2.0
+    (welcome,), _ = decode(raw(m.Welcome, [1, 2, 6, "", True, 30, b"", 0]))
+    assert welcome == m.Welcome(1, 2, 6, "", True, 30, b"", 0) and welcome.heartbeat_interval == 2.0
     assert welcome.grace == 30.0
     (dispatch,), _ = decode(raw(m.DispatchTasks, [[], [[1, 0, 0, 0, b"", [], 30, [], "", ""]]]))
     assert dispatch.tasks[0].task_timeout == 30

@@ -24,10 +24,10 @@ from scaler_executor.protocol.codec import decode, encode
 from scaler_executor.protocol.messages import TASK_ID_BITS, Status, TaskFlags
 from scaler_executor.protocol.rejoin import is_unknown_peer
 from scaler_executor.scheduler.core import (
+    NOTICE_DELAY,
     PeerUnreachable,
     Received,
     Scheduler,
-    NOTICE_DELAY,
     Send,
     Tick,
     Wake,
@@ -198,7 +198,9 @@ def client_with_function(cluster: Cluster, peer: bytes = b"c1") -> tuple[int, in
 @pytest.mark.parametrize("role", [m.Role.CLIENT, m.Role.WORKER, m.Role.MONITOR])
 def test_welcome_for_each_role(cluster: Cluster, role: str) -> None:
     out = cluster.send(b"p", hello(role))
-    assert out.to(b"p") == [m.Welcome(1, INTERVAL, LIVENESS, "")]
+    # A worker is told how many task runs to keep for the history (the daemon's history_runs).
+    runs = cluster.scheduler.config.history_runs if role == m.Role.WORKER else 0
+    assert out.to(b"p") == [m.Welcome(1, INTERVAL, LIVENESS, "", runs=runs)]
     assert (cluster.stat("clients"), cluster.stat("workers")) == {
         m.Role.CLIENT: (1, 0),
         m.Role.WORKER: (0, 1),

@@ -13,6 +13,7 @@ from test_core import CONFIG, Cluster, client_with_function, hello, spec, tid
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.codec import decode, encode
 from scaler_executor.protocol.messages import Status
+from scaler_executor.protocol.runlog import RunLog
 from scaler_executor.scheduler.history import (
     BUCKET_SECONDS,
     MAX_BUCKETS,
@@ -31,18 +32,33 @@ def _boom() -> bytes:
         return dump_exception(exc)
 
 
-def test_the_ring_keeps_the_most_recent_runs_and_counts_them_all() -> None:
+def _report(*runs: tuple[float, float, int], seen: int | None = None) -> m.TaskRuns:
+    """A worker's TaskRuns of ``runs`` (started, finished, status), as its RunLog makes it."""
+    log = RunLog(len(runs) or 1)
+    for started, finished, status in runs:
+        log.ran(started, finished, status)
+    report = log.take()
+    assert report is not None
+    return report._replace(seen=report.seen if seen is None else seen)
+
+
+def test_the_history_keeps_the_most_recent_reported_runs_and_counts_them_all() -> None:
     history = History(runs=5)
-    for n in range(12):
-        history.run(f"w{n % 2}", 100.0 + n, 100.5 + n, Status.OK if n % 3 else Status.ERROR)
+    for n in range(6):  # reports of two runs each, from two workers
+        report = _report(*[(100.0 + 2 * n + i, 100.5 + 2 * n + i, Status.OK if i else Status.ERROR) for i in range(2)])
+        history.reported(f"w{n % 2}", report.kept, report.seen, report.runs)
     assert len(history.runs) == 5 and history.runs_seen == 12
     assert [run[1] for run in history.runs] == [107.0, 108.0, 109.0, 110.0, 111.0]  # oldest dropped
+    assert history.runs[-1] == ("w1", 111.0, 111.5, Status.OK) and history.runs[-2][3] == Status.ERROR
+    assert len(history._reports) == 3, "reports no longer needed went, whole"
     assert History().capacity == RUNS == 20_000
-    history.run("w9", 200.0, 201.0, Status.OK)  # wrapping round again
-    assert [run[:2] for run in history.runs] == [("w0", 108.0), ("w1", 109.0), ("w0", 110.0), ("w1", 111.0), ("w9", 200.0)]
+    report = _report((200.0, 201.0, Status.OK), seen=4)  # its ring overflowed: 3 only counted
+    history.reported("w9", report.kept, report.seen, report.runs)
+    assert [run[:2] for run in history.runs] == [("w0", 108.0), ("w0", 109.0), ("w1", 110.0), ("w1", 111.0), ("w9", 200.0)]
+    assert history.runs_seen == 16
     empty = History(runs=0)
-    empty.run("w0", 1.0, 2.0, Status.OK)
-    assert empty.runs == [] and empty.runs_seen == 1
+    empty.reported("w0", report.kept, report.seen, report.runs)
+    assert empty.runs == [] and empty.runs_seen == 0, "off: nothing recorded, whatever a worker sends"
     with pytest.raises(ValueError, match="runs must be at least 0"):
         History(runs=-1)
 
@@ -123,6 +139,8 @@ def test_the_core_records_runs_memory_and_workers_and_answers_clients(tmp_path: 
     results = [m.TaskResult(t, 0, Status.OK if i else Status.ERROR, b"v", facts, []) for i, t in enumerate(at_w1)]
     results.append(m.TaskResult(at_w1[0] + 999, 0, Status.OK, b"v", facts, []))  # unknown: not a run
     cluster.send(b"w1", m.TaskResults(results), dt=1.0)
+    assert history_message(core).runs == [], "the daemon's loop records no run: the worker reports them"
+    cluster.send(b"w1", _report(*[(50.0, 51.5, Status.ERROR)] + [(50.0, 51.5, Status.OK)] * (len(at_w1) - 1)))
     history = history_message(core)
     assert [(r.worker, r.started, r.finished) for r in history.runs] == [("w1", 50.0, 51.5)] * len(at_w1)
     assert history.runs[0].status == Status.ERROR and history.runs_seen == len(at_w1)
@@ -133,11 +151,12 @@ def test_the_core_records_runs_memory_and_workers_and_answers_clients(tmp_path: 
     cluster.send(b"w2", m.Goodbye("bye"), dt=20.0)  # a new bucket: one worker, its memory only
     assert history_message(core).series[-1][3:] == (1000, 1)
     # Lane tasks' runs come in LaneDone (worker "": the daemon names it), no more than it reports.
-    lane = [m.TaskRun("", 60.0 + i, 60.5 + i, Status.OK) for i in range(5)]
     failure = m.TaskResult(tid(cid, 77), 0, Status.ERROR, _boom(), m.TaskFacts("w1", 61.0, 61.5, 0), [])
-    cluster.send(b"w1", m.LaneDone(2, 1, 0, 0, 1.5, [], lane, [failure, failure]))  # one more than it failed
+    cluster.send(b"w1", m.LaneDone(2, 1, 0, 0, 1.5, [], [failure, failure]))  # one more than it failed
     lane_failures = [e for e in core.statistics().failures if e.task_id == tid(cid, 77)]
     assert len(lane_failures) == 1 and "boom 42" in lane_failures[0].cause and "raise ValueError" in lane_failures[0].detail
+    # Its lane tasks' runs come in its TaskRuns like the others (the daemon names the worker).
+    cluster.send(b"w1", _report(*[(60.0 + i, 60.5 + i, Status.OK) for i in range(3)]))
     runs = history_message(core).runs
     assert [(r.worker, r.started) for r in runs[-3:]] == [("w1", 60.0), ("w1", 61.0), ("w1", 62.0)]
     assert history_message(core).runs_seen == len(at_w1) + 3
@@ -148,6 +167,9 @@ def test_the_core_records_runs_memory_and_workers_and_answers_clients(tmp_path: 
     refused = core.counters["refused"]
     cluster.send(b"w1", m.HistoryRequest())
     assert core.counters["refused"] == refused + 1
+    # A worker that goes (its runs were reported) keeps what it had reported.
+    cluster.send(b"w1", m.Goodbye("bye"))
+    assert len(history_message(core).runs) == len(at_w1) + 3
 
 
 def test_monitors_share_one_history_rebuilt_at_most_every_interval() -> None:
@@ -173,15 +195,22 @@ def test_monitors_share_one_history_rebuilt_at_most_every_interval() -> None:
 def _run_tasks(cluster: Cluster, count: int) -> list[int]:
     """``count`` tasks submitted, dispatched to w1 and reported done, with their run times."""
     cid, fn = client_with_function(cluster)
-    cluster.worker(b"w1", capacity=count)
+    welcome = cluster.worker(b"w1", capacity=count).one(b"w1", m.Welcome)
+    assert welcome.runs == cluster.scheduler.config.history_runs
     cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, n), fn) for n in range(2, 2 + count)]))
     core = cluster.scheduler
     at_w1 = [t for t, task in core.tasks.items() if task.worker == b"w1"]
     assert len(at_w1) == count
     results = [m.TaskResult(t, 0, Status.OK, b"v", m.TaskFacts("w1", 50.0 + i, 50.5 + i, 0), []) for i, t in enumerate(at_w1)]
     cluster.send(b"w1", m.TaskResults(results), dt=1.0)
-    lane = [m.TaskRun("", 70.0, 70.5, Status.OK)]
-    cluster.send(b"w1", m.LaneDone(1, 0, 0, 0, 0.5, [], lane, []))
+    cluster.send(b"w1", m.LaneDone(1, 0, 0, 0, 0.5, [], []))
+    # What its RunLog sends beside its next heartbeat, sized by its Welcome (0: it sends no runs).
+    log = RunLog(welcome.runs)
+    for i in range(count):
+        log.ran(50.0 + i, 50.5 + i, Status.OK)
+    log.ran(70.0, 70.5, Status.OK)  # the lane task's
+    if (report := log.take()) is not None:
+        cluster.send(b"w1", report)
     return at_w1
 
 
@@ -194,6 +223,7 @@ def test_history_runs_sets_the_rings_size() -> None:
     _run_tasks(cluster, 4)
     history = history_message(cluster.scheduler)
     assert [r.started for r in history.runs] == [52.0, 53.0, 70.0] and history.runs_seen == 5
+    # A worker whose ring held 3 of 5 reports them: the history keeps 3, counts 5.
 
 
 def test_history_runs_0_records_no_run_and_keeps_the_counters() -> None:
@@ -214,3 +244,18 @@ def test_history_runs_0_records_no_run_and_keeps_the_counters() -> None:
     page = history_json(history, 100.0)
     assert page["runs_recorded"] is False and page["bars"] == []
     assert history_json(history_message(Cluster().scheduler), 100.0)["runs_recorded"] is True
+
+
+def test_a_bad_task_runs_report_is_refused_and_clients_are_told_to_keep_none() -> None:
+    cluster = Cluster()
+    cluster.tick()
+    assert cluster.join(b"c9", hello(m.Role.CLIENT)).one(b"c9", m.Welcome).runs == 0
+    cluster.worker(b"w1")
+    core = cluster.scheduler
+    refused = core.counters["refused"]
+    good = _report((1.0, 2.0, Status.OK), (3.0, 4.0, Status.OK))
+    for bad in (good._replace(runs=good.runs[:-1]), good._replace(seen=1), good._replace(kept=-1, runs=b"")):
+        cluster.send(b"w1", bad)
+    assert core.counters["refused"] == refused + 3 and history_message(core).runs == []
+    cluster.send(b"w1", good)
+    assert [r.started for r in history_message(core).runs] == [1.0, 3.0]

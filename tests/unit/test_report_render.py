@@ -12,6 +12,7 @@ from test_core import Cluster, client_with_function, spec, tid
 
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status
+from scaler_executor.protocol.runlog import RunLog
 from scaler_executor.scheduler.history import history_message
 from scaler_executor.scheduler.report import render_report, write_report
 from scaler_executor.worker.processor import dump_exception
@@ -41,6 +42,10 @@ def _run() -> tuple[Cluster, m.History]:
         for i, t in enumerate(tasks)
     ]  # fmt: skip
     cluster.send(b"w1", m.TaskResults(results), dt=2.0)
+    runs = RunLog(len(results))  # what the worker reports of them beside its heartbeat
+    for result in results:
+        runs.ran(result.facts.started, result.facts.finished, result.status)
+    cluster.send(b"w1", runs.take())
     return cluster, history_message(cluster.scheduler)
 
 

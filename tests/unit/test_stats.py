@@ -10,8 +10,9 @@ from test_core import DEADLINE, Cluster, client_with_function, hello, result, sp
 from scaler_executor import Statistics
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status, TaskFlags
+from scaler_executor.protocol.runlog import RunLog
 from scaler_executor.scheduler.core import Wake
-from scaler_executor.scheduler.stats import DURATION_BOUNDS, MAX_KEPT_PAYLOAD, RECENT_EVENTS, Recorder
+from scaler_executor.scheduler.stats import DURATION_BOUNDS, MAX_KEPT_PAYLOAD, RECENT_EVENTS
 from scaler_executor.worker.processor import dump_exception
 
 
@@ -28,6 +29,17 @@ def later(cluster: Cluster, dt: float) -> None:
 
 def _timed(task_id: int, seconds: float, status: int = Status.OK, payload: bytes = b"v", memory: int = 0) -> m.TaskResult:
     return m.TaskResult(task_id, 0, status, payload, m.TaskFacts("w1", 100.0, 100.0 + seconds, memory), [])
+
+
+def _results(cluster: Cluster, *results: m.TaskResult, dt: float = 0.0) -> None:
+    """A worker's results, then what its RunLog reports of them beside its next heartbeat
+    (the same turn here): their runs, and the run times and peak memory of those that ended well."""
+    cluster.send(b"w1", m.TaskResults(list(results)), dt=dt)
+    log = RunLog(100)
+    for r in results:
+        log.ended(r.facts.started, r.facts.finished, r.status, r.facts.peak_memory)
+    if (report := log.take()) is not None:
+        cluster.send(b"w1", report)
 
 
 def _boom() -> bytes:
@@ -62,7 +74,7 @@ def test_workers_and_clients_tables(cluster: Cluster) -> None:
     cluster.worker(b"w2", capacity=1, host="node-2")
     cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, 2), fn)]))
     cluster.send(b"w1", m.Heartbeat(1, 1), dt=0.5)
-    cluster.send(b"w1", m.TaskResults([_timed(tid(cid, 2), 0.25, memory=7 << 20)]), dt=1.0)
+    _results(cluster, _timed(tid(cid, 2), 0.25, memory=7 << 20), dt=1.0)
     later(cluster, 2.0)
     stats = cluster.scheduler.statistics()
     by_name = {w.name: w for w in stats.workers}
@@ -89,8 +101,8 @@ def test_windows_count_ended_tasks_and_their_run_times_then_forget_them(cluster:
     cid, fn = client_with_function(cluster)
     cluster.worker(b"w1", capacity=4)
     cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, n), fn) for n in (2, 3, 4)]))
-    cluster.send(b"w1", m.TaskResults([_timed(tid(cid, 2), 0.5), _timed(tid(cid, 3), 1.5)]))
-    cluster.send(b"w1", m.TaskResults([_timed(tid(cid, 4), 0.0, Status.ERROR, _boom())]), dt=5.0)
+    _results(cluster, _timed(tid(cid, 2), 0.5), _timed(tid(cid, 3), 1.5))
+    _results(cluster, _timed(tid(cid, 4), 0.0, Status.ERROR, _boom()), dt=5.0)
     short, long = cluster.scheduler.statistics().windows
     assert short.seconds == 10.0 and long.seconds == 60.0
     assert (short.finished, short.failed, short.timed) == (2, 1, 2)
@@ -201,6 +213,8 @@ def test_the_run_time_histogram_buckets_each_timed_task_once_and_keeps_it(cluste
     runs = {2: 0.0005, 3: 0.002, 4: 0.7, 5: 0.9, 6: 5000.0}
     cluster.send(b"c1", m.SubmitTasks([spec(tid(cid, n), fn) for n in runs]))
     cluster.send(b"w1", m.TaskResults([_timed(tid(cid, n), seconds) for n, seconds in runs.items()]))
+    assert cluster.scheduler.statistics().durations.count == 0, "the worker counts them, then reports"
+    _results(cluster, *[_timed(tid(cid, n), seconds) for n, seconds in runs.items()])
     durations = cluster.scheduler.statistics().durations
     assert durations.bounds == DURATION_BOUNDS and len(durations.counts) == len(DURATION_BOUNDS) + 1
     assert durations.count == 5 and durations.total_seconds == pytest.approx(sum(runs.values()))
@@ -209,9 +223,18 @@ def test_the_run_time_histogram_buckets_each_timed_task_once_and_keeps_it(cluste
     assert cumulative[1.0] == 4 and cumulative[3600.0] == 4 and cumulative[float("inf")] == 5
     later(cluster, 600.0)  # unlike the windows, the histogram only grows
     assert cluster.scheduler.statistics().durations == durations
-    recorder = Recorder()  # a bound is inclusive, as Prometheus' le
-    recorder.timed([0.001, 1.0, 3600.0])
-    assert [i for i, n in enumerate(recorder.duration_counts) if n] == [0, 9, len(DURATION_BOUNDS) - 1]
+    log = RunLog()  # a bound is inclusive, as Prometheus' le (counted with no ring at all)
+    for seconds in (0.001, 1.0, 3600.0):
+        log.ended(1.0, 1.0 + seconds, Status.OK, 0)  # (1.001 - 1.0 <= 0.001 in floats)
+    log.ended(100.0, 200.0, Status.ERROR, 0)  # only tasks that ended well are timed
+    report = log.take()
+    assert report is not None and (report.kept, report.seen, report.timed) == (0, 0, 3)
+    assert [i for i, n in enumerate(report.durations) if n] == [0, 9, len(DURATION_BOUNDS) - 1]
+    # A report whose counts do not add up is refused, and changes nothing.
+    refused = cluster.scheduler.counters["refused"]
+    cluster.send(b"w1", report._replace(timed=4), report._replace(longest=-1.0), report._replace(durations=[1]))
+    assert cluster.scheduler.counters["refused"] == refused + 3
+    assert cluster.scheduler.statistics().durations == durations
 
 
 def test_a_snapshot_pickles_and_stays_read_only(cluster: Cluster) -> None:
