@@ -110,7 +110,7 @@ WorkerId = NewType("WorkerId", int)
 TaskId = NewType("TaskId", int)
 FunctionId = NewType("FunctionId", int)
 
-PROTOCOL_VERSION = 2  # 2: a journaled daemon's Welcome fields and the resume messages (46-50)
+PROTOCOL_VERSION = 3  # 2: a journaled daemon's Welcome fields and the resume messages (46-50); 3: TaskRuns (62), Welcome.runs, LaneDone without runs
 TASK_ID_BITS = 40  # 10^12 tasks per client before ids wrap
 
 
