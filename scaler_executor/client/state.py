@@ -183,6 +183,10 @@ class ClientCore:
 
     def __init__(self, window: int) -> None:
         self.records: dict[int, TaskRecord] = {}
+        # Tasks whose cancel was asked of the daemon and not answered yet (record.cancel set),
+        # by number: the answer finds its waiter here even when the task's result came first
+        # and took the record out of ``records``.
+        self.cancelling: dict[int, TaskRecord] = {}
         self.outbox: deque[Any] = deque()  # TaskItem, or (kind, data)
         self.more_to_drain = False  # the last drain stopped at MAX_MESSAGES_PER_TRANSMISSION
         self.window = window  # most tasks sent and not yet acknowledged
@@ -376,6 +380,7 @@ class ClientCore:
             # is ours again, so the cancel is granted here (the daemon's own answer about
             # the old id then finds no record and is ignored).
             wait, record.cancel = record.cancel, None
+            self.cancelling.pop(record.n, None)
             self.move(record, "cancelled")
             return [DISCARD, AnswerCancel(record, wait, True)]
         record.repack = e.repack
@@ -405,6 +410,7 @@ class ClientCore:
             elif record.where is SENT:
                 if record.cancel is None and e.wait is not None and self.broken is None:
                     record.cancel = e.wait
+                    self.cancelling[record.n] = record
                     self.outbox.append((CANCEL, record.n))
                     asked.append(record)
                 elif record.cancel is not None and e.join and e.wait is not None:
@@ -431,14 +437,20 @@ class ClientCore:
         return [WAKE]
 
     def _on_cancel_answered(self, e: CancelAnswered) -> list[Command]:
-        """Dropped tasks leave ``records``; refused ones stay (their results come)."""
+        """Dropped tasks leave ``records``; refused ones stay (their results come).  A task
+        whose result came first (a refused one's, usually) is answered not dropped: its
+        canceller learns it now, not when its ``cancel_wait`` runs out."""
         out: list[Command] = []
         for dropped, task_ids in ((True, e.cancelled), (False, e.refused)):
             for task_id in task_ids:
-                record = self.records.get(task_id & TASK_MASK)
+                n = task_id & TASK_MASK
+                record = self.cancelling.pop(n, None)
                 if record is None or record.cancel is None:
-                    continue  # completed meanwhile (a refused task's result came first)
+                    continue  # answered already (a repeated answer after a restart)
                 wait, record.cancel = record.cancel, None
+                if self.records.get(n) is not record:
+                    out.append(AnswerCancel(record, wait, False))  # completed meanwhile
+                    continue
                 if dropped:
                     self.move(record, "cancelled")
                 out.append(AnswerCancel(record, wait, dropped))
@@ -499,7 +511,7 @@ class ClientCore:
         self.base = message.peer_id << m.TASK_ID_BITS  # (a resumed client keeps its id)
         if not resumed:
             return []
-        return [SendToDaemon([self.resume.report(self), *self._ask_again()])]
+        return [SendToDaemon([self.resume.report(self), *self._ask_again()]), *self._unanswerable()]
 
     # ------------------------------------------------------------------ lanes
 
@@ -575,7 +587,20 @@ class ClientCore:
             return []
         self.broken = e.error
         self.outbox.clear()
-        return [FailAll(e.error)]
+        out = self._unanswerable()  # (the outstanding tasks' cancellers are FailAll's)
+        out.append(FailAll(e.error))
+        return out
+
+    def _unanswerable(self) -> list[Command]:
+        """Cancels of tasks that completed, which no daemon will answer now (it is gone, or
+        restarted: the report names only outstanding tasks): their cancellers learn now."""
+        records, out = self.records, list[Command]()
+        for n, record in list(self.cancelling.items()):
+            if records.get(n) is not record:
+                del self.cancelling[n]
+                wait, record.cancel = record.cancel, None
+                out.append(AnswerCancel(record, wait, False))
+        return out
 
     def _on_broken(self, e: Broken) -> list[Command]:
         return [FailTasks(self.forget_all(), e.error)]
@@ -584,6 +609,7 @@ class ClientCore:
         """Every outstanding task, taken out (the executor is broken)."""
         records = list(self.records.values())
         self.records.clear()
+        self.cancelling.clear()
         self.outbox.clear()
         for record in records:
             self._left(record)
@@ -758,9 +784,12 @@ class ClientCore:
                 assert (record.blob is not None) == bool(record.item.fn_id), f"{record!r}: its callable's blob"
             if record.cancel is not None:
                 assert record.where is SENT, f"{record!r}: a cancel asked of the daemon while {record.where}"
+                assert self.cancelling.get(n) is record, f"{record!r}: a cancel asked without its entry"
             assert record.charge >= -1, f"{record!r} charged {record.charge}"
             if record.future is not None and self.cancel_hook is not None:
                 assert record.future._on_cancel is self.cancel_hook, f"{record!r}: its future's cancel bypasses the core"
+        for n, record in self.cancelling.items():
+            assert record.cancel is not None and record.n == n, f"{record!r}: answered yet awaited"
         for item in self.outbox:
             if type(item) is not TaskItem and item[0] == CANCEL:
                 asked = self.records.get(item[1])

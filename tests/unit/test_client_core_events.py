@@ -86,6 +86,8 @@ class World:
         self.on_lane: dict[int, TaskRecord] = {}  # sent down the lane: they run (by number)
         self.ran: set[int] = set()  # id() of records whose task started
         self.asked: list[int] = []  # cancels sent to the daemon, not answered
+        self.asked_for: dict[int, TaskRecord] = {}  # their records, by wire id
+        self.awaiting: set[int] = set()  # id() of records whose canceller waits for an answer
         self.ended: dict[int, str] = {}  # id(record) -> how it ended
         self.seen: list[TaskRecord] = []  # every record, kept alive: an id() is never reused
         self.broken = False
@@ -110,11 +112,16 @@ class World:
                             self.queued[spec.task_id] = self.core.records[spec.task_id & TASK_MASK]
                     elif type(message) is m.CancelTasks:
                         self.asked.extend(message.task_ids)
+                        for wire in message.task_ids:
+                            record = self.core.records.get(wire & TASK_MASK)
+                            if record is not None:
+                                self.asked_for[wire] = record
             case NotifyCancelled(records):
                 for record in records:
                     self.end(record, "cancelled")
             case AnswerCancel(record, wait, dropped):
                 assert wait is not None
+                self.awaiting.discard(id(record))
                 if dropped:
                     self.end(record, "cancelled")
             case Settle(record, result):
@@ -127,7 +134,11 @@ class World:
                     self.end(record, "failed")
             case SendDownLane(record, item):
                 assert record.where is LANE and item.n == record.n
-            case Resend() | MarkRunning() | AwaitAnswer() | ReleaseOnLane() | SetFlushed() | FailAll():
+            case AwaitAnswer(records, _):
+                self.awaiting.update(id(record) for record in records)
+            case FailAll():
+                self.awaiting.clear()  # (no answer will come: every waiter is released)
+            case Resend() | MarkRunning() | ReleaseOnLane() | SetFlushed():
                 pass
             case _ if command is WAKE or command is DISCARD:
                 pass
@@ -189,6 +200,10 @@ class World:
         if dropped:
             del self.queued[wire]
         self.step(self.core.handle(CancelAnswered([wire] if dropped else [], [] if dropped else [wire])))
+        record = self.asked_for.pop(wire, None)
+        if record is not None and wire not in self.asked:  # (the last of its asks, if asked twice)
+            # The daemon answered: its canceller knows, also if the result came first.
+            assert id(record) not in self.awaiting, f"{record!r}: the daemon answered, its canceller still waits"
 
     def start(self, pick: int) -> None:
         if self.queued:

@@ -229,13 +229,17 @@ def test_a_broken_core_asks_the_daemon_nothing() -> None:
     assert c.cancel(record) == [] and not c.core.outbox
 
 
-def test_cancel_answers_for_tasks_completed_meanwhile_are_ignored() -> None:
+def test_a_cancel_answer_for_a_task_completed_meanwhile_reaches_its_canceller_as_refused() -> None:
+    """Its result came first and took the record: the canceller still learns (not dropped)
+    when the answer comes, instead of waiting out cancel_wait; a second answer is ignored."""
     c = Client()
     a = c.submit()
     c.drain()
-    c.cancel(a)
+    (wait,) = [cmd.wait for cmd in c.cancel(a) if type(cmd) is AwaitAnswer]
     assert c.core.claim(a.n) is a  # its result came first
+    assert c.answer([], [BASE | a.n]) == [AnswerCancel(a, wait, False)]
     assert c.answer([], [BASE | a.n]) == []
+    c.check()
 
 
 def test_cancel_of_a_lane_task_or_a_claimed_one_is_refused() -> None:
