@@ -106,6 +106,8 @@ def settle(future: Future[Any], ok: bool, value: Any) -> None:
     """Complete ``future`` (PENDING or RUNNING) with a value or an exception; a future
     cancelled meanwhile stays cancelled."""
     if isinstance(future, TaskFuture):
+        if future.settle_unmade(ok, value):
+            return
         future.mark_running()
     elif not future.running() and not future.set_running_or_notify_cancel():
         return

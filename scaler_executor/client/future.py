@@ -6,7 +6,11 @@ A standard ``Future`` costs ~1.6 KB at birth, ~1.35 KB of it the ``threading.Con
 future's condition until someone waits on it, asks its state, or completes it.  So
 ``TaskFuture`` makes the condition, and the two lists (waiters of
 ``concurrent.futures.wait`` and done-callbacks), on first use of any of them: ~0.1 KB
-per pending task instead of ~1.6 KB.
+per pending task instead of ~1.6 KB.  And a future nobody waits on before it is done (a
+burst of ``submit`` whose results are read later) never gets them: its running notice and
+its result are applied under one module lock instead of its condition (``mark_running``,
+``settle_unmade``), and ``result()`` reads a finished future without a lock.  Making the
+condition on the running notice was the client's largest cost per task in such a burst.
 
 Everything else is the standard class: every method is ``Future``'s own, reading the
 same attributes, so ``wait``, ``as_completed``, ``asyncio.wrap_future`` and code that
@@ -20,7 +24,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, LOGGER, PENDING, RUNNING
+from concurrent.futures._base import (
+    CANCELLED,
+    CANCELLED_AND_NOTIFIED,
+    FINISHED,
+    LOGGER,
+    PENDING,
+    RUNNING,
+)
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -28,6 +39,12 @@ T = TypeVar("T")
 # The members Future.__init__ makes that TaskFuture makes on first use.
 LAZY_MEMBERS = ("_condition", "_waiters", "_done_callbacks")
 _WAITING = (PENDING, RUNNING)
+
+# Taken to make a future's lazy members, and by the transitions a future goes through while
+# it has none (``mark_running``, ``settle_unmade``): every other reader or writer of
+# ``_state`` holds the future's condition, which it has to make first, so while a future has
+# no condition, holding this lock excludes all of them.  Held for a few hundred nanoseconds.
+_FIRST_USE = threading.Lock()
 
 
 class _MadeOnFirstUse:
@@ -46,12 +63,14 @@ class _MadeOnFirstUse:
     def __get__(self, future: Any, owner: type | None = None) -> Any:
         if future is None:
             return self
-        # setdefault is one atomic dict operation: threads racing here all end up with
-        # the same three members (a loser's fresh ones are dropped unused).
+        # Under _FIRST_USE: a transition made without the condition (mark_running,
+        # settle_unmade) is over before the condition exists, or waits until it does.
         members = future.__dict__
-        members.setdefault("_condition", threading.Condition())
-        members.setdefault("_waiters", [])
-        members.setdefault("_done_callbacks", [])
+        with _FIRST_USE:
+            if "_condition" not in members:
+                members["_waiters"] = []
+                members["_done_callbacks"] = []
+                members["_condition"] = threading.Condition()
         return members[self.name]
 
 
@@ -84,6 +103,8 @@ class TaskFuture(Future[T]):
         self._on_cancel: Callable[[TaskFuture[Any]], bool] | None = None
 
     def result(self, timeout: float | None = None) -> T:
+        if self._state == FINISHED:  # final: no lock (and no condition made) to read it
+            return self._Future__get_result()  # type: ignore[attr-defined,no-any-return]
         pickup = self._pickup
         if pickup is not None and self._state in _WAITING:
             timeout = pickup(self, timeout)
@@ -114,11 +135,41 @@ class TaskFuture(Future[T]):
 
     def mark_running(self) -> bool:
         """PENDING -> RUNNING, atomically (several threads may try at once); False if it was
-        not PENDING.  A cancelled future is left to ``cancel_now``'s notification."""
+        not PENDING.  A cancelled future is left to ``cancel_now``'s notification.
+
+        A future nobody has waited on, asked or given a callback has no condition yet, and
+        gets none: nothing waits on it to be told (most running notices find their futures
+        so, and making the condition was the largest cost of a notice)."""
+        members = self.__dict__
+        if "_condition" not in members:
+            with _FIRST_USE:
+                if "_condition" not in members:
+                    if self._state != PENDING:
+                        return False
+                    self._state = RUNNING
+                    return True
         with self._condition:
             if self._state != PENDING:
                 return False
             return Future.set_running_or_notify_cancel(self)
+
+    def settle_unmade(self, ok: bool, value: Any) -> bool:
+        """Complete a future that has no condition yet (so no waiter and no done-callback)
+        without making one; False (nothing done) if it has one: use the standard path.  A
+        future cancelled meanwhile stays cancelled (True: nothing left to do)."""
+        members = self.__dict__
+        if "_condition" in members:
+            return False
+        with _FIRST_USE:
+            if "_condition" in members:
+                return False
+            if self._state in _WAITING:
+                if ok:
+                    self._result = value
+                else:
+                    self._exception = value
+                self._state = FINISHED
+            return True
 
     def has_callbacks(self) -> bool:
         return bool(self.__dict__.get("_done_callbacks"))
@@ -129,6 +180,8 @@ class TaskFuture(Future[T]):
         The check and the completion hold the future's (reentrant) lock, so an
         ``add_done_callback`` cannot slip in between.
         """
+        if self.settle_unmade(ok, value):
+            return True
         with self._condition:
             if self._done_callbacks:
                 return False

@@ -221,3 +221,103 @@ def test_a_running_notice_racing_its_result_never_strands_the_future() -> None:
         t.join(60)
     assert not raised, raised
     assert [f.result(0) for f in futures] == list(range(n))
+
+
+def test_a_future_nobody_touched_runs_and_completes_without_its_condition() -> None:
+    """A running notice and a result for a future nobody waits on, asked or gave a callback
+    make none of the lazy members (they were ~1 KB and the largest cost of a notice), and
+    reading the finished future's result makes none either."""
+    from scaler_executor.client.completion import settle
+
+    future: TaskFuture[int] = TaskFuture()
+    assert future.mark_running() and not future.mark_running()
+    assert not set(LAZY_MEMBERS) & set(vars(future))
+    settle(future, True, 7)
+    assert not set(LAZY_MEMBERS) & set(vars(future))
+    assert future.result() == 7 and future.result(0) == 7
+    assert not set(LAZY_MEMBERS) & set(vars(future))
+    assert future.done() and not future.running() and not future.cancel()
+
+    failed: TaskFuture[int] = TaskFuture()
+    assert failed.settle_if_no_callbacks(False, KeyError("k"))
+    assert not set(LAZY_MEMBERS) & set(vars(failed))
+    with pytest.raises(KeyError):
+        failed.result()
+    assert isinstance(failed.exception(), KeyError)
+
+    cancelled: TaskFuture[int] = TaskFuture()
+    assert cancelled.cancel()
+    assert not cancelled.mark_running()
+    settle(cancelled, True, 1)
+    assert cancelled.cancelled()
+    with pytest.raises(CancelledError):
+        cancelled.result()
+
+
+def test_waiters_arriving_while_a_fresh_future_completes_are_all_woken() -> None:
+    """Threads that make the condition (result(), wait(), add_done_callback) while another
+    completes the future without one: each either sees it done or is woken; none hangs."""
+    from scaler_executor.client.completion import settle
+
+    def by_result(start: threading.Barrier, future: TaskFuture[int], got: list[Any]) -> None:
+        start.wait(10)
+        got.append(future.result(timeout=30))
+
+    def by_wait(start: threading.Barrier, future: TaskFuture[int], got: list[Any]) -> None:
+        start.wait(10)
+        done, _ = wait([future], timeout=30)
+        got.append(len(done))
+
+    def by_callback(start: threading.Barrier, future: TaskFuture[int], called: list[Any]) -> None:
+        start.wait(10)
+        future.add_done_callback(lambda f: called.append(f.result()))
+
+    for i in range(300):
+        future: TaskFuture[int] = TaskFuture()
+        start = threading.Barrier(4)
+        got: list[Any] = []
+        called: list[Any] = []
+        threads = [
+            threading.Thread(target=by_result, args=(start, future, got)),
+            threading.Thread(target=by_wait, args=(start, future, got)),
+            threading.Thread(target=by_callback, args=(start, future, called)),
+        ]
+        for t in threads:
+            t.start()
+        start.wait(10)
+        future.mark_running()
+        settle(future, True, i)
+        for t in threads:
+            t.join(30)
+        assert sorted(got) == sorted([i, 1]) and called == [i]
+
+
+def test_a_cancel_racing_a_fresh_futures_completion_has_one_winner() -> None:
+    """cancel() True means the future is cancelled for good; False means it ran (its value
+    is there). Never both, never neither, whichever thread makes the condition."""
+    from scaler_executor.client.completion import settle
+
+    def cancel(future: TaskFuture[int], gate: threading.Barrier, said: list[bool]) -> None:
+        gate.wait(10)
+        said.append(future.cancel())
+
+    outcomes = {True: 0, False: 0}
+    for i in range(2000):
+        future: TaskFuture[int] = TaskFuture()
+        gate = threading.Barrier(2)
+        said: list[bool] = []
+        t = threading.Thread(target=cancel, args=(future, gate, said))
+        t.start()
+        gate.wait(10)
+        if i % 2:
+            future.mark_running()
+        settle(future, True, i)
+        t.join(30)
+        if said[0]:
+            assert future.cancelled()
+            with pytest.raises(CancelledError):
+                future.result(0)
+        else:
+            assert future.result(0) == i
+        outcomes[said[0]] += 1
+    assert sum(outcomes.values()) == 2000
