@@ -43,7 +43,8 @@ _WAITING = (PENDING, RUNNING)
 # Taken to make a future's lazy members, and by the transitions a future goes through while
 # it has none (``mark_running``, ``settle_unmade``): every other reader or writer of
 # ``_state`` holds the future's condition, which it has to make first, so while a future has
-# no condition, holding this lock excludes all of them.  Held for a few hundred nanoseconds.
+# no condition, holding this lock excludes all of them.  Held for a few hundred nanoseconds,
+# and nothing that could start the cyclic collector (a container's allocation) runs under it.
 _FIRST_USE = threading.Lock()
 
 
@@ -63,14 +64,19 @@ class _MadeOnFirstUse:
     def __get__(self, future: Any, owner: type | None = None) -> Any:
         if future is None:
             return self
-        # Under _FIRST_USE: a transition made without the condition (mark_running,
-        # settle_unmade) is over before the condition exists, or waits until it does.
+        # Installed under _FIRST_USE: a transition made without the condition (mark_running,
+        # settle_unmade) is over before the condition exists, or waits until it does.  Made
+        # before taking it: nothing allocated under that lock can start a collection, whose
+        # finalizers (a map iterator's, say, cancelling futures) would take it again.
         members = future.__dict__
+        waiters: list[Any] = []
+        callbacks: list[Any] = []
+        condition = threading.Condition()
         with _FIRST_USE:
-            if "_condition" not in members:
-                members["_waiters"] = []
-                members["_done_callbacks"] = []
-                members["_condition"] = threading.Condition()
+            if "_condition" not in members:  # (else another thread's won: ours are dropped)
+                members["_waiters"] = waiters
+                members["_done_callbacks"] = callbacks
+                members["_condition"] = condition
         return members[self.name]
 
 
