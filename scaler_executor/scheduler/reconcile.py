@@ -16,7 +16,9 @@ and it wins, in this order:
    still queued or waiting is dropped; one the daemon no longer has was dropped before the
    restart (the answer was lost); one at a worker, finished, or whose result is kept for
    the client is refused (its result comes).  A cancel with force kills the task at its
-   worker, or cancels it here if no worker has it (a CANCELLED result tells the client);
+   worker, or cancels it here if no worker has it (a CANCELLED result tells the client).
+   A task reloaded UNCLAIMED (state.py: maybe at a worker that has not reported) has its
+   cancel held, and answered as above once a worker claims it or the recovery ends;
 5. its tasks that it neither awaits nor needs for one it awaits (a dependency, at any depth)
    are forgotten as those of a client that left: queued and waiting ones dropped, one at a
    worker asked to drop it (if it runs already, it runs to its end and its result is
@@ -34,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status
-from scaler_executor.scheduler.core import NO_CLIENT, _pack_lost
+from scaler_executor.scheduler.core import CANCEL_ANSWER, CANCEL_FORCE, NO_CLIENT, _pack_lost
 from scaler_executor.scheduler.state import AT_WORKER_STATES, QUEUED_STATES, TaskState
 
 if TYPE_CHECKING:
@@ -126,6 +128,8 @@ def _answer_cancels(core: DurableScheduler, peer: bytes, asked: list[int], kept:
         elif task.client == peer and (task.state in QUEUED_STATES or task.state is TaskState.WAITING):
             core._cancel(task, False)
             cancelled.append(task_id)
+        elif task.client == peer and task.state is TaskState.UNCLAIMED:
+            core.hold_cancel(task_id, CANCEL_ANSWER)  # answered once it is claimed or released
         else:
             refused.append(task_id)
     core._send(peer, m.TasksCancelled(cancelled, refused))
@@ -142,6 +146,9 @@ def _apply_forced(core: DurableScheduler, peer: bytes, forced: list[int], kept: 
         task = core.tasks.get(task_id)
         if task is not None and task.client == peer and task.state in AT_WORKER_STATES:
             core._cancel(task, True)
+            continue
+        if task is not None and task.client == peer and task.state is TaskState.UNCLAIMED:
+            core.hold_cancel(task_id, CANCEL_FORCE)  # killed at the worker that claims it, or dropped
             continue
         if task is None and task_id in kept:
             continue  # its result goes again
@@ -172,7 +179,9 @@ def _forget_unwanted(core: DurableScheduler, peer: bytes, awaiting: dict[int, No
     unwanted = [t for t in client.tasks if t not in wanted]
     # Dependents first (ids grow with submission, and a dependent is submitted after what
     # it depends on): a dependency is then released by its last dependent, not failed
-    # under it.  A finished task kept for dependents goes with the last of them.
+    # under it.  A finished task kept for dependents goes with the last of them.  An
+    # UNCLAIMED one is dropped (core._cancel): a worker that still holds it has it
+    # cancelled on its report, as a task nobody awaits.
     count = 0
     for task_id in sorted(unwanted, reverse=True):
         task = tasks.get(task_id)
