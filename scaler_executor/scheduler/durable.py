@@ -875,9 +875,10 @@ class DurableScheduler(Scheduler):
         if any(True for _ in self.workers):
             self.recovering_until = grace_end
         log.info(
-            "daemon: restored %d clients, %d workers, %d tasks (%d at workers), %d results to deliver from the journal; "
-            "waiting up to %g s for them (restart_grace)",
+            "daemon: restored %d clients, %d workers, %d tasks (%d at workers, %d maybe at workers: unclaimed until they "
+            "report), %d results to deliver from the journal; waiting up to %g s for them (restart_grace)",
             len(self.clients), len(self.workers), len(self.tasks), sum(len(w.inflight) for w in self.workers.values()),
+            len(self.unclaimed),
             sum(len(ledger.kept) for ledger in self._ledgers.values()), self.grace,
         )
 
