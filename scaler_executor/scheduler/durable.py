@@ -508,7 +508,12 @@ class DurableScheduler(Scheduler):
 
     def _assign(self, worker: WorkerRecord, task: TaskRecord, out: Any) -> None:
         super()._assign(worker, task, out)
-        self._dirty.add(task.task_id)
+        # A dispatch is journaled only for a task that may run at most once (its ``d``
+        # record), or in the ``t`` record of a task written this turn (submitted, or under a
+        # new attempt: already touched).  Any other's dispatch changes no record: no visit.
+        retries = task.options.max_retries
+        if self._once_by_default if retries is None else retries == 0:
+            self._dirty.add(task.task_id)
 
     def _unassign(self, worker: WorkerRecord, task: TaskRecord) -> None:
         super()._unassign(worker, task)
