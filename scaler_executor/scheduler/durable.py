@@ -69,7 +69,7 @@ from scaler_executor.scheduler.core import (
     Tick,
 )
 from scaler_executor.scheduler.journal_format import JournalRecordInvalid
-from scaler_executor.scheduler.reconcile import client_report
+from scaler_executor.scheduler.reconcile import client_report, worker_report
 from scaler_executor.scheduler.state import (
     AT_WORKER_STATES,
     ClientRecord,
@@ -394,59 +394,8 @@ class DurableScheduler(Scheduler):
 
     def _on_worker_report(self, peer: bytes, message: m.WorkerReport) -> None:
         self._unreported.discard(peer)
-        worker = self.workers[peer]
-        if peer in self._held_back:
-            self._held_back.discard(peer)
-            worker.draining = False
-            self.placement.grew(peer)  # open to dispatch again
-        reported = {(a.task_id, a.attempt) for a in message.holding}
-        reported.update((a.task_id, a.attempt) for a in message.finished)
-        claimed = self._claim_reported(worker, reported) if self.unclaimed else []
-        returned = 0
-        for task_id in list(worker.inflight):
-            task = self.tasks[task_id]
-            if (task_id, task.attempt) not in reported:  # its dispatch never reached the worker
-                self._unassign(worker, task)
-                self._requeue_free(task, "returned")
-                returned += 1
-        stray = [
-            a.task_id for a in message.holding
-            if a.task_id not in worker.inflight or self.tasks[a.task_id].attempt != a.attempt
-        ]
-        if stray:
-            self._send(peer, m.CancelTasks(stray, True))  # nobody awaits them any more
-        # Cancels made while it was away (a resumed client's, scheduler/reconcile.py) never
-        # reached it: sent again, as they were asked.
-        cancelling = [
-            a.task_id for a in message.holding
-            if a.task_id in worker.inflight and self.tasks[a.task_id].state is TaskState.CANCELLING
-        ]
-        for force in (False, True):
-            again = [t for t in cancelling if (t in self._forced) is force]
-            if again:
-                self._send(peer, m.CancelTasks(again, force))
-        for task_id in claimed:  # after the resends: a cancel held for it goes once
-            self._apply_held_cancel(self.tasks[task_id], claimed=True)
-        log.info(
-            "worker %r reported: holds %d, finished %d; %d tasks it never got queued again, %d it holds cancelled, "
-            "%d reloaded without their dispatch claimed",
-            worker.name, len(message.holding), len(message.finished), returned, len(stray), len(claimed),
-        )
+        worker_report(self, peer, message)  # scheduler/reconcile.py
         self._end_recovery_if_back()
-
-    def _claim_reported(self, worker: WorkerRecord, reported: set[tuple[int, int]]) -> list[int]:
-        """The UNCLAIMED tasks this worker's report lists (held or finished) under the
-        attempt they have: DISPATCHED there (its results, sent again, then settle them); the
-        ids claimed.  A report of another attempt is an earlier hand-out's: a stray."""
-        claimed = []
-        tasks, unclaimed = self.tasks, self.unclaimed
-        for task_id, attempt in reported:
-            task = tasks.get(task_id)
-            if task_id in unclaimed and task is not None and task.attempt == attempt:
-                self._claim(worker, task)
-                self._dirty.add(task_id)
-                claimed.append(task_id)
-        return claimed
 
     def _end_recovery_if_back(self) -> None:
         if self.recovering_until is not None and not any(w in self.absent or w in self._unreported for w in self.workers):
