@@ -904,11 +904,12 @@ class DurableScheduler(Scheduler):
                 if task_id in dispatched:
                     self._dkeys.add(task_id)
                 return
-        elif self.workers and not self._at_most_once(task):
-            # No dispatch journaled, and none is for a task with retries left: it may be at
-            # a worker that has not reported yet (queued, running, or its result kept).
-            # Until one claims it or the recovery ends it goes nowhere else: sent elsewhere,
-            # it would be cancelled there as a stray and run twice.
+        if self.workers and not self._at_most_once(task):
+            # No dispatch journaled (none is, in a later turn, for a task with retries left),
+            # or one naming a worker gone: it may be at a worker that has not reported yet
+            # (queued, running, or its result kept).  Until one claims it or the recovery
+            # ends it goes nowhere else: sent elsewhere, it would be cancelled there as a
+            # stray and run twice.  (Released, it gets a new attempt: its ``t`` is rewritten.)
             task.set_state(TaskState.UNCLAIMED)
             self.unclaimed[task_id] = None
             return
@@ -951,7 +952,6 @@ class DurableScheduler(Scheduler):
                         assert self._jd.get(task_id) == dispatch, f"{task!r}: its dispatch is not journaled"
                     else:  # journaled only in its ``t`` record, if it was dispatched the turn it was written
                         assert self._jd.get(task_id) in (None, dispatch), f"{task!r}: another dispatch is journaled"
-                        assert task_id not in self._dkeys, f"{task!r} has a d record, yet may run again"
             assert self._dkeys <= set(self._jd), "a d record for a task not journaled as dispatched"
             assert not self._kpending, "results kept but not written"
 

@@ -307,3 +307,28 @@ def test_held_tasks_survive_a_crash_at_every_record_boundary() -> None:
         after = restart(world, point)
         finish(after, find(after, ClientModel))
         assert all(p.cancels == 0 for p in after.peers.values() if isinstance(p, WorkerModel)), point[0]
+
+
+def test_a_task_whose_journaled_dispatch_names_a_worker_gone_is_held_then_run_under_a_new_attempt() -> None:
+    """A ``t`` record that names a worker the journal no longer has (its ``w`` delete written,
+    the task's new attempt not: a turn torn in the files): the task may be anywhere, so it is
+    held like one without a dispatch, and released under a new attempt (its ``t`` rewritten)."""
+    world = World()
+    client = world.join_client()
+    world.join_worker(b"\x00W1", capacity=2)
+    spec = _spec(client, 1)
+    world.send(client.conn, [client.submit([spec])])  # dispatched the turn it was written: in its t record
+    live = live_map(world.records)
+    w1 = next(key for key in live if key[:1] == b"w")
+    del live[w1]
+    world.join_worker(b"\x00W2", capacity=2)
+    w2 = next(key for key in live_map(world.records) if key[:1] == b"w" and key != w1)
+    live[w2] = live_map(world.records)[w2]
+    core = DurableScheduler(CONFIG, token=lambda: b"t")
+    core.restore(live, world.now + 1.0)
+    core.validate()
+    assert core.tasks[spec.task_id].state is TaskState.UNCLAIMED
+    core.handle(Tick(world.now + 11.5))  # the grace period ends: W2 never reported either
+    core.validate()
+    task = core.tasks[spec.task_id]
+    assert task.state is TaskState.PENDING and task.attempt == 1
