@@ -4,6 +4,7 @@
 
     PYTHONPATH=. chrt -r 1 python bench/journal_core.py [--reps 10] [--tasks 40000] [--writer-share]
     PYTHONPATH=. chrt -r 1 python bench/journal_core.py --before /tmp/old-checkout --after . [--reps 10]
+    PYTHONPATH=. python bench/journal_core.py --entries [--tasks 40000]
 
 No process, no socket: the core (scheduler/core.py), and the journaled core
 (scheduler/durable.py) with a real ``JournalWriter`` (fsync ``interval``), driven by plain
@@ -11,7 +12,10 @@ calls as the daemon's loop drives them: one client submits no-op tasks in messag
 keeping 4,000 unanswered; two workers (capacity 8) each return up to 50 results per message;
 the client acknowledges every TaskResults message at once (ResultsAck).  Printed: CPU
 microseconds per task of each core and the difference (what the journal costs the daemon's
-core per task), medians over ``--reps``.  With ``--before``/``--after`` the two checkouts
+core per task), medians over ``--reps``.  ``--entries``: instead, the journal entries the
+journaled core writes per task under the same load, by kind (puts and deletes), counted
+instead of written (to count another checkout's, run this script with its package first on
+``PYTHONPATH`` and its interpreter).  With ``--before``/``--after`` the two checkouts
 (each with its own ``.venv``) alternate, each repetition in a fresh interpreter of its own
 tree (this script, the other tree's package), and the mean paired ratio of the journaled
 core's time per task (after ÷ before) is given with its 95 % confidence interval.
@@ -110,6 +114,32 @@ def per_task(durable: bool, tasks: int, batch: int = 500, in_flight: int = 4000,
     return elapsed / tasks * 1e6
 
 
+class _Counter:
+    """A writer that counts the entries it is given, by kind and put/delete."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def append(self, entries: list[tuple[bytes, bytes | None]]) -> None:
+        for key, value in entries:
+            name = key[:1].decode(errors="replace") + (" delete" if value is None else " put")
+            self.counts[name] = self.counts.get(name, 0) + 1
+
+    def close(self) -> None:
+        pass
+
+
+def entries_per_task(tasks: int) -> dict[str, float]:
+    counter = _Counter()
+    global open_journal
+    real, open_journal = open_journal, lambda *args, **kwargs: (counter, None)  # type: ignore[assignment]
+    try:
+        per_task(True, tasks)
+    finally:
+        open_journal = real
+    return {name: count / tasks for name, count in sorted(counter.counts.items())}
+
+
 def one(tasks: int, writer_share: bool = False) -> dict[str, float]:
     got = {"plain": per_task(False, tasks), "durable": per_task(True, tasks)}
     if writer_share:
@@ -125,7 +155,14 @@ def main() -> int:
     parser.add_argument("--after")
     parser.add_argument("--one", action="store_true", help="one repetition, printed as JSON")
     parser.add_argument("--writer-share", action="store_true", help="also the journaled core without its appends")
+    parser.add_argument("--entries", action="store_true", help="count the journal entries per task instead")
     args = parser.parse_args()
+    if args.entries:
+        counts = entries_per_task(args.tasks)
+        per_task_kinds = {name: round(n, 3) for name, n in counts.items() if n >= 0.001}
+        tasks_only = sum(n for name, n in counts.items() if name[0] in "tdrk")
+        print(f"journal entries per task: {per_task_kinds}; of task records (t, d, r, k): {tasks_only:.3f}")
+        return 0
     if args.one:
         print(json.dumps(one(args.tasks)))
         return 0

@@ -91,6 +91,10 @@ CLIENT_FLAGS = (
     TaskFlags.CHUNK | TaskFlags.INLINE_FN | TaskFlags.NO_RESULT | TaskFlags.PACKED | TaskFlags.WRITABLE
     | TaskFlags.REPLY_DIRECT | TaskFlags.LANE_RETRY | TaskFlags.CAPTURE
 )
+# How a cancel held for an UNCLAIMED task is applied (Scheduler.hold_cancel): its client
+# awaits the answer (TasksCancelled), and/or it was asked with force.
+CANCEL_ANSWER = 1
+CANCEL_FORCE = 2
 NO_CLIENT = b""  # the owner of a task whose client is gone (no ZeroMQ identity is empty)
 
 # --------------------------------------------------------------------------- events / commands
@@ -312,6 +316,11 @@ class Scheduler:
         # (a shared deadline, renewed by each sequential task, would fire every few tasks).
         self._direct_running: dict[int, tuple[bytes, float]] = {}  # task id -> (client, dispatched)
         self._acks: dict[bytes, int] = {}
+        # A restarted daemon's reloaded tasks that may be at a worker not reported yet
+        # (UNCLAIMED, state.py; put there by durable.py's restore), in reload order, and the
+        # cancels asked of them, held until they are claimed or released (hold_cancel).
+        self.unclaimed: dict[int, None] = {}
+        self.cancels_held: dict[int, int] = {}
         self._notices_since: float | None = None  # when the oldest deferred ack/running notice was made
         self._handlers: dict[type, Callable[[bytes, Any], None]] = {
             m.Heartbeat: self._on_heartbeat,
@@ -842,7 +851,10 @@ class Scheduler:
             for task_id in message.task_ids:
                 task = self.tasks.get(task_id)
                 if task is not None and task.client == peer:
-                    self._cancel(task, True)
+                    if task.state is TaskState.UNCLAIMED:
+                        self.hold_cancel(task_id, CANCEL_FORCE)
+                    else:
+                        self._cancel(task, True)
             return
         cancelled: list[int] = []
         refused: list[int] = []
@@ -853,14 +865,28 @@ class Scheduler:
             ):
                 self._cancel(task, False)
                 cancelled.append(task_id)
+            elif task is not None and task.client == peer and task.state is TaskState.UNCLAIMED:
+                self.hold_cancel(task_id, CANCEL_ANSWER)  # answered once it is claimed or not
             else:
                 refused.append(task_id)
         self._send(peer, m.TasksCancelled(cancelled, refused))
 
+    def hold_cancel(self, task_id: int, how: int) -> None:
+        """A cancel of an UNCLAIMED task (state.py): whether it can still be kept from
+        running is known only once a worker claims it or the recovery ends; applied then
+        (``_apply_held_cancel``).  ``how``: CANCEL_ANSWER and/or CANCEL_FORCE."""
+        self.cancels_held[task_id] = self.cancels_held.get(task_id, 0) | how
+
     def _cancel(self, task: TaskRecord, force: bool) -> None:
-        if task.state in QUEUED_STATES or task.state is TaskState.WAITING:
+        """Drop a task no worker holds; ask its worker to drop one it holds.  An UNCLAIMED
+        one is dropped (its client left or no longer wants it: if a worker still holds it,
+        that worker's report has it cancelled there as a task nobody awaits)."""
+        if task.state in QUEUED_STATES or task.state is TaskState.WAITING or task.state is TaskState.UNCLAIMED:
             if task.state in QUEUED_STATES:
                 self._unqueue(task)
+            elif task.state is TaskState.UNCLAIMED:
+                del self.unclaimed[task.task_id]
+                self.cancels_held.pop(task.task_id, None)
             task.transition("cancel")
             self._forget(task)
             self.counters["cancelled"] += 1
@@ -1454,6 +1480,53 @@ class Scheduler:
             running = self._running[task.client] = []
         running.append(task.task_id)
 
+    def _claim(self, worker: WorkerRecord, task: TaskRecord) -> None:
+        """An UNCLAIMED task is at this worker (its report lists it, or its result): DISPATCHED
+        there under the attempt it has, as if dispatched (nothing is sent: the worker has it).
+        Then ``_apply_held_cancel``."""
+        del self.unclaimed[task.task_id]
+        task.transition("claimed")
+        task.worker = worker.peer
+        worker.inflight[task.task_id] = None
+        if task.queue_key is not None:
+            used = worker.used
+            for name, quantity in task.queue_key[0]:
+                used[name] = used.get(name, 0.0) + quantity
+
+    def _release_unclaimed(self, task: TaskRecord) -> None:
+        """The recovery ended and no worker claimed this UNCLAIMED task: queued under a new
+        attempt (a late answer from an earlier hand-out cannot settle it), at no charge
+        against its retries.  Then ``_apply_held_cancel``."""
+        del self.unclaimed[task.task_id]
+        task.attempt += 1
+        task.transition("unclaimed")
+        task.queued_at = self._now
+        self._queue(task)
+
+    def _apply_held_cancel(self, task: TaskRecord, claimed: bool) -> None:
+        """The cancel held while the task was UNCLAIMED (hold_cancel), now that it was
+        claimed by a worker (as for a task at a worker: refused, and with force killed there)
+        or released to its queue (as for a queued task: dropped, its client told by
+        ``TasksCancelled``, or by a CANCELLED result for a forced cancel, which gets no
+        answer of its own)."""
+        how = self.cancels_held.pop(task.task_id, 0)
+        if not how:
+            return
+        client = task.client if task.client in self.clients else None
+        if claimed:
+            if how & CANCEL_FORCE:
+                self._cancel(task, True)
+            if how & CANCEL_ANSWER and client is not None:
+                self._send(client, m.TasksCancelled([], [task.task_id]))
+            return
+        self._cancel(task, False)
+        if client is None:
+            return
+        if how & CANCEL_ANSWER:
+            self._send(client, m.TasksCancelled([task.task_id], []))
+        if how & CANCEL_FORCE and not task.flags & TaskFlags.NO_RESULT:
+            self._result_to(client, m.TaskResult(task.task_id, task.attempt, Status.CANCELLED, b"", m.NO_FACTS, m.NO_OBJECTS))
+
     def _unassign(self, worker: WorkerRecord, task: TaskRecord) -> None:
         del worker.inflight[task.task_id]
         worker.seceded.discard(task.task_id)
@@ -1734,6 +1807,7 @@ class Scheduler:
                 assert task_id in self.clients[task.client].tasks, f"{task!r} missing from its client"
             if task.state is TaskState.FINISHED:
                 assert task.result is not None and task.holds > 0, f"{task!r} finished but kept for nothing"
+            assert (task.state is TaskState.UNCLAIMED) == (task_id in self.unclaimed), f"{task!r} unclaimed index wrong"
             if task.state is TaskState.WAITING:
                 unfinished = sum(1 for d in task.deps if self.tasks[d].state is not TaskState.FINISHED)
                 assert task.waiting == unfinished > 0, f"{task!r} waits for {task.waiting}, {unfinished} unfinished"
@@ -1770,6 +1844,10 @@ class Scheduler:
         for client in self.clients.values():
             for task_id in client.tasks:
                 assert self.tasks[task_id].client == client.peer, f"{client!r} owns stray task {task_id:#x}"
+        assert len(self.unclaimed) == self.state_counts.get(TaskState.UNCLAIMED, 0), "unclaimed tasks gone but indexed"
+        for task_id, how in self.cancels_held.items():
+            assert task_id in self.unclaimed, f"a cancel held for task {task_id:#x}, which is not unclaimed"
+            assert how and not how & ~(CANCEL_ANSWER | CANCEL_FORCE), f"task {task_id:#x}: held cancel {how!r}"
         self.managers.validate()
         self.placement.validate(self.workers, self.constrained)
         for key, queue in self.constrained.items():

@@ -23,7 +23,10 @@ waits up to ``restart_grace`` for the workers it had, and every peer resumes:
 * **What is journaled** (keys are a kind byte and an 8-byte big-endian number):
   ``n`` the next peer id; ``c``+peer id a client (name, host, token...); ``w``+peer id a
   worker; ``f``+fn id a callable; ``t``+task id a task as submitted plus its attempt and
-  failures; ``d``+task id the worker it was dispatched to and under which attempt; ``r``+task
+  failures; ``d``+task id the worker it was dispatched to and under which attempt (only for a
+  task that may run at most once, ``max_retries=0``: another task reloaded without a
+  journaled dispatch is ``UNCLAIMED`` until a worker's report claims it or the recovery
+  ends, state.py); ``r``+task
   id a result kept for dependents; ``k``+task id a result sent to a client and not yet
   acknowledged by it (``ResultsAck``).  Deletions follow the records' ends.  Tasks are
   written at the end of the turn from their state (a set of tasks touched this turn), so a
@@ -66,7 +69,7 @@ from scaler_executor.scheduler.core import (
     Tick,
 )
 from scaler_executor.scheduler.journal_format import JournalRecordInvalid
-from scaler_executor.scheduler.reconcile import client_report
+from scaler_executor.scheduler.reconcile import client_report, worker_report
 from scaler_executor.scheduler.state import (
     AT_WORKER_STATES,
     ClientRecord,
@@ -252,6 +255,10 @@ class DurableScheduler(Scheduler):
         self._odirty: set[tuple[bytes, bytes]] = set()
         self._sweep = False  # a SweepStore is due once the journaled clients are back or gone
         self._forced: set[int] = set()  # tasks at workers cancelled with force (their cancel may be resent)
+        # ``d`` records are written only for tasks that may run at most once (docs/durability.rst):
+        # a task with retries left that is reloaded without one waits UNCLAIMED for the
+        # workers' reports.  Whether a task of the default options may: the config's default.
+        self._once_by_default = config.max_retries == 0
         if object_store:
             self._entries.append((STORE, object_store.encode()))
         self._handlers[m.ClientReport] = self._on_client_report
@@ -387,46 +394,26 @@ class DurableScheduler(Scheduler):
 
     def _on_worker_report(self, peer: bytes, message: m.WorkerReport) -> None:
         self._unreported.discard(peer)
-        worker = self.workers[peer]
-        if peer in self._held_back:
-            self._held_back.discard(peer)
-            worker.draining = False
-            self.placement.grew(peer)  # open to dispatch again
-        reported = {(a.task_id, a.attempt) for a in message.holding}
-        reported.update((a.task_id, a.attempt) for a in message.finished)
-        returned = 0
-        for task_id in list(worker.inflight):
-            task = self.tasks[task_id]
-            if (task_id, task.attempt) not in reported:  # its dispatch never reached the worker
-                self._unassign(worker, task)
-                self._requeue_free(task, "returned")
-                returned += 1
-        stray = [
-            a.task_id for a in message.holding
-            if a.task_id not in worker.inflight or self.tasks[a.task_id].attempt != a.attempt
-        ]
-        if stray:
-            self._send(peer, m.CancelTasks(stray, True))  # nobody awaits them any more
-        # Cancels made while it was away (a resumed client's, scheduler/reconcile.py) never
-        # reached it: sent again, as they were asked.
-        cancelling = [
-            a.task_id for a in message.holding
-            if a.task_id in worker.inflight and self.tasks[a.task_id].state is TaskState.CANCELLING
-        ]
-        for force in (False, True):
-            again = [t for t in cancelling if (t in self._forced) is force]
-            if again:
-                self._send(peer, m.CancelTasks(again, force))
-        log.info(
-            "worker %r reported: holds %d, finished %d; %d tasks it never got queued again, %d it holds cancelled",
-            worker.name, len(message.holding), len(message.finished), returned, len(stray),
-        )
+        worker_report(self, peer, message)  # scheduler/reconcile.py
         self._end_recovery_if_back()
 
     def _end_recovery_if_back(self) -> None:
         if self.recovering_until is not None and not any(w in self.absent or w in self._unreported for w in self.workers):
             log.info("daemon: every journaled worker is back; recovery done")
             self.recovering_until = None
+            self._release_unclaimed_all()
+
+    def _release_unclaimed_all(self) -> None:
+        """The recovery is over: no worker claimed these reloaded tasks, so none holds them
+        (or it never came back): queued under a new attempt, in reload order."""
+        if not self.unclaimed:
+            return
+        log.info("daemon: %d reloaded tasks no worker claimed are queued again", len(self.unclaimed))
+        for task_id in list(self.unclaimed):
+            task = self.tasks[task_id]
+            self._release_unclaimed(task)
+            self._dirty.add(task_id)  # a new attempt: its ``t`` record is written again
+            self._apply_held_cancel(task, claimed=False)
 
     def _on_results_ack(self, peer: bytes, message: m.ResultsAck) -> None:
         ledger = self._ledgers.get(peer)
@@ -470,7 +457,12 @@ class DurableScheduler(Scheduler):
 
     def _assign(self, worker: WorkerRecord, task: TaskRecord, out: Any) -> None:
         super()._assign(worker, task, out)
-        self._dirty.add(task.task_id)
+        # A dispatch is journaled only for a task that may run at most once (its ``d``
+        # record), or in the ``t`` record of a task written this turn (submitted, or under a
+        # new attempt: already touched).  Any other's dispatch changes no record: no visit.
+        retries = task.options.max_retries
+        if self._once_by_default if retries is None else retries == 0:
+            self._dirty.add(task.task_id)
 
     def _unassign(self, worker: WorkerRecord, task: TaskRecord) -> None:
         super()._unassign(worker, task)
@@ -561,6 +553,7 @@ class DurableScheduler(Scheduler):
             self.recovering_until = None
             for worker in [w for w in self.workers.values() if w.peer in self.absent or w.peer in self._unreported]:
                 self._lose_absent(worker)
+            self._release_unclaimed_all()
 
     def _lose_absent(self, worker: WorkerRecord) -> None:
         """A worker the journal knew did not come back within the grace period: its tasks may
@@ -651,13 +644,14 @@ class DurableScheduler(Scheduler):
     def _journal_tasks(self) -> None:
         """The records of the tasks this turn touched, from their state.  A task's dispatch
         travels in its ``t`` record when both are written in one turn (submitted and
-        dispatched at once: the common case), else in a ``d`` record of its own; a task
-        leaves a worker other than by ending only with a new attempt, which rewrites ``t``.
+        dispatched at once: the common case), else, for a task that may run at most once, in
+        a ``d`` record of its own (any other is reloaded UNCLAIMED: state.py); a task leaves
+        a worker other than by ending only with a new attempt, which rewrites ``t``.
         (Every task passes here two or three times: locals, and no work a branch does not
         need: docs/durability.rst, "What the journal costs".)"""
         entries, tasks, clients, workers = self._entries, self.tasks, self.clients, self.workers
         jt, jd, jr, dkeys, kpending = self._jt, self._jd, self._jr, self._dkeys, self._kpending
-        at_worker, finished = AT_WORKER_STATES, TaskState.FINISHED
+        at_worker, finished, once = AT_WORKER_STATES, TaskState.FINISHED, self._once_by_default
         for task_id in self._dirty:
             task = tasks.get(task_id)
             if task is None or task.client not in clients:
@@ -697,9 +691,13 @@ class DurableScheduler(Scheduler):
                     entries.append((_KEY(b"d", task_id), None))
             elif dispatch:
                 if jd.get(task_id) != dispatch:
-                    jd[task_id] = dispatch
-                    dkeys.add(task_id)
-                    entries.append((_KEY(b"d", task_id), dispatch))
+                    # Only for a task that may run at most once (max_retries=0): any other
+                    # task reloaded without it is UNCLAIMED until a worker claims it.
+                    retries = task.options.max_retries
+                    if once if retries is None else retries == 0:
+                        jd[task_id] = dispatch
+                        dkeys.add(task_id)
+                        entries.append((_KEY(b"d", task_id), dispatch))
             elif task_id in dkeys:
                 dkeys.discard(task_id)
                 jd.pop(task_id, None)
@@ -831,9 +829,10 @@ class DurableScheduler(Scheduler):
         if any(True for _ in self.workers):
             self.recovering_until = grace_end
         log.info(
-            "daemon: restored %d clients, %d workers, %d tasks (%d at workers), %d results to deliver from the journal; "
-            "waiting up to %g s for them (restart_grace)",
+            "daemon: restored %d clients, %d workers, %d tasks (%d at workers, %d maybe at workers: unclaimed until they "
+            "report), %d results to deliver from the journal; waiting up to %g s for them (restart_grace)",
             len(self.clients), len(self.workers), len(self.tasks), sum(len(w.inflight) for w in self.workers.values()),
+            len(self.unclaimed),
             sum(len(ledger.kept) for ledger in self._ledgers.values()), self.grace,
         )
 
@@ -905,12 +904,31 @@ class DurableScheduler(Scheduler):
                 if task_id in dispatched:
                     self._dkeys.add(task_id)
                 return
+        if self.workers and not self._at_most_once(task):
+            # No dispatch journaled (none is, in a later turn, for a task with retries left),
+            # or one naming a worker gone: it may be at a worker that has not reported yet
+            # (queued, running, or its result kept).  Until one claims it or the recovery
+            # ends it goes nowhere else: sent elsewhere, it would be cancelled there as a
+            # stray and run twice.  (Released, it gets a new attempt: its ``t`` is rewritten.)
+            task.set_state(TaskState.UNCLAIMED)
+            self.unclaimed[task_id] = None
+            return
         task.queued_at = self._now
         self._queue(task)
         self._dirty.add(task_id)
 
+    def _at_most_once(self, task: TaskRecord) -> bool:
+        """May this task run at most once (``max_retries=0``)?  Only such tasks' dispatches
+        are journaled in ``d`` records."""
+        retries = task.options.max_retries
+        return self._once_by_default if retries is None else retries == 0
+
     def validate(self) -> None:
         super().validate()
+        if self.unclaimed:
+            assert self.recovering_until is not None, "tasks unclaimed after the recovery ended"
+            for task_id in self.unclaimed:
+                assert not self._at_most_once(self.tasks[task_id]), f"task {task_id:#x} may run at most once, yet unclaimed"
         for peer, conn in self._conn_of.items():
             assert self._logical.get(conn) == peer, f"connection map broken for {peer!r}"
             assert peer in self.clients or peer in self.workers, f"a connection for a peer that is gone: {peer!r}"
@@ -930,7 +948,10 @@ class DurableScheduler(Scheduler):
                 if task.client in self.clients and task.state in AT_WORKER_STATES:
                     assert task.worker is not None
                     dispatch = self.workers[task.worker].worker_id.to_bytes(8, "big") + task.attempt.to_bytes(4, "big")
-                    assert self._jd.get(task_id) == dispatch, f"{task!r}: its dispatch is not journaled"
+                    if self._at_most_once(task):
+                        assert self._jd.get(task_id) == dispatch, f"{task!r}: its dispatch is not journaled"
+                    else:  # journaled only in its ``t`` record, if it was dispatched the turn it was written
+                        assert self._jd.get(task_id) in (None, dispatch), f"{task!r}: another dispatch is journaled"
             assert self._dkeys <= set(self._jd), "a d record for a task not journaled as dispatched"
             assert not self._kpending, "results kept but not written"
 

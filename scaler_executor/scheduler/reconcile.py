@@ -1,4 +1,11 @@
-"""A restarted daemon reconciles a resumed client's report with its journal (docs/durability.rst).
+"""A restarted daemon reconciles its resumed peers' reports with its journal (docs/durability.rst).
+
+A worker's ``WorkerReport`` (``worker_report``) lists the tasks it holds and those it
+finished whose results the daemon had not acknowledged (they follow, sent again): a task
+restored at it that it does not list never reached it (queued again at no charge); an
+UNCLAIMED task it lists under the attempt it has is claimed (DISPATCHED there: state.py);
+a task it holds that the daemon does not expect there is cancelled; cancels asked while it
+was away are sent again, and those held for the tasks it claimed are applied.
 
 The journal holds what the dead daemon had written; the client's ``ClientReport`` holds what
 the client holds now.  They differ by what the daemon wrote but never got to say (the client
@@ -16,7 +23,9 @@ and it wins, in this order:
    still queued or waiting is dropped; one the daemon no longer has was dropped before the
    restart (the answer was lost); one at a worker, finished, or whose result is kept for
    the client is refused (its result comes).  A cancel with force kills the task at its
-   worker, or cancels it here if no worker has it (a CANCELLED result tells the client);
+   worker, or cancels it here if no worker has it (a CANCELLED result tells the client).
+   A task reloaded UNCLAIMED (state.py: maybe at a worker that has not reported) has its
+   cancel held, and answered as above once a worker claims it or the recovery ends;
 5. its tasks that it neither awaits nor needs for one it awaits (a dependency, at any depth)
    are forgotten as those of a client that left: queued and waiting ones dropped, one at a
    worker asked to drop it (if it runs already, it runs to its end and its result is
@@ -34,8 +43,8 @@ from typing import TYPE_CHECKING
 
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status
-from scaler_executor.scheduler.core import NO_CLIENT, _pack_lost
-from scaler_executor.scheduler.state import AT_WORKER_STATES, QUEUED_STATES, TaskState
+from scaler_executor.scheduler.core import CANCEL_ANSWER, CANCEL_FORCE, NO_CLIENT, _pack_lost
+from scaler_executor.scheduler.state import AT_WORKER_STATES, QUEUED_STATES, TaskState, WorkerRecord
 
 if TYPE_CHECKING:
     from scaler_executor.scheduler.durable import DurableScheduler
@@ -126,6 +135,8 @@ def _answer_cancels(core: DurableScheduler, peer: bytes, asked: list[int], kept:
         elif task.client == peer and (task.state in QUEUED_STATES or task.state is TaskState.WAITING):
             core._cancel(task, False)
             cancelled.append(task_id)
+        elif task.client == peer and task.state is TaskState.UNCLAIMED:
+            core.hold_cancel(task_id, CANCEL_ANSWER)  # answered once it is claimed or released
         else:
             refused.append(task_id)
     core._send(peer, m.TasksCancelled(cancelled, refused))
@@ -142,6 +153,9 @@ def _apply_forced(core: DurableScheduler, peer: bytes, forced: list[int], kept: 
         task = core.tasks.get(task_id)
         if task is not None and task.client == peer and task.state in AT_WORKER_STATES:
             core._cancel(task, True)
+            continue
+        if task is not None and task.client == peer and task.state is TaskState.UNCLAIMED:
+            core.hold_cancel(task_id, CANCEL_FORCE)  # killed at the worker that claims it, or dropped
             continue
         if task is None and task_id in kept:
             continue  # its result goes again
@@ -172,7 +186,9 @@ def _forget_unwanted(core: DurableScheduler, peer: bytes, awaiting: dict[int, No
     unwanted = [t for t in client.tasks if t not in wanted]
     # Dependents first (ids grow with submission, and a dependent is submitted after what
     # it depends on): a dependency is then released by its last dependent, not failed
-    # under it.  A finished task kept for dependents goes with the last of them.
+    # under it.  A finished task kept for dependents goes with the last of them.  An
+    # UNCLAIMED one is dropped (core._cancel): a worker that still holds it has it
+    # cancelled on its report, as a task nobody awaits.
     count = 0
     for task_id in sorted(unwanted, reverse=True):
         task = tasks.get(task_id)
@@ -189,3 +205,59 @@ def _forget_unwanted(core: DurableScheduler, peer: bytes, awaiting: dict[int, No
         else:
             core._cancel(task, False)
     return count
+
+
+def worker_report(core: DurableScheduler, peer: bytes, message: m.WorkerReport) -> None:
+    """Apply a resumed worker's report (the module doc's first paragraph)."""
+    worker = core.workers[peer]
+    if peer in core._held_back:
+        core._held_back.discard(peer)
+        worker.draining = False
+        core.placement.grew(peer)  # open to dispatch again
+    reported = {(a.task_id, a.attempt) for a in message.holding}
+    reported.update((a.task_id, a.attempt) for a in message.finished)
+    claimed = _claim_reported(core, worker, [*message.holding, *message.finished]) if core.unclaimed else []
+    returned = 0
+    for task_id in list(worker.inflight):
+        task = core.tasks[task_id]
+        if (task_id, task.attempt) not in reported:  # its dispatch never reached the worker
+            core._unassign(worker, task)
+            core._requeue_free(task, "returned")
+            returned += 1
+    stray = [
+        a.task_id for a in message.holding
+        if a.task_id not in worker.inflight or core.tasks[a.task_id].attempt != a.attempt
+    ]
+    if stray:
+        core._send(peer, m.CancelTasks(stray, True))  # nobody awaits them any more
+    # Cancels made while it was away (a resumed client's, client_report) never reached it:
+    # sent again, as they were asked.
+    cancelling = [
+        a.task_id for a in message.holding
+        if a.task_id in worker.inflight and core.tasks[a.task_id].state is TaskState.CANCELLING
+    ]
+    for force in (False, True):
+        again = [t for t in cancelling if (t in core._forced) is force]
+        if again:
+            core._send(peer, m.CancelTasks(again, force))
+    for task_id in claimed:  # after the resends: a cancel held for it goes once
+        core._apply_held_cancel(core.tasks[task_id], claimed=True)
+    log.info(
+        "worker %r reported: holds %d, finished %d; %d tasks it never got queued again, %d it holds cancelled, "
+        "%d reloaded without their dispatch claimed",
+        worker.name, len(message.holding), len(message.finished), returned, len(stray), len(claimed),
+    )
+
+
+def _claim_reported(core: DurableScheduler, worker: WorkerRecord, reported: list[m.TaskAttempt]) -> list[int]:
+    """The UNCLAIMED tasks a worker's report lists (held or finished) under the attempt they
+    have: DISPATCHED there (its results, sent again, then settle them); the ids claimed.  A
+    report of another attempt is an earlier hand-out's: a stray."""
+    claimed = []
+    tasks, unclaimed = core.tasks, core.unclaimed
+    for task_id, attempt in reported:
+        task = tasks.get(task_id)
+        if task_id in unclaimed and task is not None and task.attempt == attempt:
+            core._claim(worker, task)  # (no record changes: only a task with retries left is unclaimed)
+            claimed.append(task_id)
+    return claimed

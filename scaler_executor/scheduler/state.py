@@ -13,6 +13,17 @@ task's recent story)::
 
 ``RETRYING`` is queued exactly like ``PENDING``; it is its own state so that the
 record (and the monitor) tell a first attempt from a repeat.
+
+``UNCLAIMED`` exists only in a daemon restarted on its journal (scheduler/durable.py): a
+task reloaded without a journaled dispatch may still be at a worker that has not reported
+yet (queued there, running, or its result kept), so it is in no ready queue and at no
+worker until a worker's report claims it (``claimed``: ``DISPATCHED`` there, under the
+attempt it had) or the recovery ends without a claim (``unclaimed``: ``PENDING`` under a new
+attempt).  Placement, scaling and the unsatisfiable-task expiry never see it; a cancel
+asked meanwhile is held until one or the other (docs/durability.rst)::
+
+    UNCLAIMED ──claimed──► DISPATCHED       UNCLAIMED ──unclaimed──► PENDING
+        └──cancel (its client lost, or it is no longer wanted)──► (gone)
 """
 
 from __future__ import annotations
@@ -49,6 +60,7 @@ class TaskState(enum.Enum):
     CANCELLING = "cancelling"  # cancel forwarded to the worker, its answer awaited
     FINISHED = "finished"  # done, its result kept for dependents that have not finished
     DONE = "done"  # terminal: the record is dropped
+    UNCLAIMED = "unclaimed"  # reloaded after a restart, maybe at a worker that has not reported
 
     # Members are singletons compared by identity, so identity hashing is consistent;
     # Enum's own __hash__ is a Python-level call, paid in every transition-table lookup,
@@ -86,6 +98,10 @@ TRANSITIONS: dict[tuple[TaskState, str], TaskState] = {
     (S.CANCELLING, "returned"): S.DONE,
     (S.CANCELLING, "interrupted"): S.DONE,
     (S.CANCELLING, "cancel"): S.CANCELLING,
+    # A restarted daemon's reloaded task whose dispatch was not journaled (durable.py):
+    (S.UNCLAIMED, "claimed"): S.DISPATCHED,  # a worker's report says it holds it or its result
+    (S.UNCLAIMED, "unclaimed"): S.PENDING,  # the recovery ended and nobody claimed it: new attempt
+    (S.UNCLAIMED, "cancel"): S.DONE,  # its client left, or no longer wants it
 }
 
 # (state, event) -> (next state, the story's entry for it): the entry is made once here,

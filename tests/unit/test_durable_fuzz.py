@@ -98,13 +98,19 @@ class DurableWorld:
         self.welcomes: list[tuple[int, bytes]] = []
         self.crashes = 0
         self.resumed = 0  # Resumes welcomed after a crash
+        self.claimed = 0  # UNCLAIMED tasks a worker's report claimed
 
     def _fresh(self) -> DurableScheduler:
         return DurableScheduler(_config(), token=lambda: b"token-%d" % next(self.tokens))
 
     def step(self, *events: Any) -> list[Send]:
+        unclaimed = {t: self.core.tasks[t].attempt for t in self.core.unclaimed}
         commands = self.core.handle(*events)
         self.core.validate()
+        for task_id, attempt in unclaimed.items():
+            task = self.core.tasks.get(task_id)
+            if task is not None and task.attempt == attempt and task.worker is not None:
+                self.claimed += 1
         sends = []
         for i, command in enumerate(commands):
             if type(command) is JournalWrite:
@@ -145,8 +151,14 @@ def _attempts() -> st.SearchStrategy[list[m.TaskAttempt]]:
     )
 
 
+# What w1 was dispatched in the run's prelude, as its report would list it: a report that
+# claims an UNCLAIMED task must name it with its attempt, which arbitrary ids rarely do.
+_TRUE_ATTEMPTS = st.lists(st.sampled_from([m.TaskAttempt(tid(1, n), 0) for n in (1, 3, 4)]), max_size=3, unique=True)
+
 _journal_messages = st.one_of(
     st.builds(m.WorkerReport, _attempts(), _attempts()),
+    st.builds(m.WorkerReport, _TRUE_ATTEMPTS, _TRUE_ATTEMPTS),
+    st.builds(m.CancelTasks, st.just([tid(1, 1)]), st.booleans()),  # (held while it is UNCLAIMED)
     st.builds(
         m.ClientReport,
         st.lists(_TASK_IDS, max_size=5),
@@ -196,9 +208,16 @@ def _run(events: list[Any], dts: list[float], failures: _Failures) -> DurableWor
     world = DurableWorld()
     world.step(Received(b"c1", [hello(m.Role.CLIENT, name="c1")], world.now))
     world.step(Received(b"c2", [hello(m.Role.CLIENT, name="c2")], world.now))
-    world.step(Received(b"w1", [hello(m.Role.WORKER, name="w1", capacity=2, pid=3)], world.now))
     world.step(Received(b"c1", [m.RegisterFunction(tid(1, 1_000_001), b"fn")], world.now))
-    world.step(Received(b"c1", [m.SubmitTasks([spec(tid(1, 1)), spec(tid(1, 2), deps=[tid(1, 1)])])], world.now))
+    # Written queued (no worker yet), dispatched in a later turn: task 1 gets no ``d`` record,
+    # so a crash reloads it UNCLAIMED until w1's report (or the recovery's end); task 4 may run
+    # at most once and gets one.
+    world.step(Received(b"c1", [m.RegisterOptions(1, m.TaskOptions({}, [], 0, None, 0))], world.now))
+    specs = [spec(tid(1, 1)), spec(tid(1, 2), deps=[tid(1, 1)]), spec(tid(1, 4), options_id=1)]
+    world.step(Received(b"c1", [m.SubmitTasks(specs)], world.now))
+    world.step(Received(b"w1", [hello(m.Role.WORKER, name="w1", capacity=2, pid=3)], world.now))
+    # Written and dispatched in one turn: its dispatch is in its ``t`` record.
+    world.step(Received(b"c1", [m.SubmitTasks([spec(tid(1, 3))])], world.now))
     for ev, dt in zip(events, dts, strict=True):
         world.now += dt
         if type(ev) is Crash:
@@ -227,6 +246,7 @@ def _run(events: list[Any], dts: list[float], failures: _Failures) -> DurableWor
     assert left <= {b"n"}, sorted(left)[:5]
     hypothesis.event(f"crashes: {min(world.crashes, 3)}{'+' if world.crashes >= 3 else ''}")
     hypothesis.event(f"resumed after a crash: {'yes' if world.resumed else 'no'}")
+    hypothesis.event(f"unclaimed tasks claimed: {'yes' if world.claimed else 'no'}")
     return world
 
 
@@ -250,13 +270,16 @@ def _populated_live_map() -> dict[bytes, bytes]:
     world.step(Received(b"c1", [m.SubmitTasks([spec(tid(1, 1)), spec(tid(1, 2), deps=[tid(1, 1)])])], world.now))
     world.step(Received(b"w1", [hello(m.Role.WORKER, name="w1", capacity=1, pid=3)], world.now))
     world.step(Received(b"c1", [m.RegisterFunction(tid(1, 1_000_001), b"fn"), m.PinObjects([b"o" * 16])], world.now))
-    world.step(Received(b"c1", [m.SubmitTasks([spec(tid(1, 3), fn_id=tid(1, 1_000_001)), spec(tid(1, 4))])], world.now))
+    # Task 4 may run at most once (``max_retries=0``), and is dispatched in a later turn than
+    # its ``t`` record's: only such a task gets a ``d`` record.
+    world.step(Received(b"c1", [m.RegisterOptions(1, m.TaskOptions({}, [], 0, None, 0))], world.now))
+    world.step(Received(b"c1", [m.SubmitTasks([spec(tid(1, 3), fn_id=tid(1, 1_000_001)), spec(tid(1, 4), options_id=1)])], world.now))
     result = m.TaskResult(tid(1, 1), 0, m.Status.OK, b"v", m.TaskFacts("w1", 1.0, 2.0, 0), [])
     world.step(Received(b"w1", [m.TaskResults([result])], world.now))
     world.step(Received(b"w2", [hello(m.Role.WORKER, name="w2", capacity=1, pid=4)], world.now))
     live = live_map(world.entries)
     kinds = {key[:1] for key in live}
-    assert {b"n", b"c", b"w", b"f", b"t", b"r", b"k"} <= kinds, kinds
+    assert {b"n", b"c", b"w", b"f", b"t", b"d", b"r", b"k"} <= kinds, kinds
     return live
 
 
