@@ -320,9 +320,6 @@ class WorkerAgent:
                 notice = self.lanes.next_notice(time.monotonic()) if lanes else None
                 if notice is not None:  # a lane task to announce to the daemon
                     timeout = min(timeout, math.ceil(notice * 1000))
-                report = self.lanes.report_due(time.monotonic()) if lanes else None
-                if report is not None:  # a LaneDone waiting for company
-                    timeout = min(timeout, math.ceil(report * 1000))
                 ready = self.poller.poll(self.sock.poll_timeout(timeout))
                 if self.sock.buffered:
                     self._on_daemon()
@@ -1243,9 +1240,9 @@ class WorkerAgent:
                 self.results_since = 0.0
             if free:
                 self._forget_functions(free)
-        report = self.lanes.report(now, force=bool(batch))  # (a tally of plain ends may wait)
+        report = self.lanes.report()
         if report is not None:
-            batch.append(report)
+            batch.append(report)  # at once, as the daemon's own bookkeeping of a result would be
         due = self.lanes.due(now)
         if due:
             batch.append(m.LaneStarted(due))
@@ -1277,8 +1274,6 @@ class WorkerAgent:
         elif self.runlog.pending and not self.held and now - self.runs_sent >= RUNS_IDLE_SECONDS:
             batch.append(self.runlog.take())  # idle: a burst's last runs go now
             self.runs_sent = now
-        if batch and (report := self.lanes.report(now)) is not None:
-            batch.append(report)  # a waiting tally goes with whatever goes
         if batch and self.welcomed:
             if self.raw_out and not self._send_raw():
                 return  # a result's chunks go before it: the batch waits in the outbox
@@ -1415,7 +1410,7 @@ class WorkerAgent:
         self.outbox = []
         if self.results and self.lanes.tasks:
             self.results, _free = self.lanes.route(self.results)  # lane tasks' go to their clients
-        report = self.lanes.report(time.monotonic())
+        report = self.lanes.report()
         if report is not None:
             batch.append(report)
         if self.results:

