@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
+from types import FunctionType
 from typing import TYPE_CHECKING, Any
 
 from scaler_executor.client import serialization as ser
@@ -33,7 +34,13 @@ from scaler_executor.client.events import (
     TaskFailed,
 )
 from scaler_executor.client.future import TaskFuture
-from scaler_executor.client.pickling import AfterLane, DependencyFailed, Pickled
+from scaler_executor.client.pickling import (
+    NO_DEPS,
+    NO_OBJECTS,
+    AfterLane,
+    DependencyFailed,
+    Pickled,
+)
 from scaler_executor.client.state import TaskItem, TaskRecord
 from scaler_executor.protocol.messages import TaskFlags
 
@@ -64,6 +71,21 @@ class Submitter:
         self.agent.check_usable()
         future: TaskFuture[Any] = TaskFuture()
         packer = self.packer
+        # A registered plain function with small builtin arguments (a loop of submits, most
+        # often): nothing here can fail to pickle, so no pack closure, note or repack.
+        fn_id = self.core.fn_cache.get(fn) if type(fn) is FunctionType else None
+        if fn_id is not None:
+            threshold = packer.config.object_store_threshold
+            plain = ser.dumps_plain_args(args, kwargs, threshold)
+            if plain is not None and len(plain) < threshold:
+                size = len(plain)
+                self.pending.charge(size)  # waits for room (or raises) at max_pending_tasks/bytes
+                try:
+                    self.enqueue(future, fn_id, options_id, TaskFlags.CALL | flags, Pickled(plain, NO_DEPS, NO_OBJECTS, 0), None, size)
+                except BaseException:
+                    self.pending.free(size)
+                    raise
+                return future
 
         def pack() -> tuple[int, int, Pickled]:
             if ser.is_cacheable(fn):
