@@ -13,6 +13,8 @@
       → core.handle(*events) → [Send(peer, messages)]
       → SendObjects / CreditObjects / EndObjectSends: answers to ObjectRequests, large objects
         in 4 MiB parts cut from the store's views, a window of parts per peer (object_stream.py)
+      → StoreChunk: a put's or a large result's chunk written into the store; a result's also
+        sent on to its client as a ResultPart, the same frame (result_stream.py)
       → encode one transmission per peer; an unroutable peer is an error (ROUTER_MANDATORY)
         (→ PeerUnreachable next turn) and a full one EAGAIN (→ that peer's backlog, kept in order)
       → the turn's duration (receive to last send) into core.turns (scheduler/turns.py)
@@ -56,6 +58,7 @@ from scaler_executor.scheduler.core import (
 from scaler_executor.scheduler.durable import JournalWrite, SweepStore
 from scaler_executor.scheduler.managers import AdmitKeys, WithdrawKeys
 from scaler_executor.scheduler.object_stream import CreditObjects, EndObjectSends, Finish, Outbound
+from scaler_executor.scheduler.result_stream import AbortPartial
 
 log = logging.getLogger("scaler_executor.daemon")
 
@@ -412,8 +415,20 @@ class Daemon:
             if messages:
                 events.append(Received(peer, messages, now))
 
-    def _store_chunk(self, peer: bytes, object_id: bytes, offset: int, total: int, now: float) -> None:
+    def _store_chunk(self, command: StoreChunk, now: float) -> None:
+        peer, object_id, offset, total = command.peer, command.object_id, command.offset, command.total
         data = self.chunks.pop((peer, object_id, offset), None)
+        if command.forward:
+            # The same frame on to the task's client first (libzmq's I/O thread writes it
+            # while this thread copies it into the store; it holds the frame until written).
+            # Sent whatever the store says: the core counted it in the client's window, and
+            # the client checks the parts itself (a missing frame fails its stream).
+            frame = data if data is not None else b""
+            counters = self.core.counters
+            counters["result_parts_forwarded"] += 1
+            counters["result_bytes_forwarded"] += memoryview(frame).nbytes
+            message = m.ResultPart(command.task_id, object_id, offset, total)
+            self._send(command.forward, codec.encode([message], [frame]), now)
         if data is None:
             error: str | None = f"chunk at offset {offset} came without its bytes"
         else:
@@ -435,7 +450,7 @@ class Daemon:
             commands = written
         for command in commands:
             if type(command) is StoreChunk:
-                self._store_chunk(command.peer, command.object_id, command.offset, command.total, now)
+                self._store_chunk(command, now)
         for command in commands:
             match command:
                 case Send(peer, messages):
@@ -465,6 +480,9 @@ class Daemon:
                         self.core.counters["object_sends_dropped"] += 1
                 case StoreChunk():
                     pass  # written above, before any send
+                case AbortPartial(peer, object_ids):
+                    for object_id in object_ids:
+                        self.objects.abort_partial(peer, object_id)
                 case SweepStore():
                     swept = self.objects.sweep(self.core.object_holds)
                     if swept:

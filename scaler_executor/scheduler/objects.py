@@ -201,6 +201,15 @@ class HostStore:
         self.store.seal(object_id)  # releases the view
         return ""
 
+    def abort_partial(self, peer: bytes, object_id: bytes) -> bool:
+        """``peer`` is gone: abort ``object_id`` if it is an object ``peer`` was still
+        streaming (a put or result cut short); True if one was aborted."""
+        partial = self.partial.get(object_id)
+        if partial is None or partial[0] != peer:
+            return False
+        self._abort(object_id)
+        return True
+
     def _abort(self, object_id: bytes) -> None:
         partial = self.partial.pop(object_id, None)
         if partial is not None:
