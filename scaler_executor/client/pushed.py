@@ -17,9 +17,11 @@ The daemon now forwards each chunk of such a result as it comes (scheduler/resul
                                         the early reader made, or one read from the parts now
     connection lost, daemon resumed  ─► every stream dropped (``clear``)
 
-The daemon sends a stream's parts before the TaskResult that names it, on the same
-connection, so a stream the completion takes is whole, unless it was dropped: then ``load``
-says NOT_PUSHED and the result is fetched from the store, as any other. A partial stream is
+The daemon sends a stream's parts in order on the same connection as the TaskResult that
+names it, before it unless the client fell behind its window (the rest then comes from the
+daemon's store after it): ``load`` waits for the parts still to come. A stream the daemon
+ends (ResultStreamEnded) or whose parts do not fit is dropped: ``load`` then says
+NOT_PUSHED and the result is fetched from the store, as any other. A partial stream is
 never a value.
 
 The agent thread adds and drops streams; completion threads take them (``dict.pop``, atomic);
@@ -118,23 +120,27 @@ class PushedResults:
 
     def load(self, header: bytes, object_ids: list[bytes]) -> Any:
         """(A completion thread.) The value of a result whose one object came as a stream,
-        or NOT_PUSHED: there is no whole stream of it (read it from the store)."""
+        or NOT_PUSHED: there is no usable stream of it (read it from the store). Parts not
+        here yet are waited for: a client that fell behind the daemon's window gets them
+        from its store after the result, and a stream the daemon ends is dropped (its
+        reader raises StreamError, and this says NOT_PUSHED)."""
         from scaler_executor.objstore import payload as packing
 
         if len(object_ids) != 1:
             return NOT_PUSHED
-        stream = self.streams.pop(object_ids[0], None)
+        object_id = object_ids[0]
+        stream = self.streams.get(object_id)
         if stream is None:
-            return NOT_PUSHED
-        if stream.received < stream.parts.nbytes:
-            stream.parts.fail("the result came before the last of its parts")
             return NOT_PUSHED
         try:
             if stream.early is not None:
                 if header != packing.stream_in_store_header():
                     return NOT_PUSHED  # not a bare pickle stream: its parts were read as one
                 return stream.early.result()
-            blobs: dict[bytes, Any] = {object_ids[0]: stream.parts}  # Fetched reads Parts as a stream
+            blobs: dict[bytes, Any] = {object_id: stream.parts}  # Fetched reads Parts as a stream
             return packing.unpack(header, object_ids, packing.Fetched(blobs))
         except StreamError:
             return NOT_PUSHED
+        finally:
+            if self.streams.get(object_id) is stream:
+                self.streams.pop(object_id, None)  # (the agent thread may have dropped it meanwhile)

@@ -46,7 +46,7 @@ from scaler_executor.scheduler.policies import (
     desired_workers,
     prefetch_window,
 )
-from scaler_executor.scheduler.result_stream import AbortPartial, ResultStreams
+from scaler_executor.scheduler.result_stream import AbortPartial, ForwardStored, ResultStreams
 from scaler_executor.scheduler.state import (
     AT_WORKER_STATES,
     QUEUED_STATES,
@@ -197,7 +197,7 @@ class StoreChunk:
 Event = Received | Tick | Wake | PeerUnreachable | WorkerExited | LocalWorkers
 Command = (
     Send | StartWorkers | StopWorkers | DeleteObjects | SendObjects | StoreChunk | CreditObjects | EndObjectSends
-    | AbortPartial | AdmitKeys | WithdrawKeys
+    | AbortPartial | ForwardStored | AdmitKeys | WithdrawKeys
 )
 
 
@@ -292,9 +292,11 @@ class Scheduler:
             "object_bytes_received": 0,
             "object_sends_dropped": 0,  # answers still streaming when their peer was lost (object_stream.py)
             # Large results forwarded to their clients while stored (result_stream.py): parts
-            # and bytes sent on (by the loop), streams forwarded whole, streams stopped early.
+            # and bytes sent on (by the loop; of them, parts a client that fell behind had
+            # from the store), streams forwarded whole, streams stopped early.
             "result_parts_forwarded": 0,
             "result_bytes_forwarded": 0,
+            "result_parts_from_store": 0,
             "result_streams_forwarded": 0,
             "result_streams_stopped": 0,
         }
@@ -345,7 +347,7 @@ class Scheduler:
             m.ObjectRequest: self._on_object_request,
             m.ObjectChunk: self._on_object_chunk,
             m.ObjectPartsTaken: lambda peer, message: self._commands.append(CreditObjects(peer, message.parts)),
-            m.ResultPartsTaken: lambda peer, message: self.result_streams.taken(peer, message.parts),
+            m.ResultPartsTaken: self._on_result_parts_taken,
             m.LaneDone: self._on_lane_done,
             m.TaskRuns: self._on_task_runs,
             m.LaneStarted: self._on_lane_started,
@@ -952,6 +954,19 @@ class Scheduler:
         forward, ended = self.result_streams.chunk(peer, message, client)
         self._streams_ended(ended)
         self._commands.append(StoreChunk(peer, message.object_id, message.offset, message.total, forward, message.task_id))
+        if client and not forward:  # behind: parts it missed, from the store, if its window has room
+            self._pump_results(client)
+
+    def _on_result_parts_taken(self, peer: bytes, message: m.ResultPartsTaken) -> None:
+        self.result_streams.taken(peer, message.parts)
+        self._pump_results(peer)
+
+    def _pump_results(self, client: bytes) -> None:
+        """Parts of ``client``'s result streams that fell behind, from the store (ForwardStored)."""
+        streams = self.result_streams
+        before = streams.forwarded
+        self._commands.extend(streams.pump(client))
+        self.counters["result_streams_forwarded"] += streams.forwarded - before
 
     def _streams_ended(self, ended: list[Any]) -> None:
         """Tell each client whose result stream stopped early to drop its parts."""

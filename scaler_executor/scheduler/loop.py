@@ -58,7 +58,7 @@ from scaler_executor.scheduler.core import (
 from scaler_executor.scheduler.durable import JournalWrite, SweepStore
 from scaler_executor.scheduler.managers import AdmitKeys, WithdrawKeys
 from scaler_executor.scheduler.object_stream import CreditObjects, EndObjectSends, Finish, Outbound
-from scaler_executor.scheduler.result_stream import AbortPartial
+from scaler_executor.scheduler.result_stream import AbortPartial, ForwardStored
 
 log = logging.getLogger("scaler_executor.daemon")
 
@@ -423,12 +423,7 @@ class Daemon:
             # while this thread copies it into the store; it holds the frame until written).
             # Sent whatever the store says: the core counted it in the client's window, and
             # the client checks the parts itself (a missing frame fails its stream).
-            frame = data if data is not None else b""
-            counters = self.core.counters
-            counters["result_parts_forwarded"] += 1
-            counters["result_bytes_forwarded"] += memoryview(frame).nbytes
-            message = m.ResultPart(command.task_id, object_id, offset, total)
-            self._send(command.forward, codec.encode([message], [frame]), now)
+            self._forward_part(command.forward, command.task_id, object_id, offset, total, data, now)
         if data is None:
             error: str | None = f"chunk at offset {offset} came without its bytes"
         else:
@@ -440,6 +435,13 @@ class Daemon:
             self.core.counters["objects_received"] += 1
         self._send(peer, codec.encode([m.ObjectStored(object_id, error)]), now)
 
+    def _forward_part(self, client: bytes, task_id: int, object_id: bytes, offset: int, total: int, data: Any, now: float) -> None:
+        frame = data if data is not None else b""  # none: the client drops the stream (and credits it)
+        counters = self.core.counters
+        counters["result_parts_forwarded"] += 1
+        counters["result_bytes_forwarded"] += memoryview(frame).nbytes
+        self._send(client, codec.encode([m.ResultPart(task_id, object_id, offset, total)], [frame]), now)
+
     def _execute(self, commands: Sequence[Any], now: float) -> None:  # core.Command, JournalWrite, SendNow
         # Chunks first: a result sent this turn may refer to the object they complete (a
         # worker on another host streams a large result before the result itself).
@@ -448,9 +450,13 @@ class Daemon:
             if written is None:
                 return
             commands = written
-        for command in commands:
+        for command in commands:  # in order: a part from the store comes after the chunk that wrote it
             if type(command) is StoreChunk:
                 self._store_chunk(command, now)
+            elif type(command) is ForwardStored:
+                self.core.counters["result_parts_from_store"] += 1
+                data = self.objects.read_range(command.object_id, command.offset, command.length)
+                self._forward_part(command.client, command.task_id, command.object_id, command.offset, command.total, data, now)
         for command in commands:
             match command:
                 case Send(peer, messages):
@@ -478,8 +484,8 @@ class Daemon:
                 case EndObjectSends(peer):
                     if self.outbound.drop(peer):
                         self.core.counters["object_sends_dropped"] += 1
-                case StoreChunk():
-                    pass  # written above, before any send
+                case StoreChunk() | ForwardStored():
+                    pass  # written and sent above, before any other send
                 case AbortPartial(peer, object_ids):
                     for object_id in object_ids:
                         self.objects.abort_partial(peer, object_id)
