@@ -144,3 +144,6 @@ class PushedResults:
         finally:
             if self.streams.get(object_id) is stream:
                 self.streams.pop(object_id, None)  # (the agent thread may have dropped it meanwhile)
+            # Not read whole (a header it was not, a failed read): its early reader stops
+            # instead of waiting for parts that no longer go anywhere.
+            stream.parts.fail("the result was read from the store instead")

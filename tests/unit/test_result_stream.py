@@ -378,3 +378,16 @@ def test_a_pushed_result_let_go_unread_is_forgotten() -> None:
     _feed(pushed, parts, len(stream))
     pushed.forget([OID])
     assert not pushed.streams and pushed.load(HEADER, [OID]) is NOT_PUSHED
+
+
+def test_an_early_reader_of_a_stream_read_from_the_store_instead_stops() -> None:
+    """A result whose header is not a bare pickle stream is read from the store; the thread
+    that began reading its parts must not wait for parts that no longer come."""
+    stream, parts = _parts(b"q" * 40_000, 4096)
+    pushed = PushedResults(early_decodes=1)
+    _feed(pushed, parts[:2], len(stream))
+    early = pushed.streams[OID].early
+    assert early is not None
+    assert pushed.load(b"not the stream header", [OID]) is NOT_PUSHED
+    with pytest.raises(Exception, match="read from the store instead"):
+        early.result(timeout=10)
