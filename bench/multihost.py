@@ -1,6 +1,6 @@
 """Figures across hosts on separate network stacks (network namespaces: tests/multihost).
 
-    sudo PYTHONPATH=. python bench/multihost.py [--repeat 3] [--mtu 1500] [--json]
+    sudo PYTHONPATH=. python bench/multihost.py [--repeat 3] [--mtu 1500] [--rate 1gbit] [--json]
 
 Starts the multi-host tests' cluster (a daemon, two workers of two processors each and a
 client, each in its own network and mount namespace with a private /dev/shm) and reports:
@@ -19,6 +19,12 @@ Each run measures the cluster twice, with CURVE (``--security``, a credential pe
 the default) and without (``--insecure``), a fresh cluster each, in alternating order, so
 that a busy machine weighs on every figure alike; each is the median of ``--repeat`` runs.
 Needs root (namespaces).
+
+Every process runs on this machine's cores, so where the network is faster than they copy
+(veth pairs move bytes at memcpy speed) the figures measure CPU, not the network: two
+transfers that overlap share the same cores. ``--rate`` shapes every host's link, both
+ways (``tc`` token buckets on each end of its veth pair), to measure where the network is
+the bottleneck, as between real hosts.
 """
 
 from __future__ import annotations
@@ -69,6 +75,17 @@ def raw_tcp(hosts: net.Hosts) -> float:
     return rate
 
 
+def shape(hosts: net.Hosts, rate: str) -> None:
+    """Each host's link at ``rate`` each way: its uplink (its eth0) and its downlink (its
+    port on the switch), as a host on a switched network of that speed has."""
+    import subprocess
+
+    bucket = ["tbf", "rate", rate, "burst", "1mb", "latency", "100ms"]
+    for role in net.ROLES:
+        for ns, dev in ((hosts.names[role], "eth0"), (hosts.switch, f"p-{role}")):
+            subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", *bucket], check=True)
+
+
 def memcpy_rate() -> float:
     data = bytes(MB100)
     best = 0.0
@@ -112,6 +129,7 @@ def main() -> int:
     parser.add_argument("--mtu", type=int, default=1500)
     parser.add_argument("--count", type=int, default=5000)
     parser.add_argument("--trips", type=int, default=300)
+    parser.add_argument("--rate", default="", help="shape each host's link to this tc rate each way (e.g. 1gbit)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     reason = net.probe()
@@ -139,6 +157,8 @@ def main() -> int:
         client.call("close")
 
     with net.Hosts(mtu=args.mtu) as hosts:
+        if args.rate:
+            shape(hosts, args.rate)
         for run in range(args.repeat):
             for mode in ("curve", "plain") if run % 2 == 0 else ("plain", "curve"):
                 cluster = net.Cluster(hosts, [], [], secure=mode == "curve")
@@ -158,7 +178,7 @@ def main() -> int:
         print(json.dumps({"medians": medians, "runs": runs}, indent=2))
     else:
         load = os.getloadavg()[0]
-        print(f"{args.repeat} runs, MTU {args.mtu}, load average {load:.1f} on {os.cpu_count()} CPUs; medians:")
+        print(f"{args.repeat} runs, MTU {args.mtu}, rate {args.rate or 'unshaped'}, load average {load:.1f} on {os.cpu_count()} CPUs; medians:")
         for key, value in medians.items():
             print(f"  {key:28s} {value:12.2f}   runs: {', '.join(f'{v:.2f}' for v in runs[key])}")
     return 0

@@ -119,6 +119,7 @@ from scaler_executor.client.pickling import (
     Packer,
     Pickled,
 )
+from scaler_executor.client.pushed import PushedResults
 from scaler_executor.client.remote_store import RemoteStore
 from scaler_executor.client.routes import DaemonRoute, LaneRoute, ReplyInbox, Route
 from scaler_executor.client.state import (
@@ -194,6 +195,7 @@ class ClientAgent:
         self.remote_store: RemoteStore | None = None  # the daemon's store, when this host cannot map it
         # objects fetched from it that come in parts (protocol/chunks.py), read as they come
         self.incoming = Incoming(keep_parts=True, started=self._object_started)
+        self.pushed = PushedResults()  # large results the daemon forwards as they come (client/pushed.py)
         self.shutdown_requested = False
         self.welcome = threading.Event()  # set at the daemon's Welcome, or when the agent breaks first
         # A running daemon's: is anything still listening once it is silent (connect.py).
@@ -302,6 +304,8 @@ class ClientAgent:
 
     def release_objects(self, object_ids: list[bytes]) -> None:
         """(Possibly from a finalizer: no lock but the wake-up's.)"""
+        if self.pushed.streams:
+            self.pushed.forget(object_ids)
         if self.broken is None and not self._closed:
             self.execute(self.core.handle(Posted(RELEASE_OBJECTS, object_ids)))
 
@@ -600,6 +604,7 @@ class ClientAgent:
 
     def _teardown(self) -> None:
         self.incoming.clear()  # objects half-received from the daemon: their buffers go now
+        self.pushed.clear()
         self.daemon.close(goodbye=self.broken is None or not isinstance(self.broken, DaemonLostError))
         self.lane.close(self._poller)
         if self.listener is not None:

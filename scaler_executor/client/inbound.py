@@ -21,7 +21,13 @@ from scaler_executor.client.completion import RUNNING
 from scaler_executor.client.events import Acknowledged, Answered, DaemonResults, Posted, Welcomed
 from scaler_executor.client.no_worker import warn_no_worker
 from scaler_executor.client.remote_store import RemoteStore, RemoteStoreError
-from scaler_executor.client.state import FETCH_OBJECTS, HISTORY, PARTS_TAKEN, STATS
+from scaler_executor.client.state import (
+    FETCH_OBJECTS,
+    HISTORY,
+    PARTS_TAKEN,
+    RESULT_PARTS_TAKEN,
+    STATS,
+)
 from scaler_executor.exceptions import DaemonLost, InitializerFailed
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.chunks import Parts, StreamError
@@ -66,6 +72,8 @@ class DaemonMessages:
             m.ObjectData: self._on_object_data,
             m.ObjectPart: self._on_object_part,
             m.ObjectStored: self._on_object_stored,
+            m.ResultPart: self._on_result_part,
+            m.ResultStreamEnded: lambda message, _buffers: agent.pushed.drop(message.object_id, message.reason),
             m.Stats: self._on_stats,
             m.History: self._on_history,
             m.ClusterBroken: self._on_cluster_broken,
@@ -99,6 +107,7 @@ class DaemonMessages:
             # Objects the dead daemon was sending us in parts are asked again (the report's
             # requests): what came of them goes.  Puts it was receiving cannot be resumed.
             self.agent.incoming.clear()
+            self.agent.pushed.clear()
             if self.agent.remote_store is not None:
                 self.agent.remote_store.fail_all(RemoteStoreError(
                     "the daemon restarted (docs/durability.rst) while this object was being put "
@@ -117,6 +126,10 @@ class DaemonMessages:
     def _on_object_part(self, message: m.ObjectPart, buffers: list[Any]) -> None:
         self.agent.incoming.part(message, buffers[0] if buffers else b"")
         self.agent.core.handle(Posted(PARTS_TAKEN, 1))  # the daemon's window moves on (WAKE: this turn's tick)
+
+    def _on_result_part(self, message: m.ResultPart, buffers: list[Any]) -> None:
+        self.agent.pushed.part(message, buffers[0] if buffers else b"")
+        self.agent.core.handle(Posted(RESULT_PARTS_TAKEN, 1))  # the daemon's window moves on (WAKE: this turn's tick)
 
     def _on_object_data(self, message: m.ObjectData, buffers: list[Any]) -> None:
         data = iter(buffers)

@@ -182,6 +182,12 @@ class Packer:
         """A value the cluster stored (a large result, an ex.put): zero-copy when the store is here."""
         from scaler_executor.objstore import payload as packing
 
+        if self.agent.pushed.streams:  # forwarded while the daemon stored it (client/pushed.py)
+            from scaler_executor.client.pushed import NOT_PUSHED
+
+            value = self.agent.pushed.load(header, object_ids)
+            if value is not NOT_PUSHED:
+                return value
         if self.store is not None:
             return packing.unpack(header, object_ids, self.store)
         return packing.unpack(header, object_ids, packing.Fetched(self.agent.fetch_objects(object_ids)))

@@ -124,6 +124,7 @@ REGISTER_FN, RELEASE_FN, REGISTER_OPTIONS, CANCEL, FORCE_CANCEL = range(5)
 STATS, PIN_OBJECTS, RELEASE_OBJECTS, FETCH_OBJECTS, SUBMIT_BATCH, FLUSHED = range(5, 11)
 HISTORY = 11
 PARTS_TAKEN = 12  # credit for ObjectParts (protocol/chunks.py)
+RESULT_PARTS_TAKEN = 13  # credit for ResultParts (client/pushed.py)
 
 
 # How each other outbox entry becomes its message (base: the client's id, shifted).
@@ -137,6 +138,7 @@ _MESSAGE: dict[int, Callable[[int, Any], Any]] = {
     RELEASE_OBJECTS: lambda base, data: m.ReleaseObjects(data),
     FETCH_OBJECTS: lambda base, data: m.ObjectRequest(data),
     PARTS_TAKEN: lambda base, data: m.ObjectPartsTaken(data),
+    RESULT_PARTS_TAKEN: lambda base, data: m.ResultPartsTaken(data),
 }
 
 

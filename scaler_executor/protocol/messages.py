@@ -54,8 +54,15 @@ ObjectPart             D→W/C    a chunk of an object larger than OBJECT_CHUNK_
                                 asked for, one frame, in order (scheduler/object_stream.py)
 ObjectPartsTaken       W/C→D    credit: the peer wrote that many parts; the daemon keeps at
                                 most a window of parts unanswered per peer
-ObjectChunk            C/W→D    part of an object a client or worker on another host puts (one frame)
+ObjectChunk            C/W→D    part of an object a client or worker on another host puts (one frame);
+                                a worker's large result names its task (scheduler/result_stream.py)
 ObjectStored           D→C/W    that object is sealed in the store (or why it is not)
+ResultPart             D→C      a chunk of a task's large result, forwarded to its client as it
+                                reaches the daemon's store (one frame; before the TaskResult)
+ResultPartsTaken       C→D      credit: the client received that many ResultParts; the daemon
+                                keeps at most a window of them unanswered per client
+ResultStreamEnded      D→C      no more ResultParts of that object: the client drops what came
+                                (its result, if one comes, is read from the store)
 ClusterBroken          D→C, W→D the cluster cannot run tasks (e.g. a failing initializer)
 Seceded                W→D      running tasks that wait on sub-tasks: they no longer
                                 count against the worker's capacity
@@ -110,7 +117,7 @@ WorkerId = NewType("WorkerId", int)
 TaskId = NewType("TaskId", int)
 FunctionId = NewType("FunctionId", int)
 
-PROTOCOL_VERSION = 3  # 2: a journaled daemon's Welcome fields and the resume messages (46-50); 3: TaskRuns (62), Welcome.runs, LaneDone without runs
+PROTOCOL_VERSION = 4  # 2: a journaled daemon's Welcome fields and the resume messages (46-50); 3: TaskRuns (62), Welcome.runs, LaneDone without runs; 4: ObjectChunk.task_id/attempt, ResultPart (65), ResultPartsTaken (66), ResultStreamEnded (67)
 TASK_ID_BITS = 40  # 10^12 tasks per client before ids wrap
 
 
@@ -417,11 +424,17 @@ OBJECT_CHUNK_BYTES = 4 << 20
 class ObjectChunk(NamedTuple):
     """Bytes ``offset`` onwards of object ``object_id`` of ``total`` bytes, as the one
     out-of-band frame of its transmission: a client that cannot map the store streams a
-    put in chunks (the one at offset 0 creates the object, the one that ends it seals it)."""
+    put in chunks (the one at offset 0 creates the object, the one that ends it seals it).
+
+    ``task_id`` (0 for a put): a worker streams a large result this way before its
+    TaskResult, naming the task and attempt, so that the daemon forwards each chunk to the
+    task's client as it comes (ResultPart) while it stores the object."""
 
     object_id: bytes
     offset: int
     total: int
+    task_id: int = 0
+    attempt: int = 0
 
 
 class ObjectPart(NamedTuple):
@@ -439,6 +452,33 @@ class ObjectPartsTaken(NamedTuple):
     """The peer has written ``parts`` more ObjectParts: the daemon may send that many more."""
 
     parts: int
+
+
+class ResultPart(NamedTuple):
+    """Bytes ``offset`` onwards of object ``object_id`` of ``total`` bytes, the result of task
+    ``task_id`` being streamed into the daemon's store, as the one out-of-band frame of its
+    transmission: forwarded as the daemon receives it, in order, before the TaskResult that
+    names the object (scheduler/result_stream.py; client/pushed.py reads it as it comes)."""
+
+    task_id: int
+    object_id: bytes
+    offset: int
+    total: int
+
+
+class ResultPartsTaken(NamedTuple):
+    """The client received ``parts`` more ResultParts: the daemon may forward that many more."""
+
+    parts: int
+
+
+class ResultStreamEnded(NamedTuple):
+    """No more ResultParts of ``object_id`` come (the worker was lost, the client fell behind
+    the window, the result did not name it): the client drops its parts, and reads the
+    result from the store if its TaskResult comes."""
+
+    object_id: bytes
+    reason: str
 
 
 class ObjectStored(NamedTuple):
@@ -780,6 +820,9 @@ MESSAGE_TAGS: dict[type, int] = {
     ObjectPart: 56,
     ObjectPartsTaken: 57,
     TaskRuns: 62,
+    ResultPart: 65,
+    ResultPartsTaken: 66,
+    ResultStreamEnded: 67,
 }
 
 # Which roles may send which messages to the daemon.
@@ -798,6 +841,7 @@ ACCEPTED_FROM: dict[str, frozenset[type]] = {
             ObjectRequest,
             ObjectPartsTaken,
             ObjectChunk,
+            ResultPartsTaken,
             StatsRequest,
             HistoryRequest,
             ClientReport,

@@ -46,6 +46,7 @@ from scaler_executor.scheduler.policies import (
     desired_workers,
     prefetch_window,
 )
+from scaler_executor.scheduler.result_stream import AbortPartial, ForwardStored, ResultStreams
 from scaler_executor.scheduler.state import (
     AT_WORKER_STATES,
     QUEUED_STATES,
@@ -185,18 +186,22 @@ class SendObjects:
 @dataclass(frozen=True, slots=True)
 class StoreChunk:
     """Write the chunk that came with ``peer``'s ObjectChunk into the store (the loop holds
-    its bytes: the core never sees buffers); answer ObjectStored when it ends the object."""
+    its bytes: the core never sees buffers); answer ObjectStored when it ends the object.
+    ``forward``: also send the chunk to that client as ResultPart of task ``task_id``
+    (a large result forwarded as it comes: scheduler/result_stream.py)."""
 
     peer: bytes
     object_id: bytes
     offset: int
     total: int
+    forward: bytes = b""
+    task_id: int = 0
 
 
 Event = Received | Tick | Wake | PeerUnreachable | WorkerExited | LocalWorkers
 Command = (
     Send | StartWorkers | StopWorkers | DeleteObjects | SendObjects | StoreChunk | CreditObjects | EndObjectSends
-    | AdmitKeys | WithdrawKeys
+    | AbortPartial | ForwardStored | AdmitKeys | WithdrawKeys
 )
 
 
@@ -290,9 +295,19 @@ class Scheduler:
             "objects_received": 0,
             "object_bytes_received": 0,
             "object_sends_dropped": 0,  # answers still streaming when their peer was lost (object_stream.py)
+            # Large results forwarded to their clients while stored (result_stream.py): parts
+            # and bytes sent on (by the loop; of them, parts a client that fell behind had
+            # from the store), streams forwarded whole, streams stopped early.
+            "result_parts_forwarded": 0,
+            "result_bytes_forwarded": 0,
+            "result_parts_from_store": 0,
+            "result_streams_forwarded": 0,
+            "result_streams_stopped": 0,
         }
         self._monitors: dict[bytes, float] = {}
         self._fetchers: set[bytes] = set()  # peers that asked for objects (ObjectRequest), until lost
+        # Large results streamed in by workers, forwarded to their clients as they come.
+        self.result_streams = ResultStreams()
         self.recorder = Recorder()  # O(1) monitoring state: ended tasks per second, recent events
         self.history = History(runs=config.history_runs)  # O(1) too: recent task runs, the run's coarse series (ex.report)
         # Task runs are recorded by the workers (protocol/runlog.py) and reach the history in
@@ -341,6 +356,7 @@ class Scheduler:
             m.ObjectRequest: self._on_object_request,
             m.ObjectChunk: self._on_object_chunk,
             m.ObjectPartsTaken: lambda peer, message: self._commands.append(CreditObjects(peer, message.parts)),
+            m.ResultPartsTaken: self._on_result_parts_taken,
             m.LaneDone: self._on_lane_done,
             m.TaskRuns: self._on_task_runs,
             m.LaneStarted: self._on_lane_started,
@@ -946,7 +962,43 @@ class Scheduler:
             self._commands.append(EndObjectSends(peer))
 
     def _on_object_chunk(self, peer: bytes, message: m.ObjectChunk) -> None:
-        self._commands.append(StoreChunk(peer, message.object_id, message.offset, message.total))
+        if not message.task_id:  # a put
+            self._commands.append(StoreChunk(peer, message.object_id, message.offset, message.total))
+            return
+        if peer not in self.workers:
+            self._refuse(peer, "result-chunk", "only a worker streams a task's result")
+            return
+        # A large result: stored, and forwarded to the task's client as it comes while the
+        # task is this worker's attempt and its client wants the result.
+        task = self.tasks.get(message.task_id)
+        client = b""
+        if (
+            task is not None and task.worker == peer and task.attempt == message.attempt
+            and not task.flags & TaskFlags.NO_RESULT and task.client in self.clients
+        ):  # fmt: skip
+            client = task.client
+        forward, ended = self.result_streams.chunk(peer, message, client)
+        self._streams_ended(ended)
+        self._commands.append(StoreChunk(peer, message.object_id, message.offset, message.total, forward, message.task_id))
+        if client and not forward:  # behind: parts it missed, from the store, if its window has room
+            self._pump_results(client)
+
+    def _on_result_parts_taken(self, peer: bytes, message: m.ResultPartsTaken) -> None:
+        self.result_streams.taken(peer, message.parts)
+        self._pump_results(peer)
+
+    def _pump_results(self, client: bytes) -> None:
+        """Parts of ``client``'s result streams that fell behind, from the store (ForwardStored)."""
+        streams = self.result_streams
+        before = streams.forwarded
+        self._commands.extend(streams.pump(client))
+        self.counters["result_streams_forwarded"] += streams.forwarded - before
+
+    def _streams_ended(self, ended: list[Any]) -> None:
+        """Tell each client whose result stream stopped early to drop its parts."""
+        for end in ended:
+            self.counters["result_streams_stopped"] += 1
+            self._send(end.client, m.ResultStreamEnded(end.object_id, end.reason))
 
     def _on_history_request(self, peer: bytes, message: m.HistoryRequest) -> None:
         if peer not in self._monitors:
@@ -976,6 +1028,7 @@ class Scheduler:
         del self.clients[client.peer]
         self._served.pop(client.peer, None)
         self._end_object_sends(client.peer)
+        self.result_streams.client_lost(client.peer)
         for task_id in list(client.tasks):
             task = self.tasks.get(task_id)
             if task is not None:
@@ -1003,7 +1056,12 @@ class Scheduler:
         ended = failed = 0
         counters = self.counters
         counters["result_batches"] += 1
+        streams = self.result_streams
         for result in message.results:
+            if streams.by_task and result.task_id in streams.by_task:  # a streamed result's end
+                before = streams.forwarded
+                self._streams_ended(streams.ended(peer, result.task_id, result.objects))
+                counters["result_streams_forwarded"] += streams.forwarded - before
             if result.status not in WORKER_STATUSES:
                 # Only the daemon says a task was rejected, lost its worker or its dependency:
                 # a worker that claims so could make its client resend or misreport a task.
@@ -1213,6 +1271,10 @@ class Scheduler:
         """
         (log.info if clean else log.warning)("worker %r lost: %s; %d tasks affected", worker.name, why, len(worker.inflight))
         self._end_object_sends(worker.peer)
+        if worker.peer in self.result_streams.by_worker:  # lost mid-upload: no partial object is a result
+            streaming, ended = self.result_streams.worker_lost(worker.peer)
+            self._streams_ended(ended)
+            self._commands.append(AbortPartial(worker.peer, tuple(streaming)))
         if not clean:
             self.counters["workers_lost"] += 1
             self.recorder.event(self._now, "worker-lost", f"{why}; {len(worker.inflight)} tasks affected", where=worker.name)
@@ -1849,6 +1911,7 @@ class Scheduler:
             assert task_id in self.unclaimed, f"a cancel held for task {task_id:#x}, which is not unclaimed"
             assert how and not how & ~(CANCEL_ANSWER | CANCEL_FORCE), f"task {task_id:#x}: held cancel {how!r}"
         self.managers.validate()
+        self.result_streams.validate(self.workers, self.clients)
         self.placement.validate(self.workers, self.constrained)
         for key, queue in self.constrained.items():
             if queue.live:

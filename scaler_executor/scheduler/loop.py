@@ -13,6 +13,8 @@
       → core.handle(*events) → [Send(peer, messages)]
       → SendObjects / CreditObjects / EndObjectSends: answers to ObjectRequests, large objects
         in 4 MiB parts cut from the store's views, a window of parts per peer (object_stream.py)
+      → StoreChunk: a put's or a large result's chunk written into the store; a result's also
+        sent on to its client as a ResultPart, the same frame (result_stream.py)
       → encode one transmission per peer; an unroutable peer is an error (ROUTER_MANDATORY)
         (→ PeerUnreachable next turn) and a full one EAGAIN (→ that peer's backlog, kept in order)
       → the turn's duration (receive to last send) into core.turns (scheduler/turns.py)
@@ -56,6 +58,7 @@ from scaler_executor.scheduler.core import (
 from scaler_executor.scheduler.durable import JournalWrite, SweepStore
 from scaler_executor.scheduler.managers import AdmitKeys, WithdrawKeys
 from scaler_executor.scheduler.object_stream import CreditObjects, EndObjectSends, Finish, Outbound
+from scaler_executor.scheduler.result_stream import AbortPartial, ForwardStored
 
 log = logging.getLogger("scaler_executor.daemon")
 
@@ -412,8 +415,15 @@ class Daemon:
             if messages:
                 events.append(Received(peer, messages, now))
 
-    def _store_chunk(self, peer: bytes, object_id: bytes, offset: int, total: int, now: float) -> None:
+    def _store_chunk(self, command: StoreChunk, now: float) -> None:
+        peer, object_id, offset, total = command.peer, command.object_id, command.offset, command.total
         data = self.chunks.pop((peer, object_id, offset), None)
+        if command.forward:
+            # The same frame on to the task's client first (libzmq's I/O thread writes it
+            # while this thread copies it into the store; it holds the frame until written).
+            # Sent whatever the store says: the core counted it in the client's window, and
+            # the client checks the parts itself (a missing frame fails its stream).
+            self._forward_part(command.forward, command.task_id, object_id, offset, total, data, now)
         if data is None:
             error: str | None = f"chunk at offset {offset} came without its bytes"
         else:
@@ -425,6 +435,13 @@ class Daemon:
             self.core.counters["objects_received"] += 1
         self._send(peer, codec.encode([m.ObjectStored(object_id, error)]), now)
 
+    def _forward_part(self, client: bytes, task_id: int, object_id: bytes, offset: int, total: int, data: Any, now: float) -> None:
+        frame = data if data is not None else b""  # none: the client drops the stream (and credits it)
+        counters = self.core.counters
+        counters["result_parts_forwarded"] += 1
+        counters["result_bytes_forwarded"] += memoryview(frame).nbytes
+        self._send(client, codec.encode([m.ResultPart(task_id, object_id, offset, total)], [frame]), now)
+
     def _execute(self, commands: Sequence[Any], now: float) -> None:  # core.Command, JournalWrite, SendNow
         # Chunks first: a result sent this turn may refer to the object they complete (a
         # worker on another host streams a large result before the result itself).
@@ -433,9 +450,13 @@ class Daemon:
             if written is None:
                 return
             commands = written
-        for command in commands:
+        for command in commands:  # in order: a part from the store comes after the chunk that wrote it
             if type(command) is StoreChunk:
-                self._store_chunk(command.peer, command.object_id, command.offset, command.total, now)
+                self._store_chunk(command, now)
+            elif type(command) is ForwardStored:
+                self.core.counters["result_parts_from_store"] += 1
+                data = self.objects.read_range(command.object_id, command.offset, command.length)
+                self._forward_part(command.client, command.task_id, command.object_id, command.offset, command.total, data, now)
         for command in commands:
             match command:
                 case Send(peer, messages):
@@ -463,8 +484,11 @@ class Daemon:
                 case EndObjectSends(peer):
                     if self.outbound.drop(peer):
                         self.core.counters["object_sends_dropped"] += 1
-                case StoreChunk():
-                    pass  # written above, before any send
+                case StoreChunk() | ForwardStored():
+                    pass  # written and sent above, before any other send
+                case AbortPartial(peer, object_ids):
+                    for object_id in object_ids:
+                        self.objects.abort_partial(peer, object_id)
                 case SweepStore():
                     swept = self.objects.sweep(self.core.object_holds)
                     if swept:

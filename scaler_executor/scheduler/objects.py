@@ -201,6 +201,32 @@ class HostStore:
         self.store.seal(object_id)  # releases the view
         return ""
 
+    def read_range(self, object_id: bytes, offset: int, length: int) -> Any:
+        """Bytes [offset, offset + length) of an object, or None if it does not have them: a
+        copy from one still being written (its writable view goes when it is sealed), a
+        zero-copy view of a sealed one (holding a reader reference while it is used)."""
+        if self.store is None or offset < 0 or length < 1:
+            return None
+        partial = self.partial.get(object_id)
+        if partial is not None:
+            return bytes(partial[1][offset : offset + length]) if offset + length <= partial[2] else None
+        try:
+            view = self.store.get(object_id)
+        except Exception:  # noqa: BLE001 - gone (its readers let it go): the client hears of it
+            return None
+        if view is None or offset + length > view.nbytes:
+            return None
+        return view[offset : offset + length]
+
+    def abort_partial(self, peer: bytes, object_id: bytes) -> bool:
+        """``peer`` is gone: abort ``object_id`` if it is an object ``peer`` was still
+        streaming (a put or result cut short); True if one was aborted."""
+        partial = self.partial.get(object_id)
+        if partial is None or partial[0] != peer:
+            return False
+        self._abort(object_id)
+        return True
+
     def _abort(self, object_id: bytes) -> None:
         partial = self.partial.pop(object_id, None)
         if partial is not None:

@@ -577,7 +577,9 @@ class WorkerAgent:
 
             object_id, view, step = os.urandom(16), memoryview(payload), m.OBJECT_CHUNK_BYTES
             for offset in range(0, len(view), step):
-                self.raw_out.append(codec.encode([m.ObjectChunk(object_id, offset, len(view))], [view[offset : offset + step]]))
+                # Naming the task: the daemon forwards each chunk to its client as it comes.
+                chunk = m.ObjectChunk(object_id, offset, len(view), result.task_id, result.attempt)
+                self.raw_out.append(codec.encode([chunk], [view[offset : offset + step]]))
             out.append(result._replace(payload=stream_in_store_header(), objects=[object_id]))
         return out
 

@@ -9,7 +9,10 @@ argument lists) -> batch, ``done`` (batch) -> how many finished, ``running`` (ba
 client reading it back, and a large result, ``noop`` (count, trips) -> throughput and round trip,
 ``put_keep`` (size) -> a kept ref and its digest, ``submit_ref`` (ref) -> a batch reading it, ``drop_ref`` (ref), ``read_while_task`` (ref),
 ``put_read`` (sizes) -> digests of arrays put, read on another host and read back,
-``bytes_read`` (sizes) -> the same for bytes, and for bytes a remote task returns, ``stats``, ``close``.
+``bytes_read`` (sizes) -> the same for bytes, and for bytes a remote task returns,
+``result_twice`` (size, seed) -> digests of a large result read back and read again by a task,
+``submit_result`` (size, seed) -> a batch making a large result, ``wait_digest`` (batch,
+timeout) -> its digest or error, ``stats``, ``close``.
 """
 
 from __future__ import annotations
@@ -132,6 +135,34 @@ def op_bytes_read(sizes: list[int]) -> dict[str, Any]:
                     "result": result, "expect_result": tasks.digest(tasks.random_bytes(size, seed + 1000))})
         del ref
     return {"objects": out}
+
+
+def op_result_twice(size: int, seed: int) -> dict[str, Any]:
+    """A task on another host makes ``size`` random bytes (a large result, forwarded to this
+    client as it reaches the daemon's store); a second task reads the same result from the
+    store (the first future as its argument): both digests, and the one expected."""
+    ex = _ex()
+    made = ex.submit(tasks.random_bytes, size, seed)
+    again = ex.submit(tasks.digest, made)
+    return {"back": tasks.digest(made.result()), "again": again.result(),
+            "expect": tasks.digest(tasks.random_bytes(size, seed))}
+
+
+def op_submit_result(size: int, seed: int) -> dict[str, Any]:
+    """A task that makes ``size`` random bytes, as a batch of one (``wait_digest``)."""
+    state["batches"].append([_ex().submit(tasks.random_bytes, size, seed)])
+    return {"batch": len(state["batches"]) - 1, "expect": tasks.digest(tasks.random_bytes(size, seed))}
+
+
+def op_wait_digest(batch: int, timeout: float) -> dict[str, Any]:
+    """The digest of a batch of one's result (or its error), once done."""
+    (future,) = state["batches"][batch]
+    try:
+        return {"digest": tasks.digest(future.result(timeout)), "error": None}
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        return {"digest": None, "error": [type(exc).__name__, str(exc)]}
+    finally:
+        state["batches"][batch] = []
 
 
 def op_put_keep(size: int) -> dict[str, Any]:
