@@ -272,7 +272,7 @@ def read_file(
             if end is None:
                 return offset, offset, records, False
             payload = data[offset + RECORD_HEADER : end]
-            if payload[: len(SEAL_MAGIC)] == SEAL_MAGIC:
+            if payload.startswith(SEAL_MAGIC):
                 _check_seal(path, payload, int(named.group(1)), offset, end, size)
                 return end, None, records, True
             _apply(live, payload, path, offset)

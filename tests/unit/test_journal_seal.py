@@ -201,3 +201,22 @@ def test_a_journal_of_format_1_is_refused_with_the_version_message(tmp_path: Pat
         seg.write_bytes(data[:8] + struct.pack("<I", 1) + data[12:])
     with pytest.raises(JournalVersionMismatch, match="has journal format 1, this scaler-executor 0.1.0 reads format 2"):
         open_journal(str(j), package_version=V)
+
+
+def test_a_torn_seal_of_the_last_segment_is_a_torn_tail(tmp_path: Path) -> None:
+    """What a crash in the middle of writing the seal leaves: dropped, and appends go on there."""
+    j = tmp_path / "j"
+    two_segments(j)
+    (j / "0000000000000002.seg").unlink()  # (the successor was still a .tmp, removed at the next open)
+    first = j / "0000000000000001.seg"
+    data = first.read_bytes()
+    for cut in range(len(data) - 36 + 1, len(data)):
+        first.write_bytes(data[:cut])
+        loaded = read_journal(str(j), package_version=V)
+        assert loaded.torn == (first.name, len(data) - 36) and not loaded.last_sealed, cut
+        assert list(loaded.live.items()) == expected(FIRST)
+    writer, _ = open_journal(str(j), package_version=V)
+    writer.append([(b"e", b"5")])
+    writer.close()
+    assert sorted(p.name for p in j.glob("*.seg")) == [first.name]
+    assert load(j) == expected([*FIRST, [(b"e", b"5")]])
