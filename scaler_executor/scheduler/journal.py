@@ -16,10 +16,11 @@ compaction; both stop in :meth:`JournalWriter.close`.
 
 Compaction (``compaction()``, drained by the thread; public so tests can stop it at any step
 and copy the directory as a crash would leave it): the active segment is sealed (a new segment
-is created, fsynced and entered in the directory outside the lock, then swapped in under it;
-the old one is fsynced and closed), then the newest base and the sealed segments are read into
+is created as ``N.seg.tmp`` and fsynced outside the lock; under it, the old one gets its seal
+record and is fsynced, the new one is renamed into place, the directory fsynced, and the new
+one swapped in), then the newest base and the sealed segments are read into
 a map (memory: the live state once, for the time of the compaction) and written as
-``N.base.tmp`` in records of about 1 MiB, fsynced, renamed to ``N.base``, the directory fsynced,
+``N.base.tmp`` in records of about 1 MiB and its seal, fsynced, renamed to ``N.base``, the directory fsynced,
 then the old files deleted.  A crash at any step leaves a journal that loads to the same map: a
 ``.tmp`` is ignored, and once ``N.base`` exists the files numbered up to N are ignored (and
 removed at the next open).
@@ -185,6 +186,7 @@ def open_journal(
                 os.unlink(os.path.join(path, name))
                 loaded.segments.pop()
                 del loaded.sizes[name]
+                loaded.last_sealed = True  # (the segment before it, read as not the last, has its seal)
             else:
                 os.truncate(os.path.join(path, name), offset)
         writer = JournalWriter(
@@ -242,12 +244,12 @@ class JournalWriter:
         self._compacting = False
         self._compact_floor = 0  # after a failed compaction: wait until the files exceed this
         self._cut_at: int | None = None  # a failed write's partial record not yet cut off
-        if loaded.segments:
+        if loaded.segments and not loaded.last_sealed:
             self._seg = loaded.segments[-1]
             name = jf.seg_name(self._seg)
             self._fd = os.open(os.path.join(path, name), os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-        else:
-            self._seg = self._base + 1
+        else:  # nothing yet, a base alone, or the last segment sealed (a crash before its successor was in place)
+            self._seg = (loaded.segments[-1] if loaded.segments else self._base) + 1
             name = jf.seg_name(self._seg)
             self._fd = _create_file(os.path.join(path, name), package_version)
             self._sizes[name] = len(header_bytes(package_version))
@@ -421,33 +423,74 @@ class JournalWriter:
                 self._compacting = False
 
     def _seal(self) -> int:
-        """Start a new active segment; the old one, fsynced and closed, is sealed.  Its number."""
+        """Seal the active segment and start the next one.  Its number.
+
+        The new segment is created as ``N.seg.tmp`` (header written and fsynced) outside the
+        lock, appends going on meanwhile; then, under the lock, the old segment gets its seal
+        record and is fsynced, the new one is renamed into place and the directory fsynced,
+        and appends go to the new one.  So a segment with a successor always ends with its seal
+        (a crash before the rename leaves a ``.tmp``, removed at the next open, and a last
+        segment that may be sealed: the next open starts its successor), and no record reaches
+        the new segment before its name is durable.  Two fsyncs and a rename under the lock,
+        once per compaction.
+        """
         with self._lock:
             sealed, new = self._seg, self._seg + 1
-        # Created, fsynced and entered in the directory outside the lock: appends go on meanwhile.
-        fd = _create_file(os.path.join(self.path, jf.seg_name(new)), self._version)
-        try:
-            _fsync_dir(self.path)
-        except BaseException:
-            os.close(fd)
-            os.unlink(os.path.join(self.path, jf.seg_name(new)))
-            raise
-        with self._fsync_lock:
-            with self._lock:
-                # The old segment is fsynced before the new one can receive a record: the reader
-                # refuses a torn tail anywhere but in the last segment, so a power loss must not
-                # tear a segment that has a successor.  One fsync, once per compaction, under the lock.
+        final = os.path.join(self.path, jf.seg_name(new))
+        tmp = final + ".tmp"
+        fd = _create_file(tmp, self._version)
+        with self._fsync_lock:  # (the old descriptor is closed under it: the fsync thread may hold it)
+            try:
+                with self._lock:
+                    old_fd = self._seal_active(sealed, tmp, final)
+                    self._fd, self._seg, self._name = fd, new, jf.seg_name(new)
+                    self._sizes[self._name] = len(header_bytes(self._version))
+                    self._dirty = False
+            except BaseException:
+                os.close(fd)
                 try:
-                    self._fsync_fd(self._fd)
-                except BaseException:
-                    os.close(fd)
-                    os.unlink(os.path.join(self.path, jf.seg_name(new)))
-                    raise
-                old_fd, self._fd, self._seg, self._name = self._fd, fd, new, jf.seg_name(new)
-                self._sizes[jf.seg_name(new)] = len(header_bytes(self._version))
-                self._dirty = False
+                    os.unlink(tmp)
+                except FileNotFoundError:  # (renamed, and removed again by _seal_active)
+                    pass
+                raise
             os.close(old_fd)
         return sealed
+
+    def _seal_active(self, sealed: int, tmp: str, final: str) -> int:
+        """(Under both locks) write the active segment's seal, fsync it, rename ``tmp`` to
+        ``final`` and fsync the directory; the old descriptor.  On failure the seal is cut off
+        again (the segment stays the active one) and the exception raised."""
+        name = self._name
+        start = self._sizes[name]
+        if self._cut_at is not None:
+            self._undo(name, start)
+            if self._cut_at is not None:
+                raise JournalError(f"journal {self.path}: {name} ends in a partial record that cannot be cut off; not sealed")
+        seal = jf.encode_seal(sealed, start)
+        renamed = False
+        try:
+            _write_all(self._fd, seal)
+            self._fsync_fd(self._fd)
+            os.rename(tmp, final)
+            renamed = True
+            _fsync_dir(self.path)
+        except BaseException as exc:
+            if renamed:  # the new name goes before the seal does: a .seg after an unsealed one is refused
+                try:
+                    os.unlink(final)
+                except OSError as again:  # cannot take it back: go on with the new segment (sealed, in place)
+                    self._log.error("journal: %s sealed but the directory's fsync failed (%s), and %s "
+                                    "could not be removed (%s): going on with it", name, exc, final, again)
+                    self._sizes[name] = start + len(seal)
+                    return self._fd
+            self._undo(name, start)
+            try:
+                os.fsync(self._fd)  # the cut is durable too: no power loss brings the seal back
+            except OSError:
+                pass
+            raise
+        self._sizes[name] = start + len(seal)
+        return self._fd
 
     def _compact(self, sealed: int) -> Generator[str, None, None]:
         base = self._base
@@ -484,6 +527,9 @@ class JournalWriter:
                     size += len(record)
                     yield "record"
                 del live, batch
+                seal = jf.encode_seal(sealed, size)  # a base ends with its seal, like a sealed segment
+                _write_all(fd, seal)
+                size += len(seal)
                 os.fsync(fd)
             finally:
                 os.close(fd)

@@ -12,9 +12,17 @@ Every file starts with a header, then records::
 
     header: magic (8) | JOURNAL_FORMAT u32 | version length u16 | package version (utf-8) | crc32 u32
     record: payload length u32 | crc32 of the length u32 | crc32 of the payload u32 | payload
+    seal:   a record whose payload is SEAL_MAGIC (8) | the file's number u64 | the seal's offset u64
 
 (all little-endian).  The payload is one ``append()`` call's entries, msgpack'd as a list of
-``[key, value]`` (``value`` nil for a delete).  The length has its own checksum so that a bit
+``[key, value]`` (``value`` nil for a delete); a seal's payload starts with ``SXSEAL``, which no
+msgpack list does.  Every file but the last segment ends with its seal: a segment is sealed
+(the seal written and fsynced) before its successor appears under its ``.seg`` name, and a base
+is sealed before it is fsynced and renamed into place.  Without it, a sealed segment cut at a
+record boundary (a lost write, a copy cut short) could not be told from a complete one, and the
+segments after it would load onto a state that never existed.  The seal names its file's number
+and its own offset (the length of the records before it), so a file renamed, or one whose
+records were spliced, does not pass either.  The length has its own checksum so that a bit
 flipped in a length in the middle of a file is reported as corruption instead of looking like a
 record that runs past the end of the file (which would be read as a torn tail and silently drop
 everything after it).
@@ -27,7 +35,11 @@ file, or a tail of zero bytes (what a file system may leave after a power loss).
 dropped (one log line naming the file and the offset).  Anything else that does not check out
 is :class:`JournalCorrupt` — the journal is refused, never half loaded.  Sealed segments were
 fsynced before the next one was created and bases are renamed into place only after an fsync,
-so a torn tail in them is corruption, not a crash.
+so a torn tail in them is corruption, not a crash; so is a file before the last segment that
+does not end with its seal, anything after a seal (in any file), and a segment number missing
+between the base and the last segment.  The last segment may itself end with its seal (the
+process died after sealing it, before its successor was renamed into place): the writer then
+starts the next segment.
 """
 
 from __future__ import annotations
@@ -55,21 +67,25 @@ __all__ = [
     "JournalVersionMismatch",
     "Loaded",
     "encode_record",
+    "encode_seal",
     "header_bytes",
     "read_journal",
 ]
 
-JOURNAL_FORMAT = 1  # bumped on any on-disk change
+JOURNAL_FORMAT = 2  # bumped on any on-disk change (2: the seal record at the end of every sealed file)
 POLICIES = ("turn", "interval", "os")
 MAGIC = b"SXJOURN\n"
 RECORD_HEADER = 12  # length, crc32(length), crc32(payload)
 MAX_RECORD = 1 << 31  # a length above this is corruption (a turn's batch is far smaller)
 
+SEAL_MAGIC = b"SXSEAL\x00\x00"
+_SEAL = struct.Struct("<8sQQ")  # SEAL_MAGIC, the file's number, the seal's offset
 _FIXED = struct.Struct("<8sIH")  # magic, format, version length
 _U32 = struct.Struct("<I")
 _REC = struct.Struct("<III")
 _SEG = re.compile(r"^(\d{16})\.seg$")
 _BASE = re.compile(r"^(\d{16})\.base$")
+_NUMBERED = re.compile(r"^(\d{16})\.(?:seg|base)$")
 LOCK_NAME = "LOCK"
 
 _MOVE_AWAY = "move the journal directory away (or delete it) to start the daemon with an empty journal"
@@ -146,6 +162,13 @@ def encode_record(entries: Entries) -> bytes:
     return _REC.pack(length, zlib.crc32(_U32.pack(length)), zlib.crc32(payload)) + payload
 
 
+def encode_seal(number: int, offset: int) -> bytes:
+    """The seal record that ends file ``number`` (a segment's or a base's), written at ``offset``
+    (the length of the file before it)."""
+    payload = _SEAL.pack(SEAL_MAGIC, number, offset)
+    return _REC.pack(len(payload), zlib.crc32(_U32.pack(len(payload))), zlib.crc32(payload)) + payload
+
+
 @dataclass
 class Loaded:
     """What reading a journal found (the writer continues from it)."""
@@ -156,6 +179,7 @@ class Loaded:
     sizes: dict[str, int] = field(default_factory=dict)  # file name -> valid length (after a torn tail)
     torn: tuple[str, int] | None = None  # (file name, offset) of a torn tail of the last segment
     torn_header: bool = False  # the last segment's header itself is torn (crash while creating it)
+    last_sealed: bool = False  # the last segment ends with its seal: the writer starts the next one
     stale: list[str] = field(default_factory=list)  # leftovers of an interrupted compaction
     records: int = 0
 
@@ -223,12 +247,17 @@ def _check_header(path: str, data: bytes, package_version: str, last: bool) -> i
 
 def read_file(
     path: str, live: dict[bytes, bytes], package_version: str, last: bool
-) -> tuple[int, int | None, int]:
-    """Apply one journal file's records to ``live``.
+) -> tuple[int, int | None, int, bool]:
+    """Apply one journal file's records to ``live``; ``path`` ends in a ``NNNN.seg`` or
+    ``NNNN.base`` name (its number is checked against its seal's).
 
-    Returns (valid length, offset of a torn tail or None, records).  A torn header gives
-    (0, 0, 0).  Raises JournalCorrupt / JournalVersionMismatch.
+    Returns (valid length, offset of a torn tail or None, records, sealed).  A torn header
+    gives (0, 0, 0, False).  A file that is not ``last`` must end with its seal.  Raises
+    JournalCorrupt / JournalVersionMismatch.
     """
+    named = _NUMBERED.match(os.path.basename(path))
+    if named is None:
+        raise JournalError(f"{path} is not a journal segment or base (NNNNNNNNNNNNNNNN.seg or .base)")
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         # Mapped, not read: a large base is not held twice (its bytes and the map built from them).
@@ -236,19 +265,43 @@ def read_file(
     try:
         start = _check_header(path, data[: _FIXED.size + 0xFFFF + 4], package_version, last)
         if start is None:
-            return 0, 0, 0
+            return 0, 0, 0, False
         offset, records = start, 0
         while offset < size:
-            torn = _record_end(path, data, offset, last)
-            if torn is None:
-                return offset, offset, records
-            _apply(live, data[offset + RECORD_HEADER : torn], path, offset)
-            offset = torn
+            end = _record_end(path, data, offset, last)
+            if end is None:
+                return offset, offset, records, False
+            payload = data[offset + RECORD_HEADER : end]
+            if payload.startswith(SEAL_MAGIC):
+                _check_seal(path, payload, int(named.group(1)), offset, end, size)
+                return end, None, records, True
+            _apply(live, payload, path, offset)
+            offset = end
             records += 1
-        return offset, None, records
+        if not last:
+            raise JournalCorrupt(
+                path, offset, "the file ends without its seal record: a file before the last segment was cut "
+                "short (what followed it, if anything, is lost)",
+            )
+        return offset, None, records, False
     finally:
         if isinstance(data, mmap.mmap):
             data.close()
+
+
+def _check_seal(path: str, payload: bytes, number: int, offset: int, end: int, size: int) -> None:
+    if len(payload) != _SEAL.size:
+        raise JournalCorrupt(path, offset, f"seal record of {len(payload)} bytes (a seal has {_SEAL.size})")
+    _, sealed_number, sealed_offset = _SEAL.unpack(payload)
+    if sealed_number != number:
+        raise JournalCorrupt(path, offset, f"the seal is file {sealed_number:016d}'s, not this file's ({number:016d})")
+    if sealed_offset != offset:
+        raise JournalCorrupt(
+            path, offset, f"the seal was written at offset {sealed_offset}, it is found at {offset} "
+            "(records before it were lost or added)",
+        )
+    if end != size:
+        raise JournalCorrupt(path, end, f"{size - end} bytes after the file's seal record (nothing follows a seal)")
 
 
 def _record_end(path: str, data: bytes | mmap.mmap, offset: int, last: bool) -> int | None:
@@ -312,13 +365,23 @@ def read_journal(path: str, *, package_version: str, log: logging.Logger | None 
     out.base = bases[-1] if bases else 0
     out.stale = [base_name(b) for b in bases[:-1]] + [seg_name(s) for s in segs if s <= out.base] + tmps
     out.segments = [s for s in segs if s > out.base]
+    expected = out.base + 1
+    for number in out.segments:
+        if number != expected:
+            raise JournalCorrupt(
+                os.path.join(path, seg_name(expected)), 0,
+                f"the file is missing: the journal's segments after {base_name(out.base) if out.base else 'its start'} "
+                f"must be numbered on from {out.base + 1}, and {seg_name(number)} follows",
+            )
+        expected += 1
     files = ([base_name(out.base)] if bases else []) + [seg_name(s) for s in out.segments]
     for i, name in enumerate(files):
         last = i == len(files) - 1 and name.endswith(".seg")
         full = os.path.join(path, name)
-        valid, torn, records = read_file(full, out.live, package_version, last)
+        valid, torn, records, sealed = read_file(full, out.live, package_version, last)
         out.sizes[name] = valid
         out.records += records
+        out.last_sealed = last and sealed
         if torn is not None:
             out.torn = (name, torn)
             out.torn_header = valid == 0

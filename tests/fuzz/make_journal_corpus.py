@@ -36,11 +36,17 @@ BATCHES = [
 ]
 
 
-def journal(path: Path, compact: bool = False) -> None:
+def journal(path: Path, compact: bool = False, sealed: bool = False) -> None:
+    """BATCHES in one segment; ``compact``: a base after the second; ``sealed``: the first two
+    in segment 1 (sealed), the rest in segment 2."""
     writer, _ = open_journal(str(path), package_version=V, policy="os")
     for i, batch in enumerate(BATCHES):
         if compact and i == 2:
             list(writer.compaction())
+        if sealed and i == 2:
+            steps = writer.compaction()
+            next(steps)
+            steps.close()
         writer.append(batch)
     writer.close()
     os.unlink(path / "LOCK")
@@ -69,9 +75,9 @@ def main() -> None:
     shutil.rmtree(OUT, ignore_errors=True)
     OUT.mkdir()
 
-    def case(name: str, compact: bool = False) -> Path:
+    def case(name: str, compact: bool = False, sealed: bool = False) -> Path:
         path = OUT / name
-        journal(path, compact)
+        journal(path, compact, sealed)
         return path
 
     def damaged(name: str, change, compact: bool = False, file: str = "*.seg") -> Path:  # type: ignore[no-untyped-def]
@@ -100,6 +106,20 @@ def main() -> None:
         damaged("other-format", lambda b: b[:8] + struct.pack("<I", JOURNAL_FORMAT + 1) + b[12:]),
         damaged("torn-base", lambda b: b[:-5], compact=True, file="*.base"),
     ]
+    # Journal format 2: every file before the last segment ends with its seal record.
+    cases.append(damaged("format-1", lambda b: b[:8] + struct.pack("<I", 1) + b[12:]))
+    cases.append(damaged("base-cut-at-its-seal", lambda b: b[:-36], compact=True, file="*.base"))
+    p = case("sealed-segment-cut-at-a-record-boundary", sealed=True)
+    first = seg(p, 0)
+    first.write_bytes(first.read_bytes()[:-36])  # just the seal cut off: the records before it check out
+    cases.append(p)
+    p = case("last-segment-sealed", sealed=True)  # a crash before its successor was renamed into place
+    last = seg(p)
+    last.rename(last.with_name(last.name + ".tmp"))
+    cases.append(p)
+    p = case("missing-segment", sealed=True)
+    seg(p, 0).unlink()
+    cases.append(p)
     p = case("interrupted-compaction-tmp", compact=True)
     base = next(p.glob("*.base"))
     (p / (base.name.replace("1.base", "2.base") + ".tmp")).write_bytes(base.read_bytes()[:40])

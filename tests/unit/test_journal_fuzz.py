@@ -116,6 +116,23 @@ def test_damage_gives_a_prefix_or_a_refusal(batches: list[Batch], compact: int |
             assert outcome(j) == [*got, (b"new", b"1")]
 
 
+def test_found_by_the_fuzz_a_sealed_segment_cut_at_a_record_boundary_is_refused(tmp_path: Path) -> None:
+    """test_damage_gives_a_prefix_or_a_refusal's example (st.data() takes no @example): batches
+    [[], [a], [b]], a compaction after the first, and the sealed segment holding [a] cut to its
+    header.  Journal format 1 loaded {b} without a (a state that never existed); now the seal
+    that segment lacks refuses it."""
+    j = tmp_path / "j"
+    build(j, [[], [(b"a", b"")], [(b"b", b"")]], compact_after=1)
+    sealed = j / "0000000000000002.seg"
+    assert sorted(p.name for p in files(j)) == ["0000000000000001.base", sealed.name, "0000000000000003.seg"]
+    assert outcome(j) == [(b"a", b""), (b"b", b"")]
+    sealed.write_bytes(sealed.read_bytes()[: len(header_bytes(V))])
+    with pytest.raises(JournalCorrupt, match="ends without its seal record") as info:
+        read_journal(str(j), package_version=V)
+    assert (info.value.path, info.value.offset) == (str(sealed), 23)  # the header's length, where the seal was due
+    assert outcome(j) is None
+
+
 @FUZZ
 @given(batches=batches_st, data=st.data())
 def test_truncation_of_the_last_segment_is_an_exact_prefix(batches: list[Batch], data: st.DataObject) -> None:
