@@ -4,8 +4,8 @@ The daemon's core emits, per loop turn, a list of entries ``(key, value)`` — a
 key, ``None`` DELETEs it.  :func:`open_journal` loads the live map (first-insertion order: a
 later PUT of a live key keeps its position, a key deleted and put again moves to the end) and
 returns a :class:`JournalWriter` that appends one record per turn.  The format and the reader
-are in :mod:`.journal_format`; the contract with the daemon is ``/work/helpers/JOURNAL_API.md``
-and ``docs/durability.rst`` ("The journal's storage").
+are in :mod:`.journal_format`; the contract with the daemon is ``docs/durability.rst`` ("The
+journal's storage").
 
 Threads and locks.  ``_lock`` guards the writer's state and the active segment's descriptor
 (held briefly by ``append``, by the seal of a compaction, by ``stats``).  ``_fsync_lock``
