@@ -62,7 +62,12 @@ class DaemonProcess:
         main = ["bench.scale_tap", tap, "--"] if tap else ["scaler_executor.cli.daemon"]  # tap: counts per message type
         cmd = [*prefix, sys.executable, "-m", *main, "--address", address, "--workers", "0", *extra]
         env = dict(os.environ, PYTHONPATH=tree) if tree else None  # another checkout's daemon (A/B)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        # In the tree's directory too: ``python -m`` puts the working directory first on
+        # sys.path, ahead of PYTHONPATH, so from this checkout's directory every "tree" ran
+        # this checkout's daemon.
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=tree or None,
+        )
         self.ps = psutil.Process(self.proc.pid)
         self.core = int(prefix[-1]) if prefix else None  # the CPU it is pinned to
 
