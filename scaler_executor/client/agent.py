@@ -129,7 +129,6 @@ from scaler_executor.client.state import (
     PIN_OBJECTS,
     RELEASE_OBJECTS,
     STATS,
-    TASK_MASK,
     ClientCore,
     TaskRecord,
 )
@@ -345,10 +344,11 @@ class ClientAgent:
 
     def request_stats(self) -> Future[Statistics]:
         future: Future[Statistics] = Future()
+        lanes = self.lane.counts()  # the daemon answers once it counted these (stats_barrier.py)
         with self.lock:
             self.check_usable()
             self.stats_waiters.append(future)
-            commands = self.core.handle(Posted(STATS, None))
+            commands = self.core.handle(Posted(STATS, lanes))
         self.execute(commands)
         return future
 
@@ -578,7 +578,7 @@ class ClientAgent:
         inbox, record = self.inbox, getattr(future, "_record", None)
         if inbox is not None and record is not None and not self._closed:
             for result in inbox.pick_up(future, timeout, record.n):
-                self.lane.delivered(result.task_id & TASK_MASK)
+                self.lane.delivered(result)
                 self.completion.complete(result, quietly=True)  # outside the inbox's locks
         return None if deadline is None else max(0.0, deadline - time.monotonic())
 
@@ -586,7 +586,7 @@ class ClientAgent:
         lane = self.lane
         if lane.tasks:
             for result in results:
-                lane.delivered(result.task_id & TASK_MASK)
+                lane.delivered(result)
         self.completer.put_results(results)
 
     # ------------------------------------------------------------------ the end

@@ -275,8 +275,10 @@ class ScalerExecutor(Executor):
         Raises ``TimeoutError`` if the daemon does not answer within ``timeout``.
 
         A sequential caller's result can reach it straight from the processor (see
-        docs/architecture.rst, life of a task): the daemon counts that task once its worker
-        reports it, which may be just after ``result()`` returned.
+        docs/architecture.rst, life of a task).  The snapshot counts every such result that
+        came down a worker's lane before this call (the daemon waits for those workers'
+        reports, at most 1 s); one of a task the daemon dispatched is counted once its
+        worker's report arrives, which may be just after ``result()`` returned.
         """
         return self._agent.request_stats().result(timeout)
 

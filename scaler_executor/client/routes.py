@@ -182,6 +182,10 @@ class LaneRoute:
         self.fns: set[int] = set()  # callables sent down the current lane
         self.tasks: dict[int, TaskRecord] = {}  # what is on the lane now, by task number
         self.poller: channel.Poller | None = None  # the agent loop's, once a lane was connected
+        # Worker name -> lane tasks' results received from it (any status), for the
+        # statistics barrier (scheduler/stats_barrier.py); the current lane's worker.
+        self.ends: dict[str, int] = {}
+        self.worker = ""
 
     @property
     def open(self) -> bool:
@@ -287,17 +291,36 @@ class LaneRoute:
             again = []
             for result in results:
                 record = self.tasks.pop(result.task_id & TASK_MASK, None)
-                if result.status == Status.PROCESSOR_DIED and record is not None:
-                    again.append(record)
+                if record is not None:
+                    self._ended(result.facts.worker)
+                    if result.status == Status.PROCESSOR_DIED:
+                        again.append(record)
             if lost:
                 again.extend(self.tasks.values())
                 self.tasks.clear()
+                # Its worker stopped or closed its lanes: what it reports now (if anything)
+                # no longer holds back statistics, and a worker of the same name later on
+                # (another process) starts its count afresh.
+                self.ends.pop(self.worker, None)
         return [r for r in results if r.status != Status.PROCESSOR_DIED], again, lost
 
-    def delivered(self, n: int) -> None:
-        """A lane task's result came another way (a reply datagram)."""
-        if self.tasks:
-            self.tasks.pop(n, None)
+    def delivered(self, result: m.TaskResult) -> None:
+        """A result came another way (a reply datagram, the daemon): a lane task's ends."""
+        if self.tasks and self.tasks.pop(result.task_id & TASK_MASK, None) is not None:
+            with self.lock:
+                self._ended(result.facts.worker)
+
+    def _ended(self, worker: str) -> None:
+        """(Under ``lock``) A lane task's result came from ``worker``."""
+        self.ends[worker] = self.ends.get(worker, 0) + 1
+        self.worker = worker
+
+    def counts(self) -> dict[str, int]:
+        """What a StatsRequest names: the lane results received, by worker."""
+        if not self.ends:
+            return {}
+        with self.lock:
+            return dict(self.ends)
 
     def release(self, fn_id: int) -> None:
         """(Agent thread) The worker may drop a callable it had down the lane: after the

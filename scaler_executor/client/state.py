@@ -132,7 +132,7 @@ _MESSAGE: dict[int, Callable[[int, Any], Any]] = {
     REGISTER_FN: lambda base, data: m.RegisterFunction(base | data[0], data[1]),
     RELEASE_FN: lambda base, data: m.ReleaseFunctions([base | data]),
     REGISTER_OPTIONS: lambda base, data: m.RegisterOptions(data[0], data[1]),
-    STATS: lambda base, data: m.StatsRequest(),
+    STATS: lambda base, data: m.StatsRequest(data or {}),
     HISTORY: lambda base, data: m.HistoryRequest(),
     PIN_OBJECTS: lambda base, data: m.PinObjects(data),
     RELEASE_OBJECTS: lambda base, data: m.ReleaseObjects(data),

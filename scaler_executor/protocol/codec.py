@@ -4,7 +4,7 @@ A transmission is a list of ZeroMQ frames::
 
     [VERSION_FRAME, body, buffer_0, buffer_1, ...]
 
-* ``VERSION_FRAME`` names the protocol and its version (``b"SCX/4"``).  A peer
+* ``VERSION_FRAME`` names the protocol and its version (``b"SCX/5"``).  A peer
   speaking another version is refused with a reason, never guessed at.
 * ``body`` is a msgpack array of messages, each ``[tag, [field, ...]]``: every
   transmission is a *batch*, so one syscall and one decode carry as many

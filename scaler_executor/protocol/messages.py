@@ -41,7 +41,10 @@ TaskResults            W→D→C    outcomes, with attempt number and per-task f
 LaneStarted            W→D      lane tasks still running LANE_NOTICE after they came: the
                                 daemon records them (load, task counts, monitors)
 LaneDone               W→D      lane tasks that ended, for the daemon's counters (and the
-                                records of those announced by LaneStarted)
+                                records of those announced by LaneStarted), and how many
+                                of each client's have ended in all (the statistics barrier)
+LaneFlush              D→W      a client's StatsRequest waits for this worker's LaneDone:
+                                send it now, and the next one without waiting
 TaskRuns               W→D      the worker's task runs since its last one, in one opaque
                                 blob (protocol/runlog.py), beside its heartbeats: the
                                 daemon's history (task stream) without a per-task write
@@ -66,7 +69,9 @@ ResultStreamEnded      D→C      no more ResultParts of that object: the client
 ClusterBroken          D→C, W→D the cluster cannot run tasks (e.g. a failing initializer)
 Seceded                W→D      running tasks that wait on sub-tasks: they no longer
                                 count against the worker's capacity
-StatsRequest           C/M→D    ask for a snapshot of the daemon's state
+StatsRequest           C/M→D    ask for a snapshot of the daemon's state (a client names
+                                the lane results it has received, by worker: the daemon
+                                answers once those workers' LaneDone counted them)
 Stats                  D→C/M    the snapshot
 HistoryRequest         C/M→D    ask for the run's history (for ``ex.report``)
 History                D→C/M    the most recent task runs (worker, start, end, status) and
@@ -117,7 +122,7 @@ WorkerId = NewType("WorkerId", int)
 TaskId = NewType("TaskId", int)
 FunctionId = NewType("FunctionId", int)
 
-PROTOCOL_VERSION = 4  # 2: a journaled daemon's Welcome fields and the resume messages (46-50); 3: TaskRuns (62), Welcome.runs, LaneDone without runs; 4: ObjectChunk.task_id/attempt, ResultPart (65), ResultPartsTaken (66), ResultStreamEnded (67)
+PROTOCOL_VERSION = 5  # 2: a journaled daemon's Welcome fields and the resume messages (46-50); 3: TaskRuns (62), Welcome.runs, LaneDone without runs; 4: ObjectChunk.task_id/attempt, ResultPart (65), ResultPartsTaken (66), ResultStreamEnded (67); 5: LaneDone.clients, StatsRequest.lanes, LaneFlush (68)
 TASK_ID_BITS = 40  # 10^12 tasks per client before ids wrap
 
 
@@ -504,6 +509,11 @@ class LaneStarted(NamedTuple):
     task_ids: list[int]
 
 
+class LaneEnds(NamedTuple):
+    client_id: int
+    ended: int
+
+
 class LaneDone(NamedTuple):
     """Tasks that came down this worker's lanes (worker/lanes.py) and ended since the last
     report, for the daemon's counters."""
@@ -518,10 +528,23 @@ class LaneDone(NamedTuple):
     # The first few that failed (at most worker/lanes.py LANE_FAILURES per report, payloads of
     # at most 64 KiB, no objects): the daemon's recent failures, with their tracebacks.
     failures: list[TaskResult] = []  # noqa: RUF012
+    # Each client's lane tasks that have ended here, in all (cumulative, not since the last
+    # report: a daemon restarted on its journal learns them from the next one).  A client's
+    # StatsRequest.lanes is answered once these reach what it has seen.
+    clients: list[LaneEnds] = []  # noqa: RUF012
+
+
+class LaneFlush(NamedTuple):
+    """D→W: a client's statistics wait for this worker's lane tasks to be counted: send a
+    LaneDone now (even of nothing new), and the next one as soon as a lane task ends."""
 
 
 class StatsRequest(NamedTuple):
-    pass
+    # A client's: worker name -> the lane tasks' results it received from that worker's
+    # lane (cumulative; worker/lanes.py).  The daemon answers once that worker's LaneDone
+    # counted as many of this client's (or the worker is gone): a result the caller had is
+    # in the counters it reads.  Empty for monitors, and for clients without a lane.
+    lanes: dict[str, int] = {}  # noqa: RUF012
 
 
 class WorkerStat(NamedTuple):
@@ -823,6 +846,7 @@ MESSAGE_TAGS: dict[type, int] = {
     ResultPart: 65,
     ResultPartsTaken: 66,
     ResultStreamEnded: 67,
+    LaneFlush: 68,
 }
 
 # Which roles may send which messages to the daemon.

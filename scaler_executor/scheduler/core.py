@@ -60,6 +60,7 @@ from scaler_executor.scheduler.state import (
     describe_key,
 )
 from scaler_executor.scheduler.stats import Recorder, Statistics, stats_message
+from scaler_executor.scheduler.stats_barrier import StatsBarrier
 from scaler_executor.scheduler.turns import TurnHistogram
 
 log = logging.getLogger("scaler_executor.daemon")
@@ -303,11 +304,16 @@ class Scheduler:
             "result_parts_from_store": 0,
             "result_streams_forwarded": 0,
             "result_streams_stopped": 0,
+            # Client statistics requests answered at the barrier's bound without the lane
+            # counts they waited for (scheduler/stats_barrier.py): a worker that hung.
+            "stats_barrier_expired": 0,
         }
         self._monitors: dict[bytes, float] = {}
         self._fetchers: set[bytes] = set()  # peers that asked for objects (ObjectRequest), until lost
         # Large results streamed in by workers, forwarded to their clients as they come.
         self.result_streams = ResultStreams()
+        # Clients' statistics requests waiting for their lane tasks to be counted.
+        self.stats_barrier = StatsBarrier()
         self.recorder = Recorder()  # O(1) monitoring state: ended tasks per second, recent events
         self.history = History(runs=config.history_runs)  # O(1) too: recent task runs, the run's coarse series (ex.report)
         # Task runs are recorded by the workers (protocol/runlog.py) and reach the history in
@@ -1014,6 +1020,13 @@ class Scheduler:
     def _on_stats_request(self, peer: bytes, message: m.StatsRequest) -> None:
         if peer in self._monitors and peer in self._stats_wanted:
             return  # one answer per monitor per turn, however many it asked for
+        client = self.clients.get(peer)
+        if client is not None:  # its snapshot counts the lane results it had (stats_barrier.py)
+            flush = self.stats_barrier.ask(peer, client.client_id, message.lanes, self.workers.values(), self._now)
+            if flush is not None:
+                for worker in flush:
+                    self._send(worker, m.LaneFlush())
+                return  # held: answered in _flush once those workers' LaneDone came
         self._stats_wanted.append(peer)  # answered in _flush, after this turn's dispatch
 
     def _lose_client(self, client: ClientRecord, why: str, clean: bool = False) -> None:
@@ -1027,6 +1040,7 @@ class Scheduler:
             self.recorder.event(self._now, "client-lost", why, where=client.name)
         del self.clients[client.peer]
         self._served.pop(client.peer, None)
+        self.stats_barrier.client_lost(client.peer)
         self._end_object_sends(client.peer)
         self.result_streams.client_lost(client.peer)
         for task_id in list(client.tasks):
@@ -1180,6 +1194,11 @@ class Scheduler:
         if not all(0 <= n <= MAX_FIGURE for n in counts) or not 0.0 <= message.seconds <= MAX_FIGURE:
             self._refuse(peer, "lane-done", f"LaneDone counts out of range: {counts!r}, {message.seconds!r} s")
             return
+        if message.clients:  # cumulative: the latest is the whole count (held statistics wait for it)
+            if not all(0 <= e.ended <= MAX_FIGURE for e in message.clients):
+                self._refuse(peer, "lane-done", f"LaneDone client counts out of range: {message.clients!r}")
+                return
+            worker.lane_ends = {e.client_id: e.ended for e in message.clients}
         ended = message.finished + message.failed
         counters = self.counters
         counters["submitted"] += ended
@@ -1733,6 +1752,11 @@ class Scheduler:
             results.append(result)
 
     def _flush(self) -> list[Command]:
+        barrier = self.stats_barrier
+        if barrier.held:  # counted by now (a LaneDone came), its workers gone, or waited long enough
+            expired = barrier.expired
+            self._stats_wanted.extend(barrier.release(self.workers, self._now))
+            self.counters["stats_barrier_expired"] += barrier.expired - expired
         if self._stats_wanted:
             fresh = None  # a client's snapshot is always fresh: its own tests read exact counts
             for peer in self._stats_wanted:
@@ -1831,7 +1855,11 @@ class Scheduler:
         if self._direct_running:  # at most a few: one per sequential caller
             first = min(dispatched for _, dispatched in self._direct_running.values())
             since = first if since is None else min(since, first)
-        return None if since is None else since + NOTICE_DELAY
+        due = None if since is None else since + NOTICE_DELAY
+        if self.stats_barrier.held:  # (rare: a client's statistics wait for lane reports)
+            bound = self.stats_barrier.wakeup_at()
+            due = bound if due is None or (bound is not None and bound < due) else due
+        return due
 
     # ------------------------------------------------------------------ observability
 
@@ -1912,6 +1940,7 @@ class Scheduler:
             assert how and not how & ~(CANCEL_ANSWER | CANCEL_FORCE), f"task {task_id:#x}: held cancel {how!r}"
         self.managers.validate()
         self.result_streams.validate(self.workers, self.clients)
+        self.stats_barrier.validate(self.clients)
         self.placement.validate(self.workers, self.constrained)
         for key, queue in self.constrained.items():
             if queue.live:

@@ -253,6 +253,7 @@ class WorkerRecord:
     memory_limit: int = 0  # 0: none
     cpu: float = 0.0  # cores its processors kept busy (heartbeats)
     store: tuple[str, int, int, int] = ("", 0, 0, 0)  # the store it maps: name, bytes, capacity, objects (heartbeats)
+    lane_ends: dict[int, int] = field(default_factory=dict)  # client id -> its lane tasks ended here (LaneDone.clients)
 
     def fits_ever(self, key: ConstraintKey) -> bool:
         """Could this worker ever run a task with these needs (ignoring what is in use)?"""

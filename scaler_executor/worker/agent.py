@@ -243,6 +243,7 @@ class WorkerAgent:
             m.Heartbeat: self._on_heartbeat,
             m.ObjectStored: self._on_object_stored,
             m.ResultsJournaled: lambda message: self.resume.journaled(message.journaled),
+            m.LaneFlush: lambda message: self.lanes.flush(),  # a client's statistics wait for our LaneDone
         }
         self.resume = WorkerResume()  # a journaled daemon's restart (worker/resume.py)
         # Chunks of large results streamed to the daemon's store (_offload), sent before
@@ -320,6 +321,9 @@ class WorkerAgent:
                 notice = self.lanes.next_notice(time.monotonic()) if lanes else None
                 if notice is not None:  # a lane task to announce to the daemon
                     timeout = min(timeout, math.ceil(notice * 1000))
+                report = self.lanes.report_due(time.monotonic()) if lanes or self.lanes.flush_now else None
+                if report is not None:  # a LaneDone waiting for company (or asked for)
+                    timeout = min(timeout, math.ceil(report * 1000))
                 ready = self.poller.poll(self.sock.poll_timeout(timeout))
                 if self.sock.buffered:
                     self._on_daemon()
@@ -1242,9 +1246,9 @@ class WorkerAgent:
                 self.results_since = 0.0
             if free:
                 self._forget_functions(free)
-        report = self.lanes.report()
+        report = self.lanes.report(now, force=bool(batch))  # (a tally of plain ends may wait)
         if report is not None:
-            batch.append(report)  # at once, as the daemon's own bookkeeping of a result would be
+            batch.append(report)
         due = self.lanes.due(now)
         if due:
             batch.append(m.LaneStarted(due))
@@ -1276,6 +1280,8 @@ class WorkerAgent:
         elif self.runlog.pending and not self.held and now - self.runs_sent >= RUNS_IDLE_SECONDS:
             batch.append(self.runlog.take())  # idle: a burst's last runs go now
             self.runs_sent = now
+        if batch and (report := self.lanes.report(now)) is not None:
+            batch.append(report)  # a waiting tally goes with whatever goes
         if batch and self.welcomed:
             if self.raw_out and not self._send_raw():
                 return  # a result's chunks go before it: the batch waits in the outbox
@@ -1412,7 +1418,7 @@ class WorkerAgent:
         self.outbox = []
         if self.results and self.lanes.tasks:
             self.results, _free = self.lanes.route(self.results)  # lane tasks' go to their clients
-        report = self.lanes.report()
+        report = self.lanes.report(time.monotonic())
         if report is not None:
             batch.append(report)
         if self.results:

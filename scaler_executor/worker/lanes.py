@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,12 @@ LANE_HWM = 1_000_000  # transmissions queued for one client (it sends one task a
 # (LaneStarted), which then counts it as this worker's: the daemon's own NOTICE_DELAY for
 # running notices.  Most of a sequential caller's tasks end sooner and cost it nothing.
 LANE_NOTICE = 0.002
+# A LaneDone that reports only tasks that ended well (counters, run seconds) waits up to
+# this long for company: a sequential caller's round trip woke the daemon once per task
+# for it, and on two cores that turn ran beside the next round trip (docs/performance.rst).
+# Announced tasks (the daemon holds their records and counts them as this worker's load),
+# failures and retries go at once; so does the tally whenever anything else is sent.
+LANE_DONE_LINGER = 0.05
 
 
 @dataclass
@@ -80,9 +87,14 @@ class LaneTally:
     seconds: float = 0.0
     announced: list[int] = field(default_factory=list)  # ended tasks a LaneStarted named
     failures: list[m.TaskResult] = field(default_factory=list)  # for its recent failures, at most LANE_FAILURES
+    since: float = 0.0  # (monotonic) when its first task was counted
 
     def __bool__(self) -> bool:
         return bool(self.finished or self.failed or self.retried)
+
+    def urgent(self) -> bool:
+        """Whether it must go now: it names announced tasks, failures or retries."""
+        return bool(self.announced or self.failed or self.retried)
 
 
 @dataclass
@@ -102,6 +114,11 @@ class Lanes:
     uses: dict[int, int] = field(default_factory=dict)
     released: set[int] = field(default_factory=set)
     started: dict[int, float] = field(default_factory=dict)  # task id -> when it came, until announced
+    # client id -> its lane tasks that ended here, in all (each LaneDone carries them: the
+    # statistics barrier); a few entries, one per local client that ever used a lane here.
+    ends: dict[int, int] = field(default_factory=dict)
+    flush_now: bool = False  # the daemon's LaneFlush: a LaneDone goes at once, even of nothing new
+    eager: bool = False  # and the next tally that has something goes without waiting
     announced: set[int] = field(default_factory=set)  # running, and named to the daemon
 
     def path_for(self, reply_to: str, poller: channel.Poller, authkey_file: str = "") -> str:
@@ -202,12 +219,16 @@ class Lanes:
         for_daemon: list[m.TaskResult] = []
         free: list[int] = []
         tally = self.tally
+        if not tally:
+            tally.since = time.monotonic()
         for result in results:
             came_by = self.tasks.pop(result.task_id, None)
             if came_by is None:
                 for_daemon.append(result)
                 continue
             lane, client, fn_id = came_by
+            client_id = result.task_id >> m.TASK_ID_BITS
+            self.ends[client_id] = self.ends.get(client_id, 0) + 1
             if self.started.pop(result.task_id, None) is None and result.task_id in self.announced:
                 self.announced.discard(result.task_id)
                 tally.announced.append(result.task_id)
@@ -241,14 +262,38 @@ class Lanes:
                 for_daemon.append(result)  # nobody will read them: the daemon deletes them
         return for_daemon, free
 
-    def report(self) -> m.LaneDone | None:
+    def report(self, now: float, force: bool = True) -> m.LaneDone | None:
+        """The LaneDone to send now, if any: unless ``force``, a tally of tasks that only
+        ended well waits until LANE_DONE_LINGER after its first (``report_due``).  After
+        the daemon's LaneFlush (``flush``) one goes at once, even of nothing new, and so
+        does the next tally that has something (a lane task that ended after the flush)."""
         tally = self.tally
         if not tally:
+            if not self.flush_now:
+                return None
+            self.flush_now = False  # the cumulative counts alone; ``eager`` stays for the next end
+        elif not force and now - tally.since < LANE_DONE_LINGER and not tally.urgent() and not self.eager:
             return None
-        self.tally = LaneTally()
+        else:
+            self.flush_now = self.eager = False
+            self.tally = LaneTally()
         return m.LaneDone(
             tally.finished, tally.failed, tally.retried, tally.delivered, tally.seconds, tally.announced, tally.failures,
+            [m.LaneEnds(client_id, ended) for client_id, ended in self.ends.items()],
         )
+
+    def flush(self) -> None:
+        """The daemon's LaneFlush: a client's statistics wait for this worker's count of its
+        lane tasks (the barrier: scheduler/stats_barrier.py)."""
+        self.flush_now = self.eager = True
+
+    def report_due(self, now: float) -> float | None:
+        """Seconds until a waiting tally must go (None: nothing waits)."""
+        if self.flush_now:
+            return 0.0
+        if not self.tally:
+            return None
+        return 0.0 if self.eager else max(0.0, self.tally.since + LANE_DONE_LINGER - now)
 
     def due(self, now: float) -> list[int]:
         """Lane tasks running for LANE_NOTICE, to announce now (each once)."""

@@ -92,7 +92,8 @@ SAMPLES: dict[type, Any] = {
     m.ReleaseObjects: m.ReleaseObjects([b"\x00" * 20, b"\xff" * 20]),
     m.ClusterBroken: m.ClusterBroken("initializer failed on worker w-1", b"\x80\x05exc"),
     m.Seceded: m.Seceded([SPEC.task_id]),
-    m.LaneDone: m.LaneDone(3, 1, 1, 2, 0.125, [SPEC.task_id]),
+    m.LaneDone: m.LaneDone(3, 1, 1, 2, 0.125, [SPEC.task_id], [], [m.LaneEnds(7, 12)]),
+    m.LaneFlush: m.LaneFlush(),
     m.LaneStarted: m.LaneStarted([SPEC.task_id]),
     m.TaskRuns: m.TaskRuns(1, 3, b"\x00" * 17),
     m.PinObjects: m.PinObjects([b"\x01" * 16]),
@@ -105,7 +106,7 @@ SAMPLES: dict[type, Any] = {
     m.ObjectStored: m.ObjectStored(b"\x01" * 16, ""),
     m.ObjectPart: m.ObjectPart(b"\x01" * 16, 4 << 20, 100_000_000),
     m.ObjectPartsTaken: m.ObjectPartsTaken(3),
-    m.StatsRequest: m.StatsRequest(),
+    m.StatsRequest: m.StatsRequest({"w1": 3}),
     m.Stats: m.Stats({"tasks": 3, "mean_seconds": 0.25, "state": "ok"}),
     m.HistoryRequest: m.HistoryRequest(),
     m.Resume: m.Resume(7, b"token-bytes"),
@@ -359,10 +360,12 @@ def test_fields_not_a_list(fields: Any) -> None:
         decode(raw(m.Goodbye, fields))
 
 
-def test_stats_request_takes_no_fields() -> None:
-    assert decode(raw(m.StatsRequest, [])) == ([m.StatsRequest()], [])
-    with pytest.raises(DecodeError):
-        decode(raw(m.StatsRequest, [None]))
+def test_stats_request_names_lane_results_by_worker() -> None:
+    assert decode(raw(m.StatsRequest, [{}])) == ([m.StatsRequest()], [])
+    assert decode(raw(m.StatsRequest, [{"w": 2}])) == ([m.StatsRequest({"w": 2})], [])
+    for bad in ([], [None], [{"w": "2"}], [{2: 2}], [{}, {}]):
+        with pytest.raises(DecodeError):
+            decode(raw(m.StatsRequest, bad))
 
 
 def _with(cls: type, **changes: Any) -> list[Any]:
