@@ -199,10 +199,18 @@ class StoreChunk:
     task_id: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class AbortPuts:
+    """``peer`` (a client or worker that streamed puts: ObjectChunk without a task) is gone:
+    abort every object it had not finished putting, so a put cut short leaks no store space."""
+
+    peer: bytes
+
+
 Event = Received | Tick | Wake | PeerUnreachable | WorkerExited | LocalWorkers
 Command = (
     Send | StartWorkers | StopWorkers | DeleteObjects | SendObjects | StoreChunk | CreditObjects | EndObjectSends
-    | AbortPartial | ForwardStored | AdmitKeys | WithdrawKeys
+    | AbortPartial | AbortPuts | ForwardStored | AdmitKeys | WithdrawKeys
 )
 
 
@@ -310,6 +318,7 @@ class Scheduler:
         }
         self._monitors: dict[bytes, float] = {}
         self._fetchers: set[bytes] = set()  # peers that asked for objects (ObjectRequest), until lost
+        self._putters: set[bytes] = set()  # peers that streamed puts (ObjectChunk), until lost
         # Large results streamed in by workers, forwarded to their clients as they come.
         self.result_streams = ResultStreams()
         # Clients' statistics requests waiting for their lane tasks to be counted.
@@ -967,8 +976,15 @@ class Scheduler:
             self._fetchers.discard(peer)
             self._commands.append(EndObjectSends(peer))
 
+    def _end_puts(self, peer: bytes) -> None:
+        """A peer that streamed puts is gone: the loop aborts those it had not finished."""
+        if peer in self._putters:
+            self._putters.discard(peer)
+            self._commands.append(AbortPuts(peer))
+
     def _on_object_chunk(self, peer: bytes, message: m.ObjectChunk) -> None:
         if not message.task_id:  # a put
+            self._putters.add(peer)  # (its unfinished puts are aborted when it is lost)
             self._commands.append(StoreChunk(peer, message.object_id, message.offset, message.total))
             return
         if peer not in self.workers:
@@ -1040,6 +1056,7 @@ class Scheduler:
             self.recorder.event(self._now, "client-lost", why, where=client.name)
         del self.clients[client.peer]
         self._served.pop(client.peer, None)
+        self._end_puts(client.peer)
         self.stats_barrier.client_lost(client.peer)
         self._end_object_sends(client.peer)
         self.result_streams.client_lost(client.peer)
@@ -1290,6 +1307,7 @@ class Scheduler:
         """
         (log.info if clean else log.warning)("worker %r lost: %s; %d tasks affected", worker.name, why, len(worker.inflight))
         self._end_object_sends(worker.peer)
+        self._end_puts(worker.peer)
         if worker.peer in self.result_streams.by_worker:  # lost mid-upload: no partial object is a result
             streaming, ended = self.result_streams.worker_lost(worker.peer)
             self._streams_ended(ended)
@@ -1941,6 +1959,7 @@ class Scheduler:
         self.managers.validate()
         self.result_streams.validate(self.workers, self.clients)
         self.stats_barrier.validate(self.clients)
+        assert all(self.knows(p) for p in self._putters), f"putters no longer known: {self._putters}"
         self.placement.validate(self.workers, self.constrained)
         for key, queue in self.constrained.items():
             if queue.live:

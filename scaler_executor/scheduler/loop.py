@@ -41,6 +41,7 @@ from scaler_executor.scheduler import core
 from scaler_executor.scheduler.backlog import Backlogs
 from scaler_executor.scheduler.capacity import CapacityAdapter
 from scaler_executor.scheduler.core import (
+    AbortPuts,
     DeleteObjects,
     LocalWorkers,
     PeerUnreachable,
@@ -489,6 +490,10 @@ class Daemon:
                 case AbortPartial(peer, object_ids):
                     for object_id in object_ids:
                         self.objects.abort_partial(peer, object_id)
+                case AbortPuts(peer):
+                    aborted = self.objects.abort_peer(peer)
+                    if aborted:
+                        log.info("daemon: aborted %d object(s) %r was still putting when it was lost", aborted, peer)
                 case SweepStore():
                     swept = self.objects.sweep(self.core.object_holds)
                     if swept:

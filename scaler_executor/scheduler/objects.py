@@ -227,6 +227,13 @@ class HostStore:
         self._abort(object_id)
         return True
 
+    def abort_peer(self, peer: bytes) -> int:
+        """``peer`` is gone: abort every object it was still streaming; how many."""
+        mine = [object_id for object_id, partial in self.partial.items() if partial[0] == peer]
+        for object_id in mine:
+            self._abort(object_id)
+        return len(mine)
+
     def _abort(self, object_id: bytes) -> None:
         partial = self.partial.pop(object_id, None)
         if partial is not None:
