@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from scaler_executor.config.schema import ClusterConfig
 from scaler_executor.config.sources import add_config_arguments, config_from_args, warned_env
+from scaler_executor.config.sources import log as log
 from scaler_executor.config.spec import _META as _META
 from scaler_executor.config.spec import (
     CONFIG_DEST,
@@ -57,6 +58,8 @@ from scaler_executor.config.spec import (
     parse_tags,
 )
 from scaler_executor.config.spec import parse_listen as parse_listen
+from scaler_executor.exceptions import ConfigError as ConfigError
+from scaler_executor.exceptions import ConfigWarning as ConfigWarning
 
 __all__ = [
     "CONFIG_DEST",
@@ -76,3 +79,5 @@ __all__ = [
     "parse_tags",
     "warned_env",
 ]
+# Also importable from here, as from the module before it became a package: parse_listen,
+# ConfigError, ConfigWarning, log (the "scaler_executor.config" logger) and _META.
