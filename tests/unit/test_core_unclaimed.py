@@ -157,12 +157,19 @@ def _worker_back(after: World, worker: WorkerModel) -> None:
     _resume(after, worker.conn)
 
 
-def test_a_cancel_of_a_held_task_is_answered_once_a_worker_claims_it_refused() -> None:
+def _cancelled_while_held() -> tuple[World, ClientModel, WorkerModel, list[m.TaskSpec]]:
+    """Two tasks held by a worker across a restart (``_held``); the client then asks to
+    cancel the first while the daemon holds it UNCLAIMED."""
     world, _, specs = _queued_then_dispatched()
     after, client, worker = _held(world)
+    client.cancel_asked.add(specs[0].task_id)
+    after.send(client.conn, [m.CancelTasks([specs[0].task_id], False)])
+    return after, client, worker, specs
+
+
+def test_a_cancel_of_a_held_task_is_answered_once_a_worker_claims_it_refused() -> None:
+    after, client, worker, specs = _cancelled_while_held()
     task_id = specs[0].task_id
-    client.cancel_asked.add(task_id)
-    after.send(client.conn, [m.CancelTasks([task_id], False)])
     assert task_id in client.cancel_asked  # held: not answered yet
     assert after.core.tasks[task_id].state is TaskState.UNCLAIMED
     _worker_back(after, worker)  # it holds both: claimed, the cancel refused (it may run)
@@ -173,11 +180,8 @@ def test_a_cancel_of_a_held_task_is_answered_once_a_worker_claims_it_refused() -
 
 
 def test_a_cancel_of_a_held_task_drops_it_when_it_is_released() -> None:
-    world, _, specs = _queued_then_dispatched()
-    after, client, worker = _held(world)
+    after, client, worker, specs = _cancelled_while_held()
     task_id = specs[0].task_id
-    client.cancel_asked.add(task_id)
-    after.send(client.conn, [m.CancelTasks([task_id], False)])
     worker.held.clear()  # its dispatches never reached it
     _worker_back(after, worker)
     assert client.cancelled == {task_id: 1} and task_id not in client.awaiting
