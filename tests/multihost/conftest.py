@@ -33,12 +33,13 @@ def make_cluster(hosts: net.Hosts, request: pytest.FixtureRequest) -> Iterator[A
     made: list[net.Cluster] = []
 
     def make(daemon_flags: list[str] = (), worker_flags: list[str] = (), workers: tuple[str, ...] = ("w1", "w2"),
-             parties: dict[str, str] | None = None, revoked: tuple[str, ...] = ()) -> net.Cluster:
-        """A cluster; ``parties`` (name: role) get credentials, ``revoked`` are revoked, before the daemon starts."""
-        cluster = net.Cluster(hosts, list(daemon_flags), list(worker_flags), parties=parties)
+             parties: dict[str, str] | None = None, revoked: tuple[str, ...] = (), secure: bool = True) -> net.Cluster:
+        """A cluster, its daemon and ``workers`` started; ``parties`` (name: role) get credentials,
+        ``revoked`` are revoked, before the daemon starts; ``secure=False``: no keys (``--insecure``)."""
+        cluster = net.Cluster(hosts, list(daemon_flags), list(worker_flags), secure=secure, parties=parties)
         made.append(cluster)
-        assert cluster.security is not None
         for name in revoked:
+            assert cluster.security is not None, "revoked keys need secure=True"
             cluster.security.revoke(name)
         cluster.start_daemon()
         for role in workers:

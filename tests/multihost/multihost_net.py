@@ -337,6 +337,11 @@ def _readline(stream: IO[str], timeout: float) -> str:
     return stream.readline()
 
 
+def stats(client: Driver) -> dict[str, Any]:
+    """The daemon's counters, as ``client`` reads them (its ``stats`` call also returns ``store``)."""
+    return client.call("stats")["stats"]
+
+
 def poll(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
     """Poll a real condition until it holds (its value) or fail after ``timeout`` naming ``what``."""
     deadline = time.monotonic() + timeout
@@ -474,6 +479,12 @@ class Cluster:
         self.clients.append(driver)
         driver.call("open", address=self.address, config=settings, executor=executor)
         return driver
+
+    def ready_client(self, workers: int = 1, **kwargs: Any) -> Driver:
+        """A driven client (``client(**kwargs)``) once ``workers`` workers have joined the daemon."""
+        client = self.client(**kwargs)
+        poll(lambda: stats(client)["workers"] >= workers, 60, f"{workers} worker(s) joined\n{self.logs()}")
+        return client
 
     def stop(self) -> None:
         """Close the clients, then stop the workers and the daemon (a bench runs clusters in turn)."""

@@ -8,14 +8,9 @@ import pytest
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 
-def _workers_joined(client: net.Driver, count: int) -> bool:
-    return client.call("stats")["stats"]["workers"] >= count
-
-
 def test_tasks_cross_hosts_both_ways(make_cluster) -> None:
     cluster = make_cluster()
-    client = cluster.client()
-    net.poll(lambda: _workers_joined(client, 2), 60, f"two workers joined\n{cluster.logs()}")
+    client = cluster.ready_client(workers=2)
     batch = client.call("submit", fn="where", args=[[i] for i in range(200)])["batch"]
     answer = client.call("wait", batch=batch, timeout=60)
     assert answer["errors"] == [None] * 200, answer["errors"][:3]
@@ -34,12 +29,11 @@ def test_large_objects_cross_the_network_both_ways(make_cluster) -> None:
     each chunk to the client as it comes): the daemon's counters of the network object path and the hosts' link
     counters both show the bytes crossed the network."""
     cluster = make_cluster(workers=("w1",))
-    client = cluster.client()
-    net.poll(lambda: _workers_joined(client, 1), 60, f"the worker joined\n{cluster.logs()}")
+    client = cluster.ready_client()
     before = {role: cluster.hosts.port_bytes(role) for role in ("client", "w1")}
     answer = client.call("put_fetch", answer_within=120, size=MB100)
     assert answer["remote_ok"] and answer["get_ok"] and answer["back_ok"], answer
-    stats = client.call("stats")["stats"]
+    stats = net.stats(client)
     # Into the daemon's store: the client's put and the worker's result, streamed in chunks.
     assert stats["objects_received"] == 2 and stats["object_bytes_received"] >= 2 * MB100, stats
     # Out of it: the worker's read of the put and the client's read back; the result was

@@ -12,14 +12,6 @@ from multihost_net import LIVENESS_LIMIT
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
 
-def _stats(client: net.Driver) -> dict:
-    return client.call("stats")["stats"]
-
-
-def _ready(cluster, client: net.Driver, workers: int = 2) -> None:
-    net.poll(lambda: _stats(client)["workers"] >= workers, 60, f"{workers} workers joined\n{cluster.logs()}")
-
-
 def _run_on_both(cluster, client: net.Driver) -> None:
     batch = client.call("submit", fn="where", args=[[i] for i in range(40)])["batch"]
     answer = client.call("wait", batch=batch, timeout=60)
@@ -38,8 +30,7 @@ def test_drop_shorter_than_liveness_loses_and_retries_nothing(make_cluster) -> N
     """Policy (a): a worker's and the client's links go down for a fifth of the liveness
     limit while tasks run; everything resumes, nothing is retried or lost."""
     cluster = make_cluster()
-    client = cluster.client()
-    _ready(cluster, client)
+    client = cluster.ready_client(workers=2)
     batch = _hold_on_both(client, 8, 2.0)
     cluster.hosts.cut("w1")
     cluster.hosts.cut("client")
@@ -48,7 +39,7 @@ def test_drop_shorter_than_liveness_loses_and_retries_nothing(make_cluster) -> N
     cluster.hosts.restore("client")
     answer = client.call("wait", batch=batch, timeout=60)
     assert answer["errors"] == [None] * 8, answer["errors"]
-    stats = _stats(client)
+    stats = net.stats(client)
     assert (stats["retried"], stats["workers_lost"], stats["clients_lost"]) == (0, 0, 0), stats
     for role in ("w1", "w2"):
         assert "joining again" not in cluster.workers[role].log(), cluster.workers[role].log()
@@ -58,18 +49,17 @@ def test_worker_link_cut_tasks_finish_elsewhere_and_it_rejoins(make_cluster) -> 
     """Policy (b): a worker's link stays down past the liveness limit; its tasks are retried
     on the other worker; when the link is back it discards what it held and joins again."""
     cluster = make_cluster()
-    client = cluster.client()
-    _ready(cluster, client)
+    client = cluster.ready_client(workers=2)
     w1_agent = cluster.workers["w1"].pid
     batch = _hold_on_both(client, 8, 2.0)
     cluster.hosts.cut("w1")
-    net.poll(lambda: _stats(client)["workers_lost"] >= 1, 4 * LIVENESS_LIMIT + 30, f"w1 declared lost\n{cluster.logs()}")
+    net.poll(lambda: net.stats(client)["workers_lost"] >= 1, 4 * LIVENESS_LIMIT + 30, f"w1 declared lost\n{cluster.logs()}")
     answer = client.call("wait", batch=batch, timeout=90)
     assert answer["errors"] == [None] * 8, answer["errors"]
-    stats = _stats(client)
+    stats = net.stats(client)
     assert stats["retried"] >= 2 and stats["workers"] == 1, stats  # w1 ran two when its link went
     cluster.hosts.restore("w1")
-    net.poll(lambda: _stats(client)["workers"] == 2, 60, f"w1 joined again\n{cluster.logs()}")
+    net.poll(lambda: net.stats(client)["workers"] == 2, 60, f"w1 joined again\n{cluster.logs()}")
     assert cluster.workers["w1"].pid == w1_agent and cluster.workers["w1"].alive()  # the same process
     _run_on_both(cluster, client)
     w1_log = cluster.workers["w1"].log()
@@ -82,8 +72,7 @@ def test_daemon_restart_without_journal(make_cluster) -> None:
     client, or the old one's refused port shows it died (long before daemon_loss_timeout), and
     both workers join the new daemon."""
     cluster = make_cluster()
-    client = cluster.client(daemon_loss_timeout=120.0)
-    _ready(cluster, client)
+    client = cluster.ready_client(workers=2, daemon_loss_timeout=120.0)
     batch = _hold_on_both(client, 6, 60.0)
     cluster.kill_daemon()
     restarted = time.monotonic()
@@ -99,8 +88,7 @@ def test_daemon_restart_without_journal(make_cluster) -> None:
     assert "daemon_loss_timeout" not in text, text
     assert "no longer knows this client" in text or "connection refused" in text, text
     client.call("close")
-    again = cluster.client()
-    _ready(cluster, again)
+    again = cluster.ready_client(workers=2)
     serving_after = time.monotonic() - restarted
     _run_on_both(cluster, again)
     for role in ("w1", "w2"):

@@ -19,29 +19,19 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 MB = 1_000_000
 
 
-def _stats(client: net.Driver) -> dict:
-    return client.call("stats")
-
-
 @pytest.mark.parametrize("secure", [True, False], ids=["curve", "plain"])
-def test_a_large_result_is_forwarded_whole_and_stored_for_a_second_reader(hosts: net.Hosts, secure: bool) -> None:
-    cluster = net.Cluster(hosts, [], [], secure=secure)
-    try:
-        cluster.start_daemon()
-        cluster.start_worker("w1")
-        client = cluster.client()
-        net.poll(lambda: _stats(client)["stats"]["workers"] >= 1, 60, f"the worker joined\n{cluster.logs()}")
-        answer = client.call("result_twice", answer_within=240, size=40 * MB, seed=22)
-        assert answer["back"] == answer["expect"] and answer["again"] == answer["expect"], answer
-        stats = _stats(client)["stats"]
-        figures = {k: v for k, v in stats.items() if k.startswith(("result_", "object"))}
-        assert stats["result_streams_forwarded"] == 1 and stats["result_streams_stopped"] == 0, figures
-        assert 40 * MB <= stats["result_bytes_forwarded"] < 40 * MB + 4096, figures
-        # The second task read the stored copy through the daemon (its worker cannot map the
-        # store); the client did not fetch the result: it had it as it came.
-        assert 40 * MB <= stats["object_bytes_sent"] < 40 * MB + 4096, figures
-    finally:
-        cluster.stop()
+def test_a_large_result_is_forwarded_whole_and_stored_for_a_second_reader(make_cluster, secure: bool) -> None:
+    cluster = make_cluster(workers=("w1",), secure=secure)
+    client = cluster.ready_client()
+    answer = client.call("result_twice", answer_within=240, size=40 * MB, seed=22)
+    assert answer["back"] == answer["expect"] and answer["again"] == answer["expect"], answer
+    stats = net.stats(client)
+    figures = {k: v for k, v in stats.items() if k.startswith(("result_", "object"))}
+    assert stats["result_streams_forwarded"] == 1 and stats["result_streams_stopped"] == 0, figures
+    assert 40 * MB <= stats["result_bytes_forwarded"] < 40 * MB + 4096, figures
+    # The second task read the stored copy through the daemon (its worker cannot map the
+    # store); the client did not fetch the result: it had it as it came.
+    assert 40 * MB <= stats["object_bytes_sent"] < 40 * MB + 4096, figures
 
 
 def test_a_worker_killed_mid_upload_the_client_drops_the_stream_and_the_retry_is_whole(make_cluster) -> None:
@@ -51,8 +41,7 @@ def test_a_worker_killed_mid_upload_the_client_drops_the_stream_and_the_retry_is
     in the daemon's store."""
     cluster = make_cluster(workers=("w1",))
     hosts = cluster.hosts
-    client = cluster.client()
-    net.poll(lambda: _stats(client)["stats"]["workers"] >= 1, 60, f"w1 joined\n{cluster.logs()}")
+    client = cluster.ready_client()
     size = 50 * MB
     shape = ["tc", "-n", hosts.names["w1"], "qdisc"]
     subprocess.run([*shape, "add", "dev", "eth0", "root", "tbf", "rate", "80mbit", "burst", "256kb", "latency", "2s"], check=True)
@@ -60,13 +49,13 @@ def test_a_worker_killed_mid_upload_the_client_drops_the_stream_and_the_retry_is
         submitted = client.call("submit_result", size=size, seed=7)
 
         def streaming() -> bool:
-            forwarded = _stats(client)["stats"]["result_bytes_forwarded"]
+            forwarded = net.stats(client)["result_bytes_forwarded"]
             return 0 < forwarded < size
 
         net.poll(streaming, 60, f"the result streaming from w1\n{cluster.logs()}")
         cluster.workers["w1"].stop(signal.SIGKILL)
-        net.poll(lambda: _stats(client)["stats"]["workers_lost"] == 1, 60, f"w1 declared lost\n{cluster.logs()}")
-        stats = _stats(client)["stats"]
+        net.poll(lambda: net.stats(client)["workers_lost"] == 1, 60, f"w1 declared lost\n{cluster.logs()}")
+        stats = net.stats(client)
         assert stats["result_streams_stopped"] == 1 and stats["result_streams_forwarded"] == 0, stats
         assert client.call("done", batch=submitted["batch"])["done"] == 0  # it waits to run again
     finally:
@@ -74,7 +63,7 @@ def test_a_worker_killed_mid_upload_the_client_drops_the_stream_and_the_retry_is
     cluster.start_worker("w2")
     answer = client.call("wait_digest", answer_within=180, batch=submitted["batch"], timeout=150)
     assert answer == {"digest": submitted["expect"], "error": None}, answer
-    stats = _stats(client)["stats"]
+    stats = net.stats(client)
     assert stats["retried"] == 1 and stats["result_streams_forwarded"] == 1, stats
     # The partial object was aborted; the retry's was released once read.
-    net.poll(lambda: _stats(client)["store"]["objects"] == 0, 60, "the store emptied")
+    net.poll(lambda: client.call("stats")["store"]["objects"] == 0, 60, "the store emptied")

@@ -27,22 +27,12 @@ ROGUE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihost_rogu
 MB = 1 << 20
 
 
-def _stats(client: net.Driver) -> dict:
-    return client.call("stats")["stats"]
-
-
 def _serving(cluster: net.Cluster, client: net.Driver) -> None:
     """The cluster runs a task on a worker host: the daemon serves on."""
     batch = client.call("submit", fn="where", args=[[7]])["batch"]
     answer = client.call("wait", batch=batch, timeout=60)
     assert answer["errors"] == [None], (answer, cluster.logs())
     assert answer["results"][0][0] == 7
-
-
-def _ready(cluster: net.Cluster, workers: int = 1) -> net.Driver:
-    client = cluster.client()
-    net.poll(lambda: _stats(client)["workers"] >= workers, 60, f"{workers} worker(s) joined\n{cluster.logs()}")
-    return client
 
 
 def _rogue(cluster: net.Cluster, *args: str) -> str:
@@ -69,14 +59,14 @@ def test_a_peer_without_keys_gets_nothing_and_its_code_runs_nowhere(make_cluster
     as worker, a function and a task that would create a file, a statistics request. No
     answer comes, the daemon counts a refused handshake and nothing else changes."""
     cluster = make_cluster(workers=("w1",))
-    client = _ready(cluster)
-    before = _stats(client)
+    client = cluster.ready_client()
+    before = net.stats(client)
     marker = _marker(cluster)
     log = _rogue(cluster, "keyless", marker)
     assert "answers 0" in log, log
-    net.poll(lambda: _stats(client)["security_refused_handshakes"] > before["security_refused_handshakes"], 60,
+    net.poll(lambda: net.stats(client)["security_refused_handshakes"] > before["security_refused_handshakes"], 60,
              "the daemon counted the keyless peer's failed handshake")
-    after = _stats(client)
+    after = net.stats(client)
     assert after["clients"] == 1 and after["workers"] == 1, after
     assert after["submitted"] == before["submitted"] and after["dropped_messages"] == before["dropped_messages"]
     assert after["refused"] == before["refused"]  # nothing of it was decoded, so nothing to refuse
@@ -91,7 +81,7 @@ def test_a_flood_before_the_handshake_does_not_grow_the_daemon(make_cluster) -> 
     connection: with CURVE nothing is read beyond a greeting, and the daemon's resident
     memory ends near where it started."""
     cluster = make_cluster(workers=("w1",))
-    client = _ready(cluster)
+    client = cluster.ready_client()
     _serving(cluster, client)
     assert cluster.daemon is not None
     daemon = psutil.Process(cluster.daemon.pid)  # ip netns exec / unshare / sh exec into it
@@ -111,7 +101,7 @@ def test_a_flood_before_the_handshake_does_not_grow_the_daemon(make_cluster) -> 
     end = daemon.memory_info().rss
     print(f"\ndaemon RSS: start {start / MB:.0f} MB, peak {peak / MB:.0f} MB, end {end / MB:.0f} MB; {party.log()}")
     assert end - start < 64 * MB and peak - start < 128 * MB, (start, peak, end)
-    assert _stats(client)["clients"] == 1
+    assert net.stats(client)["clients"] == 1
 
 
 # =========================================================================== roles
@@ -119,7 +109,7 @@ def test_a_flood_before_the_handshake_does_not_grow_the_daemon(make_cluster) -> 
 
 def test_a_worker_key_cannot_submit_and_a_client_key_cannot_serve(make_cluster) -> None:
     cluster = make_cluster(workers=("w1",), parties={"stolen-worker": "worker", "stolen-client": "client"})
-    client = _ready(cluster)
+    client = cluster.ready_client()
     assert cluster.security is not None
     # The constructor waits for the daemon's answer: the refusal is the ScalerExecutor's own
     # DaemonLost, raised in the rogue host's client process (the harness reports it).
@@ -132,7 +122,7 @@ def test_a_worker_key_cannot_submit_and_a_client_key_cannot_serve(make_cluster) 
     assert "refused Hello as client from worker key 'stolen-worker'" in log, log
     assert "refused Hello as worker from client key 'stolen-client'" in log, log
     assert f" at {cluster.hosts.addresses['rogue']}" in log  # the refusal names the rogue's address
-    stats = _stats(client)
+    stats = net.stats(client)
     assert stats["security_refused_role"] >= 2 and stats["workers"] == 1 and stats["submitted"] == 0, stats
     _serving(cluster, client)
 
@@ -142,7 +132,7 @@ def test_a_client_cannot_register_release_or_cancel_another_clients_ids(make_clu
     client credential on the rogue host) registers over, releases and cancels every id under
     other clients' prefixes: refused and logged, the victim's tasks and function work on."""
     cluster = make_cluster(workers=("w1",), parties={"intruder": "client"})
-    victim = _ready(cluster)
+    victim = cluster.ready_client()
     _serving(cluster, victim)  # `where` is registered: its function id is the victim's
     held = victim.call("submit", fn="hold", args=[[1.0, i] for i in range(8)])["batch"]  # 2 run, 6 queue
     net.poll(lambda: victim.call("running", batch=held)["running"] >= 1, 60, "the victim's tasks running")
@@ -158,7 +148,7 @@ def test_a_client_cannot_register_release_or_cancel_another_clients_ids(make_clu
     daemon_log = _daemon_log(cluster)
     for what in ("register-function", "release-functions", "cancel-tasks"):
         assert f"refused {what} from client 'intruder'" in daemon_log, (what, daemon_log[-3000:])
-    assert _stats(victim)["refused"] >= 3
+    assert net.stats(victim)["refused"] >= 3
 
 
 # =========================================================================== clear errors
@@ -166,7 +156,7 @@ def test_a_client_cannot_register_release_or_cancel_another_clients_ids(make_clu
 
 def test_a_wrong_daemon_key_and_a_revoked_key_are_named(make_cluster) -> None:
     cluster = make_cluster(workers=("w1",), parties={"carol": "client"}, revoked=("carol",))
-    client = _ready(cluster)
+    client = cluster.ready_client()
     assert cluster.security is not None
     other = os.path.join(cluster.security.root, "other-cluster")
     net.keys("init", other)
@@ -182,7 +172,7 @@ def test_a_wrong_daemon_key_and_a_revoked_key_are_named(make_cluster) -> None:
         assert expect in str(caught.value) and cluster.address in str(caught.value), caught.value
     log = _daemon_log(cluster)
     assert f"refused a connection from {cluster.hosts.addresses['rogue']}: key SHA256:" in log, log
-    assert _stats(client)["submitted"] == 0
+    assert net.stats(client)["submitted"] == 0
     _serving(cluster, client)
 
 
@@ -192,8 +182,8 @@ def test_a_wrong_daemon_key_and_a_revoked_key_are_named(make_cluster) -> None:
 def test_garbage_and_oversized_frames_from_an_authenticated_peer_do_not_stop_the_daemon(make_cluster) -> None:
     limit = 8 * MB
     cluster = make_cluster(workers=("w1",), parties={"noisy": "client"}, daemon_flags=["--max-message-size", str(limit)])
-    client = _ready(cluster)
-    before = _stats(client)["dropped_messages"]
+    client = cluster.ready_client()
+    before = net.stats(client)["dropped_messages"]
     assert cluster.security is not None
     log = _rogue(cluster, "garbage", cluster.security.credential("noisy", "client"), str(4 * limit))
     dropped = int(log.split("dropped ", 1)[1].split()[0])

@@ -22,9 +22,10 @@ from typing import Any
 
 import msgpack
 import pytest
+from core_testing import CommandsCluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_core import CONFIG, Cluster, Out, hello, result, spec, tid
+from test_core import CONFIG, hello, result, spec, tid
 
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.codec import VERSION_FRAME, DecodeError, decode, encode
@@ -33,24 +34,10 @@ from scaler_executor.scheduler.core import (
     LocalWorkers,
     PeerUnreachable,
     Received,
-    Send,
     Tick,
     Wake,
     WorkerExited,
 )
-
-
-class FuzzCluster(Cluster):
-    """``Cluster`` whose steps may also yield store and manager commands (fuzzed object
-    messages cause DeleteObjects, SendObjects, StoreChunk...)."""
-
-    def step(self, *events: Any) -> Out:
-        commands = self.scheduler.handle(*events)
-        self.scheduler.validate()
-        sends = [c for c in commands if type(c) is Send]
-        for command in sends:
-            assert decode(encode(command.messages))[0] == command.messages
-        return Out(sends)
 
 # ---------------------------------------------------------------------- strategies
 
@@ -200,7 +187,7 @@ def _describe(records: list[logging.LogRecord]) -> str:
 
 
 def _run_core(events: list[Any], dts: list[float], failures: _Failures) -> None:
-    cluster = FuzzCluster(CONFIG)
+    cluster = CommandsCluster(CONFIG)
     # A populated start: both clients and one worker joined, a function registered.
     cluster.client(b"c1")
     cluster.client(b"c2")
@@ -372,7 +359,7 @@ def test_rejoined_client_does_not_inherit_its_old_sessions_task() -> None:
     """Found by test_core_survives_reordered_and_duplicated_flows: a client that sends Hello
     again on the same connection while one of its tasks is at a worker was recorded as that
     task's owner (validate: "missing from its client"), and would have got its result."""
-    cluster = FuzzCluster(CONFIG)
+    cluster = CommandsCluster(CONFIG)
     cid = cluster.client(b"c1")
     cluster.worker(b"w1")
     task = tid(cid, 1)
@@ -392,7 +379,7 @@ def test_client_may_not_submit_an_on_lane_task() -> None:
     """Found by test_core_survives_reordered_and_duplicated_flows: a submitted task flagged
     ON_LANE (the daemon's own record of a lane task) was never dispatched nor answered; a
     dependent of it then outlived it and validate() failed with a KeyError."""
-    cluster = FuzzCluster(CONFIG)
+    cluster = CommandsCluster(CONFIG)
     cid = cluster.client(b"c1")
     cluster.worker(b"w1")
     lane, plain = tid(cid, 1), tid(cid, 2)

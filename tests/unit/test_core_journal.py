@@ -20,6 +20,9 @@ from typing import Any
 
 import cloudpickle
 import msgpack
+from journal_testing import (
+    live_after as live_map,  # (the name test_core_reconcile and test_core_unclaimed import)
+)
 
 from scaler_executor._compat import python_version
 from scaler_executor._version import __version__
@@ -35,21 +38,12 @@ CONFIG = ClusterConfig(
     heartbeat_interval=1.0, heartbeat_liveness=3, client_timeout=3.0, max_retries=2, max_prefetch=4, restart_grace=10.0
 )
 T0 = 1000.0
+#: Options with max_retries=0: a task that runs at most once.
+ONCE = m.TaskOptions({}, [], 0, None, 0)
 
 
 def hello(role: str, name: str, capacity: int = 0) -> m.Hello:
     return m.Hello(role, m.PROTOCOL_VERSION, python_version(), cloudpickle.__version__, __version__, name, 1, "node", capacity, {}, [])
-
-
-def live_map(records: list[list[tuple[bytes, bytes | None]]]) -> dict[bytes, bytes]:
-    live: dict[bytes, bytes] = {}
-    for entries in records:
-        for key, value in entries:
-            if value is None:
-                live.pop(key, None)
-            else:
-                live[key] = value  # a live key keeps its place; a deleted one goes to the end
-    return live
 
 
 def value_of(payload: bytes) -> bytes:
@@ -235,6 +229,11 @@ class World:
         assert worker.peer_id
         return worker
 
+    def register(self, client: ClientModel, options_id: int, options: m.TaskOptions) -> None:
+        """``client`` registers ``options`` (and keeps them, to send again on a resume)."""
+        client.options[options_id] = options
+        self.send(client.conn, [m.RegisterOptions(options_id, options)])
+
     def run_worker(self, worker: WorkerModel, limit: int | None = None) -> None:
         out = worker.run(limit)
         if out:
@@ -375,9 +374,7 @@ def test_a_worker_that_never_returns_has_its_tasks_retried_and_at_most_once_task
     world = World()
     client = world.join_client()
     world.join_worker(b"\x00W1", capacity=2)
-    once = m.TaskOptions({}, [], 0, None, 0)
-    client.options[1] = once
-    world.send(client.conn, [m.RegisterOptions(1, once)])
+    world.register(client, 1, ONCE)
     plain = m.TaskSpec(client.tid(1), 0, 0, TaskFlags.INLINE_FN, b"p", [], [], 0)
     at_most_once = m.TaskSpec(client.tid(2), 0, 1, TaskFlags.INLINE_FN, b"q", [], [], 0)
     world.send(client.conn, [client.submit([plain, at_most_once])])
@@ -403,9 +400,7 @@ def test_a_task_whose_dispatch_never_reached_the_worker_runs_there_after_its_rep
     world = World()
     client = world.join_client()
     world.join_worker(b"\x00W1", capacity=2)
-    once = m.TaskOptions({}, [], 0, None, 0)
-    client.options[1] = once
-    world.send(client.conn, [m.RegisterOptions(1, once)])
+    world.register(client, 1, ONCE)
     spec = m.TaskSpec(client.tid(1), 0, 1, TaskFlags.INLINE_FN, b"x", [], [], 0)
     world.send(client.conn, [client.submit([spec])])
     count, peers, now = world.crash_points[-1]

@@ -20,6 +20,7 @@ from typing import Any
 
 from test_core_journal import (
     CONFIG,
+    ONCE,
     ClientModel,
     WorkerModel,
     World,
@@ -38,8 +39,6 @@ from scaler_executor.protocol.messages import Status, TaskFlags
 from scaler_executor.scheduler.core import Tick
 from scaler_executor.scheduler.durable import DurableScheduler
 from scaler_executor.scheduler.state import TaskState
-
-ONCE = m.TaskOptions({}, [], 0, None, 0)
 
 
 def _spec(client: ClientModel, n: int, options_id: int = 0, deps: list[int] | None = None) -> m.TaskSpec:
@@ -69,8 +68,7 @@ def _queued_then_dispatched(capacity: int = 2, once: bool = False) -> tuple[Worl
     client = world.join_client()
     options = 0
     if once:
-        client.options[1] = ONCE
-        world.send(client.conn, [m.RegisterOptions(1, ONCE)])
+        world.register(client, 1, ONCE)
         options = 1
     specs = [_spec(client, 1, options), _spec(client, 2, options)]
     world.send(client.conn, [client.submit(specs)])
@@ -159,12 +157,19 @@ def _worker_back(after: World, worker: WorkerModel) -> None:
     _resume(after, worker.conn)
 
 
-def test_a_cancel_of_a_held_task_is_answered_once_a_worker_claims_it_refused() -> None:
+def _cancelled_while_held() -> tuple[World, ClientModel, WorkerModel, list[m.TaskSpec]]:
+    """Two tasks held by a worker across a restart (``_held``); the client then asks to
+    cancel the first while the daemon holds it UNCLAIMED."""
     world, _, specs = _queued_then_dispatched()
     after, client, worker = _held(world)
+    client.cancel_asked.add(specs[0].task_id)
+    after.send(client.conn, [m.CancelTasks([specs[0].task_id], False)])
+    return after, client, worker, specs
+
+
+def test_a_cancel_of_a_held_task_is_answered_once_a_worker_claims_it_refused() -> None:
+    after, client, worker, specs = _cancelled_while_held()
     task_id = specs[0].task_id
-    client.cancel_asked.add(task_id)
-    after.send(client.conn, [m.CancelTasks([task_id], False)])
     assert task_id in client.cancel_asked  # held: not answered yet
     assert after.core.tasks[task_id].state is TaskState.UNCLAIMED
     _worker_back(after, worker)  # it holds both: claimed, the cancel refused (it may run)
@@ -175,11 +180,8 @@ def test_a_cancel_of_a_held_task_is_answered_once_a_worker_claims_it_refused() -
 
 
 def test_a_cancel_of_a_held_task_drops_it_when_it_is_released() -> None:
-    world, _, specs = _queued_then_dispatched()
-    after, client, worker = _held(world)
+    after, client, worker, specs = _cancelled_while_held()
     task_id = specs[0].task_id
-    client.cancel_asked.add(task_id)
-    after.send(client.conn, [m.CancelTasks([task_id], False)])
     worker.held.clear()  # its dispatches never reached it
     _worker_back(after, worker)
     assert client.cancelled == {task_id: 1} and task_id not in client.awaiting
@@ -261,8 +263,7 @@ def test_a_held_task_is_not_seen_by_the_unsatisfiable_expiry_nor_placement() -> 
     world = World(DurableScheduler(config, token=lambda: b"token-%d" % next(tokens)))
     client = world.join_client()
     gpu = m.TaskOptions({"gpu": 1.0}, [], 0, None, None)
-    client.options[1] = gpu
-    world.send(client.conn, [m.RegisterOptions(1, gpu)])
+    world.register(client, 1, gpu)
     spec = _spec(client, 1, 1)
     world.send(client.conn, [client.submit([spec])])
     worker = world.peers[b"\x00W1"] = WorkerModel(b"\x00W1")
@@ -286,8 +287,7 @@ def test_held_tasks_survive_a_crash_at_every_record_boundary() -> None:
     a worker that stayed, and some crash points reload tasks UNCLAIMED."""
     world = World()
     client = world.join_client()
-    client.options[1] = ONCE
-    world.send(client.conn, [m.RegisterOptions(1, ONCE)])
+    world.register(client, 1, ONCE)
     worker = world.join_worker(b"\x00W1", capacity=1)  # holds two at a time: the others wait queued
     a, c = client.tid(1), client.tid(3)
     specs = [_spec(client, 1), _spec(client, 4), _spec(client, 2, 1), _spec(client, 3, deps=[a]), _spec(client, 5)]

@@ -32,6 +32,7 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from journal_testing import live_after
 from test_core import CONFIG, hello, spec, tid
 from test_core_fuzz import (
     _BYTES,
@@ -77,13 +78,8 @@ def failures() -> Iterator[_Failures]:
 
 
 def live_map(entries: list[tuple[bytes, bytes | None]]) -> dict[bytes, bytes]:
-    live: dict[bytes, bytes] = {}
-    for key, value in entries:
-        if value is None:
-            live.pop(key, None)
-        else:
-            live[key] = value
-    return live
+    """The live map of the entries (every ``JournalWrite``'s, in one list)."""
+    return live_after([entries])
 
 
 class DurableWorld:

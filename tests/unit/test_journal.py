@@ -17,6 +17,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from journal_testing import HEADER_BYTES, Batch, V, boundaries, live_after, live_maps, load, write
 from scaler_testing import child_env, wait_until
 
 from scaler_executor.scheduler.journal import (
@@ -28,40 +29,9 @@ from scaler_executor.scheduler.journal import (
     encode_record,
     header_bytes,
     open_journal,
-    read_journal,
 )
 
 pytestmark = pytest.mark.timeout(120)
-
-V = "0.1.0"
-Batch = list[tuple[bytes, bytes | None]]
-
-
-def apply(batches: list[Batch]) -> list[dict[bytes, bytes]]:
-    """The live map after each prefix of ``batches`` (index i: after i batches)."""
-    live: dict[bytes, bytes] = {}
-    maps = [dict(live)]
-    for batch in batches:
-        for key, value in batch:
-            if value is None:
-                live.pop(key, None)
-            else:
-                live[key] = value
-        maps.append(dict(live))
-    return maps
-
-
-def write(path: Path, batches: list[Batch], **kw: object) -> None:
-    writer, _ = open_journal(str(path), package_version=V, **kw)  # type: ignore[arg-type]
-    try:
-        for batch in batches:
-            writer.append(batch)
-    finally:
-        writer.close()
-
-
-def load(path: Path, version: str = V) -> dict[bytes, bytes]:
-    return read_journal(str(path), package_version=version).live
 
 
 def only_segment(path: Path) -> Path:
@@ -85,7 +55,7 @@ def test_round_trip_order(tmp_path: Path) -> None:
     assert list(live.items()) == [
         (b"a", b"1'"), (b"d", b"4"), (b"b", b"2'"), (b"e", b"5" * 300), (b"c", b"3'"), (b"f", b""),
     ]
-    assert list(live.items()) == list(apply(BATCHES)[-1].items())
+    assert list(live.items()) == list(live_after(BATCHES).items())
     # a writer reopened goes on appending to the same journal
     write(tmp_path / "j", [[(b"a", None), (b"g", b"7")]])
     assert list(load(tmp_path / "j")) == [b"d", b"b", b"e", b"c", b"f", b"g"]
@@ -99,16 +69,8 @@ def test_stats(tmp_path: Path) -> None:
     writer.close()
     assert s["records"] == 2 and s["live_keys"] == 1 and s["live_bytes"] == 2 + 20
     assert s["bytes_written"] == len(encode_record([(b"k1", b"x" * 10), (b"k2", b"y" * 20)])) + len(encode_record([(b"k1", None)]))
-    assert s["size_on_disk"] == s["bytes_written"] + len(header_bytes(V)) == os.path.getsize(only_segment(tmp_path / "j"))
+    assert s["size_on_disk"] == s["bytes_written"] + HEADER_BYTES == os.path.getsize(only_segment(tmp_path / "j"))
     assert s["fsyncs"] == 0  # policy 'os'
-
-
-def boundaries(batches: list[Batch]) -> list[int]:
-    """Offsets where each record starts, and the file's end."""
-    out = [len(header_bytes(V))]
-    for batch in batches:
-        out.append(out[-1] + len(encode_record(batch)))
-    return out
 
 
 def test_truncated_at_every_offset_of_last_record_and_every_boundary(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -117,8 +79,8 @@ def test_truncated_at_every_offset_of_last_record_and_every_boundary(tmp_path: P
     data = only_segment(src).read_bytes()
     ends = boundaries(BATCHES)
     assert ends[-1] == len(data)
-    maps = apply(BATCHES)
-    cuts = sorted(set(range(ends[-2], len(data) + 1)) | set(ends) | {0, 3, len(header_bytes(V)) - 1})
+    maps = live_maps(BATCHES)
+    cuts = sorted(set(range(ends[-2], len(data) + 1)) | set(ends) | {0, 3, HEADER_BYTES - 1})
     for cut in cuts:
         j = tmp_path / f"cut{cut}"
         shutil.copytree(src, j)
@@ -145,7 +107,7 @@ def test_zero_tail_is_torn(tmp_path: Path) -> None:
     size = seg.stat().st_size
     with open(seg, "ab") as f:
         f.write(b"\0" * 4096)  # what a file system may leave after a power loss
-    assert load(tmp_path / "j") == apply(BATCHES)[-1]
+    assert load(tmp_path / "j") == live_after(BATCHES)
     writer, _ = open_journal(str(tmp_path / "j"), package_version=V)
     writer.close()
     assert seg.stat().st_size == size
@@ -177,7 +139,7 @@ def test_corrupt_last_record_checksum_is_torn_but_garbage_after_it_is_not(tmp_pa
     data = bytearray(original)
     data[-1] ^= 1  # the very last record, reaching EOF: a torn write
     seg.write_bytes(bytes(data))
-    assert load(j) == apply(BATCHES)[-2]
+    assert load(j) == live_maps(BATCHES)[-2]
     # the same damaged record followed by a valid one is not a tail: refused
     seg.write_bytes(bytes(data) + encode_record([(b"z", b"z")]))
     with pytest.raises(JournalCorrupt) as info:
@@ -360,7 +322,7 @@ def test_compaction_keeps_live_map_and_shrinks(tmp_path: Path) -> None:
     assert after["size_on_disk"] == sum(p.stat().st_size for p in j.iterdir() if p.name != "LOCK")
     writer.append([(b"late", b"1")])
     writer.close()
-    expected = {**apply(batches)[-1], b"late": b"1"}
+    expected = {**live_after(batches), b"late": b"1"}
     assert list(load(j).items()) == list(expected.items())
     assert sorted(p.suffix for p in j.iterdir()) == ["", ".base", ".seg"]
 
@@ -385,7 +347,7 @@ def test_background_compaction(tmp_path: Path) -> None:
     finally:
         writer.close()
     assert stats["compactions"] >= 1 and stats["size_on_disk"] <= 20_000
-    assert list(load(j).items()) == list(apply(batches)[-1].items())
+    assert list(load(j).items()) == list(live_after(batches).items())
 
 
 def test_crash_at_every_step_of_compaction(tmp_path: Path) -> None:
@@ -431,7 +393,7 @@ def _compacted(j: Path, batches: list[Batch], stop_after: int | None, copy_to: P
             if stop_after is not None and done == stop_after:
                 assert copy_to is not None
                 shutil.copytree(j, copy_to)
-                yield apply(sent)[-1]
+                yield live_after(sent)
             try:
                 step = next(steps)
             except StopIteration:
@@ -444,7 +406,7 @@ def _compacted(j: Path, batches: list[Batch], stop_after: int | None, copy_to: P
             sent.append(extra)
     finally:
         writer.close()
-    assert list(load(j).items()) == list(apply(sent)[-1].items())
+    assert list(load(j).items()) == list(live_after(sent).items())
     shutil.rmtree(j)
 
 

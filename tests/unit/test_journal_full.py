@@ -14,13 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from journal_testing import V
 from scaler_testing import requires_system
 
 from scaler_executor.scheduler.journal import JournalFull, open_journal, read_journal
 
 pytestmark = pytest.mark.timeout(120)
-
-V = "0.1.0"
 
 
 @pytest.fixture

@@ -19,21 +19,18 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from journal_testing import HEADER_BYTES, Batch, V, boundaries, live_maps
 
 from scaler_executor.scheduler.journal import (
     JournalCorrupt,
     JournalVersionMismatch,
-    encode_record,
-    header_bytes,
     open_journal,
     read_journal,
 )
 
 pytestmark = pytest.mark.timeout(300)
 
-V = "0.1.0"
 CORPUS = Path(__file__).resolve().parent.parent / "fuzz" / "journal_corpus"
-Batch = list[tuple[bytes, bytes | None]]
 
 keys = st.sampled_from([b"a", b"b", b"c", b"d", b"key-e", b""])
 values = st.one_of(st.none(), st.binary(max_size=40))
@@ -44,16 +41,8 @@ FUZZ = settings(max_examples=int(os.environ.get("SCALER_JOURNAL_FUZZ_EXAMPLES", 
 
 
 def prefixes(batches: list[Batch]) -> list[list[tuple[bytes, bytes]]]:
-    live: dict[bytes, bytes] = {}
-    out = [list(live.items())]
-    for batch in batches:
-        for key, value in batch:
-            if value is None:
-                live.pop(key, None)
-            else:
-                live[key] = value
-        out.append(list(live.items()))
-    return out
+    """The live map after each prefix, as lists: the tests compare its order too."""
+    return [list(live.items()) for live in live_maps(batches)]
 
 
 def build(path: Path, batches: list[Batch], compact_after: int | None = None) -> None:
@@ -126,7 +115,7 @@ def test_found_by_the_fuzz_a_sealed_segment_cut_at_a_record_boundary_is_refused(
     sealed = j / "0000000000000002.seg"
     assert sorted(p.name for p in files(j)) == ["0000000000000001.base", sealed.name, "0000000000000003.seg"]
     assert outcome(j) == [(b"a", b""), (b"b", b"")]
-    sealed.write_bytes(sealed.read_bytes()[: len(header_bytes(V))])
+    sealed.write_bytes(sealed.read_bytes()[: HEADER_BYTES])
     with pytest.raises(JournalCorrupt, match="ends without its seal record") as info:
         read_journal(str(j), package_version=V)
     assert (info.value.path, info.value.offset) == (str(sealed), 23)  # the header's length, where the seal was due
@@ -143,9 +132,7 @@ def test_truncation_of_the_last_segment_is_an_exact_prefix(batches: list[Batch],
         raw = seg.read_bytes()
         cut = data.draw(st.integers(0, len(raw)))
         seg.write_bytes(raw[:cut])
-        ends = [len(header_bytes(V))]
-        for batch in batches:
-            ends.append(ends[-1] + len(encode_record(batch)))
+        ends = boundaries(batches)
         complete = sum(1 for end in ends[1:] if end <= cut)
         assert outcome(j) == prefixes(batches)[complete]
 

@@ -12,14 +12,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
+from journal_testing import V
 from scaler_testing import child_env
 
 from scaler_executor.scheduler.journal import open_journal
 
 pytestmark = pytest.mark.timeout(180)
-
-V = "0.1.0"
 
 BATCH = textwrap.dedent(
     """

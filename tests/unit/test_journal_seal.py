@@ -11,27 +11,27 @@ import struct
 from pathlib import Path
 
 import pytest
+from journal_testing import HEADER_BYTES, Batch, V, boundaries, live_after
+from journal_testing import load as read_live
 
 from scaler_executor.scheduler.journal import (
     JOURNAL_FORMAT,
     JournalCorrupt,
     JournalVersionMismatch,
     encode_record,
-    header_bytes,
     open_journal,
     read_journal,
 )
 
 pytestmark = pytest.mark.timeout(120)
 
-V = "0.1.0"
-Batch = list[tuple[bytes, bytes | None]]
 FIRST: list[Batch] = [[(b"a", b"1")], [(b"b", b"2"), (b"c", None)], [(b"c", b"3" * 50)]]
 SECOND: list[Batch] = [[(b"d", b"4")], [(b"a", None)]]
 
 
 def load(path: Path) -> list[tuple[bytes, bytes]]:
-    return list(read_journal(str(path), package_version=V).live.items())
+    """The live map read, as a list: the tests compare its order too."""
+    return list(read_live(path).items())
 
 
 def two_segments(j: Path, compact: bool = False) -> None:
@@ -52,21 +52,7 @@ def two_segments(j: Path, compact: bool = False) -> None:
 
 
 def expected(batches: list[Batch]) -> list[tuple[bytes, bytes]]:
-    live: dict[bytes, bytes] = {}
-    for batch in batches:
-        for key, value in batch:
-            if value is None:
-                live.pop(key, None)
-            else:
-                live[key] = value
-    return list(live.items())
-
-
-def boundaries(batches: list[Batch]) -> list[int]:
-    ends = [len(header_bytes(V))]
-    for batch in batches:
-        ends.append(ends[-1] + len(encode_record(batch)))
-    return ends
+    return list(live_after(batches).items())
 
 
 @pytest.mark.parametrize("compact", [False, True], ids=["sealed-segment", "base"])
@@ -78,7 +64,7 @@ def test_every_cut_of_a_sealed_file_is_refused_naming_file_and_offset(tmp_path: 
     data = sealed.read_bytes()
     if not compact:  # the records, then the seal (36 bytes)
         assert boundaries(FIRST)[-1] == len(data) - 36
-    ends = set(boundaries(FIRST)) if not compact else {len(header_bytes(V)), len(data) - 36}  # (a base: one record)
+    ends = set(boundaries(FIRST)) if not compact else {HEADER_BYTES, len(data) - 36}  # (a base: one record)
     for cut in range(len(data)):
         sealed.write_bytes(data[:cut])
         with pytest.raises(JournalCorrupt) as info:
@@ -99,7 +85,7 @@ def test_the_last_segments_torn_tail_is_still_dropped_after_a_sealed_one(tmp_pat
     data = last.read_bytes()
     ends = boundaries(SECOND)
     assert ends[-1] == len(data)
-    for cut in range(len(header_bytes(V)), len(data) + 1):
+    for cut in range(HEADER_BYTES, len(data) + 1):
         last.write_bytes(data[:cut])
         complete = sum(1 for end in ends[1:] if end <= cut)
         assert load(j) == expected(FIRST + SECOND[:complete]), cut

@@ -3,11 +3,8 @@ accepts it from those roles (StoreChunk), and the daemon's store writes the chun
 
 from __future__ import annotations
 
-import cloudpickle
-import pytest
+from core_testing import joining
 
-from scaler_executor._compat import python_version
-from scaler_executor._version import __version__
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import messages as m
 from scaler_executor.scheduler.core import Received, Scheduler, StoreChunk
@@ -16,14 +13,9 @@ from scaler_executor.scheduler.objects import HostStore
 OID = b"\x07" * 16
 
 
-def _hello(role: str) -> m.Hello:
-    return m.Hello(role, m.PROTOCOL_VERSION, python_version(), cloudpickle.__version__, __version__,
-                   role, 1, "h", 1, {}, [])
-
-
 def test_core_turns_a_clients_or_workers_chunk_into_a_store_command_and_drops_a_monitors() -> None:
     core = Scheduler(ClusterConfig())
-    core.handle(*(Received(p, [_hello(r)], 1.0) for p, r in ((b"c", m.Role.CLIENT), (b"w", m.Role.WORKER), (b"m", m.Role.MONITOR))))
+    core.handle(*joining())
     for peer in (b"c", b"w"):
         commands = core.handle(Received(peer, [m.ObjectChunk(OID, 0, 10)], 2.0))
         assert [c for c in commands if type(c) is StoreChunk] == [StoreChunk(peer, OID, 0, 10)]
@@ -32,14 +24,6 @@ def test_core_turns_a_clients_or_workers_chunk_into_a_store_command_and_drops_a_
     assert core.statistics()["refused"] == 1  # a monitor may not put
     for key in ("objects_sent", "object_bytes_sent", "objects_received", "object_bytes_received"):
         assert core.statistics()[key] == 0  # present before any object moved
-
-
-@pytest.fixture
-def host_store():
-    store = HostStore(ClusterConfig(object_store_size="16M"))
-    assert store.store is not None
-    yield store
-    store.close()
 
 
 def test_chunks_in_order_make_one_sealed_object(host_store: HostStore) -> None:

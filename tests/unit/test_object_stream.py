@@ -8,15 +8,13 @@ import pickle
 import threading
 import time
 
-import cloudpickle
 import pytest
+from core_testing import joining
 
-from scaler_executor._compat import python_version
-from scaler_executor._version import __version__
 from scaler_executor.config import ClusterConfig
+from scaler_executor.objstore.payload import Fetched, stream_in_store_header, unpack
 from scaler_executor.protocol import codec
 from scaler_executor.protocol import messages as m
-from scaler_executor.objstore.payload import Fetched, stream_in_store_header, unpack
 from scaler_executor.protocol.chunks import Incoming, Parts, StreamError
 from scaler_executor.scheduler.core import PeerUnreachable, Received, Scheduler, SendObjects, Tick
 from scaler_executor.scheduler.object_stream import (
@@ -209,11 +207,6 @@ def test_an_object_put_together_is_read_only() -> None:
 # --------------------------------------------------------------------- the core's commands
 
 
-def _hello(role: str) -> m.Hello:
-    return m.Hello(role, m.PROTOCOL_VERSION, python_version(), cloudpickle.__version__, __version__,
-                   role, 1, "h", 1, {}, [])
-
-
 def _step(core: Scheduler, *events: object) -> list[object]:
     rounded = []
     for event in events:
@@ -227,7 +220,7 @@ def _step(core: Scheduler, *events: object) -> list[object]:
 
 def test_the_core_turns_credit_into_a_command_and_ends_sends_to_a_lost_peer() -> None:
     core = Scheduler(ClusterConfig())
-    _step(core, *(Received(p, [_hello(r)], 1.0) for p, r in ((b"c", m.Role.CLIENT), (b"w", m.Role.WORKER), (b"m", m.Role.MONITOR))))
+    _step(core, *joining())
     for peer in (b"c", b"w"):
         commands = _step(core, Received(peer, [m.ObjectRequest([A]), m.ObjectPartsTaken(2)], 2.0))
         assert SendObjects(peer, (A,)) in commands and CreditObjects(peer, 2) in commands
@@ -286,11 +279,7 @@ def test_a_client_keeps_the_parts_as_they_came_and_joins_them_only_when_asked(si
 def test_a_pickle_stream_in_parts_unpickles_from_them_without_joining() -> None:
     value = (_bytes(5 * CHUNK), "tail")
     stream = pickle.dumps(value, protocol=5)
-    incoming = Incoming(keep_parts=True)
-    for offset in range(0, len(stream), CHUNK):
-        incoming.part(m.ObjectPart(A, offset, len(stream)), stream[offset : offset + CHUNK])
-    parts = incoming.take(A, b"")
-    assert isinstance(parts, Parts)
+    parts = incoming_parts(stream, A)
     assert unpack(stream_in_store_header(), [A], Fetched({A: parts})) == value
     assert parts.views == []  # read from the parts, which the reader let go as it went
     assert not isinstance(Fetched({A: incoming_parts(stream)}).stream(A), memoryview)  # a reader
@@ -298,11 +287,12 @@ def test_a_pickle_stream_in_parts_unpickles_from_them_without_joining() -> None:
     assert bytes(Fetched({A: incoming_parts(stream)}).get(A)) == stream
 
 
-def incoming_parts(data: bytes) -> Parts:
+def incoming_parts(data: bytes, oid: bytes = B) -> Parts:
+    """``data`` as a client keeps it: received in CHUNK-sized parts, not joined."""
     incoming = Incoming(keep_parts=True)
     for offset in range(0, len(data), CHUNK):
-        incoming.part(m.ObjectPart(B, offset, len(data)), data[offset : offset + CHUNK])
-    parts = incoming.take(B, b"")
+        incoming.part(m.ObjectPart(oid, offset, len(data)), data[offset : offset + CHUNK])
+    parts = incoming.take(oid, b"")
     assert isinstance(parts, Parts)
     return parts
 

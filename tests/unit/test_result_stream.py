@@ -9,14 +9,14 @@ import threading
 from typing import Any
 
 import pytest
-from test_core import DEADLINE, Cluster, Out, spec, tid
+from core_testing import CommandsCluster
+from test_core import DEADLINE, spec, tid
 
 from scaler_executor.client.pushed import NOT_PUSHED, PushedResults
 from scaler_executor.config import ClusterConfig
 from scaler_executor.objstore import payload as packing
 from scaler_executor.protocol import messages as m
-from scaler_executor.protocol.codec import decode, encode
-from scaler_executor.scheduler.core import Send, StoreChunk
+from scaler_executor.scheduler.core import StoreChunk
 from scaler_executor.scheduler.objects import HostStore
 from scaler_executor.scheduler.result_stream import (
     AbortPartial,
@@ -169,25 +169,12 @@ def test_credit_beyond_what_was_sent_does_not_widen_the_window() -> None:
 # ====================================================================== through the core
 
 
-class StreamCluster(Cluster):
-    """test_core's Cluster, keeping the object commands beside the sends."""
-
-    def step(self, *events: Any) -> Out:
-        commands = self.scheduler.handle(*events)
-        self.scheduler.validate()
-        sends = [c for c in commands if type(c) is Send]
-        for command in sends:
-            assert decode(encode(command.messages))[0] == command.messages
-        self.others = [c for c in commands if type(c) is not Send]
-        return Out(sends)
-
-
 @pytest.fixture
-def cluster() -> StreamCluster:
-    return StreamCluster()
+def cluster() -> CommandsCluster:
+    return CommandsCluster()
 
 
-def _dispatched(cluster: StreamCluster) -> int:
+def _dispatched(cluster: CommandsCluster) -> int:
     cid = cluster.client(CL)
     cluster.worker(W)
     t = tid(cid, 1)
@@ -200,7 +187,7 @@ def _result(t: int, attempt: int = 0, objects: list[bytes] | None = None) -> m.T
     return m.TaskResult(t, attempt, m.Status.OK, packing.stream_in_store_header(), m.TaskFacts("w", 1.0, 2.0, 0), objects or [OID])
 
 
-def test_core_forwards_a_results_chunks_to_its_client_and_then_the_result(cluster: StreamCluster) -> None:
+def test_core_forwards_a_results_chunks_to_its_client_and_then_the_result(cluster: CommandsCluster) -> None:
     t = _dispatched(cluster)
     big = m.OBJECT_CHUNK_BYTES
     total = 2 * big + 10
@@ -215,7 +202,7 @@ def test_core_forwards_a_results_chunks_to_its_client_and_then_the_result(cluste
     assert not cluster.scheduler.result_streams.streams
 
 
-def test_core_forwards_nothing_of_a_task_that_is_not_the_workers_attempt(cluster: StreamCluster) -> None:
+def test_core_forwards_nothing_of_a_task_that_is_not_the_workers_attempt(cluster: CommandsCluster) -> None:
     t = _dispatched(cluster)
     cluster.send(W, m.ObjectChunk(OID, 0, 100, t, 5))  # another attempt
     assert cluster.others == [StoreChunk(W, OID, 0, 100, b"", t)]
@@ -223,7 +210,7 @@ def test_core_forwards_nothing_of_a_task_that_is_not_the_workers_attempt(cluster
     assert cluster.others[0].forward == b""
 
 
-def test_core_refuses_a_result_chunk_from_a_client(cluster: StreamCluster) -> None:
+def test_core_refuses_a_result_chunk_from_a_client(cluster: CommandsCluster) -> None:
     t = _dispatched(cluster)
     cluster.send(CL, m.ObjectChunk(OID, 0, 100, t, 0))
     assert cluster.others == [] and cluster.stat("refused") == 1
@@ -231,7 +218,7 @@ def test_core_refuses_a_result_chunk_from_a_client(cluster: StreamCluster) -> No
     assert cluster.others == [StoreChunk(CL, OID, 0, 100)]
 
 
-def test_core_worker_lost_mid_upload_aborts_the_object_tells_the_client_and_retries(cluster: StreamCluster) -> None:
+def test_core_worker_lost_mid_upload_aborts_the_object_tells_the_client_and_retries(cluster: CommandsCluster) -> None:
     t = _dispatched(cluster)
     cluster.send(W, m.ObjectChunk(OID, 0, 3 * m.OBJECT_CHUNK_BYTES, t, 0))
     cluster.worker(b"w2")
@@ -252,7 +239,7 @@ def test_core_worker_lost_mid_upload_aborts_the_object_tells_the_client_and_retr
     assert cluster.others == [StoreChunk(b"w2", b"\x06" * 16, 0, 100, CL, t)]
 
 
-def test_core_client_lost_mid_stream_stops_forwarding_and_frees_its_window(cluster: StreamCluster) -> None:
+def test_core_client_lost_mid_stream_stops_forwarding_and_frees_its_window(cluster: CommandsCluster) -> None:
     t = _dispatched(cluster)
     big = m.OBJECT_CHUNK_BYTES
     cluster.send(W, m.ObjectChunk(OID, 0, 3 * big, t, 0))
@@ -263,7 +250,7 @@ def test_core_client_lost_mid_stream_stops_forwarding_and_frees_its_window(clust
 
 
 def test_core_slow_client_gets_the_rest_from_the_store_as_its_credit_comes() -> None:
-    cluster = StreamCluster(ClusterConfig(heartbeat_interval=1.0, heartbeat_liveness=3, client_timeout=3.0))
+    cluster = CommandsCluster(ClusterConfig(heartbeat_interval=1.0, heartbeat_liveness=3, client_timeout=3.0))
     cluster.scheduler.result_streams.window = 2
     t = _dispatched(cluster)
     big = m.OBJECT_CHUNK_BYTES
@@ -283,14 +270,6 @@ def test_core_slow_client_gets_the_rest_from_the_store_as_its_credit_comes() -> 
 
 
 # ====================================================================== the daemon's store
-
-
-@pytest.fixture
-def host_store():
-    store = HostStore(ClusterConfig(object_store_size="16M"))
-    assert store.store is not None
-    yield store
-    store.close()
 
 
 def test_parts_are_read_from_an_object_being_written_and_once_sealed(host_store: HostStore) -> None:

@@ -1,173 +1,32 @@
-"""Cluster configuration: one typed, frozen :class:`ClusterConfig`.
-
-Where a value comes from, highest layer first (each layer overrides the ones below)::
-
-    CLI flags       --heartbeat-interval 1.0              config_from_args(), load(cli=...)
-    environment     SCALER_HEARTBEAT_INTERVAL=1.0         load(env=...), default os.environ
-    TOML file       heartbeat_interval = 1.0              load(file=...), else $SCALER_CONFIG
-    base            the field defaults, or load(base=...)
-
-The TOML file holds the keys at its top level (a ``[scaler]`` table is rejected with a
-message saying so: the file is ours alone, so a namespace would only be a second way to
-write the same thing).  TOML has no null, so the string ``"none"`` unsets an optional key.
-
-Unknown keys are errors in the file and CLI layers, with the closest valid key suggested.
-The environment is shared with everything else the user runs, and ``SCALER_`` is a generic
-prefix (shells, CI systems and other tools, the reference Scaler system among them, set such
-variables), so a ``SCALER_*`` variable that names no key is ignored; only a near-miss of one
-of our names (within two edits of it or of its singular, e.g. ``SCALER_MAX_RETRY``) gets a
-:class:`~scaler_executor.exceptions.ConfigWarning` with the suggestion, once per variable,
-also logged where logging is set up.  Names in :data:`RESERVED_ENV` are read by other parts
-of the package and never warned about.  Every value is checked in the layer it
-came from, against its type and range, so a bad value is reported with its file, variable or
-flag even when a higher layer overrides it; cross-field rules run on the merged result.
-
-Adding a field is one line in :class:`ClusterConfig`: its flag, environment variable,
-parsing, validation, help text and TOML output all derive from ``dataclasses.fields`` and
-the field's metadata.
-"""
+"""The keys of a cluster's configuration: :class:`ClusterConfig`, one field per key, the
+table of fields the layers read (``_FIELDS``), and the checks of each value and of the
+values together.  Where the values come from (file, environment, CLI) is ``sources.py``."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import logging
 import math
 import os
-import threading
 import types
 import typing
-import warnings
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-from scaler_executor.exceptions import ConfigError, ConfigWarning
+from scaler_executor.config.spec import (
+    _META,
+    CONFIG_ENV,
+    ENV_PREFIX,
+    FLOAT_MAX,
+    INT_MAX,
+    LOG_LEVELS,
+    _address_problem,
+    _opt,
+    _Spec,
+    parse_resources,
+)
+from scaler_executor.exceptions import ConfigError
 from scaler_executor.sizes import parse_size
-
-__all__ = [
-    "CONFIG_DEST",
-    "CONFIG_ENV",
-    "ENV_PREFIX",
-    "FLOAT_MAX",
-    "INT_MAX",
-    "LOG_LEVELS",
-    "NEAR_MISS_EDITS",
-    "RESERVED_ENV",
-    "WARNED_ENV",
-    "ClusterConfig",
-    "add_config_arguments",
-    "check_address",
-    "config_from_args",
-    "parse_resources",
-    "parse_tags",
-    "warned_env",
-]
-
-ENV_PREFIX: Final = "SCALER_"
-#: Names the TOML file when ``load()`` is given no ``file``.
-CONFIG_ENV: Final = "SCALER_CONFIG"
-#: Near-miss variables a parent process already warned about, comma-separated: the commands
-#: set it for the workers they start, so one mistake makes one warning per command.
-WARNED_ENV: Final = "SCALER_WARNED_ENV"
-#: ``SCALER_*`` variables that are not config keys but that this package reads: they are
-#: never taken for near-misses of a key (and a near-miss of one of them is warned about).
-#: A module that reads its own ``SCALER_*`` variable adds the name here at import time
-#: (``RESERVED_ENV.add("SCALER_FOO")``).
-# SCALER_DEBUG_LOCKS: the lock-order checker (scaler_executor/_locks.py), on in the tests.
-RESERVED_ENV: set[str] = {CONFIG_ENV, WARNED_ENV, "SCALER_DAEMON_ADDRESS", "SCALER_DEBUG_LOCKS"}
-#: ``argparse`` destination of ``--config FILE``.
-CONFIG_DEST: Final = "config_file"
-LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR")
-#: The largest integer a key may hold unless its field says less: counts travel in messages
-#: as msgpack's signed 64-bit integers, and larger ones cannot be encoded.
-INT_MAX: Final = 2**63 - 1
-#: The largest float a key may hold unless its field says less: every float key is a time in
-#: seconds, and threads wait on some of them (``threading.TIMEOUT_MAX``, about 292 years).
-FLOAT_MAX: Final = threading.TIMEOUT_MAX
-#: Variables that are not ours unless they are this close (edits) to one of our names.
-NEAR_MISS_EDITS: Final = 2
-
-log = logging.getLogger(__name__)
-
-_META: Final = "scaler_executor.config"
-_TRUE: Final = frozenset({"1", "true", "yes"})
-_FALSE: Final = frozenset({"0", "false", "no"})
-_NONE: Final = frozenset({"", "none"})
-_T = TypeVar("_T")
-
-
-@dataclass(frozen=True, slots=True)
-class _Spec:
-    """What a field means and which values it allows (beyond its type)."""
-
-    help: str
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None  # default: INT_MAX or FLOAT_MAX by the field's type
-    choices: tuple[str, ...] | None = None
-    metavar: str | None = None
-    check: Callable[[str], str | None] | None = None  # a str value's problem, or None
-
-
-def _opt(
-    default: _T,
-    what: str,
-    tradeoff: str,
-    *,
-    ge: float | None = None,
-    gt: float | None = None,
-    le: float | None = None,
-    choices: tuple[str, ...] | None = None,
-    metavar: str | None = None,
-    check: Callable[[str], str | None] | None = None,
-) -> _T:
-    """A dataclass field whose help and limits live in metadata, so they exist at runtime."""
-    spec = _Spec(f"{what} ({tradeoff})", ge=ge, gt=gt, le=le, choices=choices, metavar=metavar, check=check)
-    return field(default=default, metadata={_META: spec})
-
-
-def _address_problem(address: str) -> str | None:
-    """What is wrong with a daemon address, with the fix; None if it is usable."""
-    scheme, sep, rest = address.partition("://")
-    if not sep:
-        if address.startswith(("/", ".")):
-            return f"it has no scheme: write ipc://{address} for a Unix socket"
-        return f"it has no scheme: write tcp://{address} (or ipc:///PATH for a Unix socket)"
-    if scheme not in ("tcp", "ipc"):
-        return f"the scheme {scheme}:// is not supported: write tcp://HOST:PORT or ipc:///PATH"
-    if scheme == "ipc":
-        if not rest:
-            return "it names no socket path: write ipc:///PATH"
-        if len(os.fsencode(rest)) > 107:  # sun_path holds 108 bytes with the terminating NUL
-            return "its path is longer than the 107 bytes a Unix socket allows: choose a shorter path"
-        return None
-    host, colon, port = rest.rpartition(":")
-    if not colon or not host or not (port == "*" or (port.isdigit() and int(port) <= 65535)):
-        return f"it needs a host and a port from 0 to 65535: write tcp://HOST:PORT, e.g. tcp://{host or rest or 'localhost'}:8786"
-    return None
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT``) → (host, port); ValueError naming the fix."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"dashboard address {text!r} is not HOST:PORT (say 127.0.0.1:8787)")
-    return host.strip("[]"), int(port)
-
-
-def check_address(address: object, what: str = "address") -> str:
-    """``address`` if it is ``tcp://HOST:PORT`` or ``ipc://PATH``.
-
-    Raises TypeError for a non-string and ConfigError (a ValueError) naming ``what`` and
-    the fix for anything else, such as ``localhost:8786`` without its scheme.
-    """
-    if not isinstance(address, str):
-        raise TypeError(f"{what} must be a string such as 'tcp://host:8786', got {type(address).__name__}")
-    problem = _address_problem(address)
-    if problem is not None:
-        raise ConfigError(f"invalid {what} {address!r}: {problem}")
-    return address
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -543,6 +402,9 @@ class ClusterConfig:
         a key to leave it unset).  Raises ConfigError for unknown keys, unreadable files and
         invalid values.
         """
+        # The layers read this class's field table: imported here, once the class exists.
+        from scaler_executor.config.sources import _cli_layer, _env_layer, _file_layer
+
         environ: Mapping[str, str] = os.environ if env is None else env
         start = base if base is not None else cls()
         label = "base config" if base is not None else "default"
@@ -569,6 +431,8 @@ class ClusterConfig:
         ``source`` names where the mapping came from in error messages.  Raises ConfigError
         for unknown keys and invalid values.
         """
+        from scaler_executor.config.sources import _mapping_layer
+
         values = cls().to_dict()
         sources = dict.fromkeys(values, "default")
         layer_values, layer_sources = _mapping_layer(mapping, source)
@@ -637,6 +501,10 @@ def _describe(cls: type) -> dict[str, _Field]:
 
 
 _FIELDS: Final = _describe(ClusterConfig)
+# Its public home (reprs, pickles by reference, the docs): the package re-exports it.  Set after
+# _describe, whose get_type_hints reads the annotations in this module's namespace.
+ClusterConfig.__module__ = "scaler_executor.config"
+
 
 
 # ---------------------------------------------------------------------- validation
@@ -720,32 +588,6 @@ def _check_value(f: _Field, value: object, source: str | None) -> object:
     raise _invalid(f, value, source)
 
 
-def parse_resources(text: str, source: str = "worker_resources") -> dict[str, float]:
-    """``'cpu=4,gpu=1,mem=16e9'`` -> ``{'cpu': 4.0, 'gpu': 1.0, 'mem': 16e9}``; ConfigError naming the bad part."""
-    resources: dict[str, float] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, quantity = part.partition("=")
-        name = name.strip()
-        try:
-            value = float(quantity) if sep else math.nan
-        except ValueError:
-            value = math.nan
-        if not name or not math.isfinite(value) or value < 0:
-            raise ConfigError(
-                f"invalid resource {part!r} in {source}: write NAME=QUANTITY with a number >= 0, "
-                "e.g. 'cpu=4,gpu=1,mem=16e9'"
-            )
-        if name in resources:
-            raise ConfigError(f"resource {name!r} appears twice in {source}")
-        resources[name] = value
-    return resources
-
-
-def parse_tags(text: str) -> list[str]:
-    """``'linux, ssd'`` -> ``['linux', 'ssd']``."""
-    return sorted({t.strip() for t in text.split(",") if t.strip()})
-
-
 def _check_together(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
     interval, timeout = values["heartbeat_interval"], values["daemon_loss_timeout"]
     if timeout < 2 * interval:
@@ -802,166 +644,6 @@ def _unknown_keys(keys: Iterable[str], valid: list[str], where: str, what: str) 
     )
 
 
-# ---------------------------------------------------------------------- layers
-
-
-def _parse_text(f: _Field, text: str, source: str) -> object:
-    """A string from the environment or a command line, as ``f``'s type (limits unchecked)."""
-    word = text.strip()
-    if f.optional and word.lower() in _NONE:
-        return None
-    try:
-        if f.kind is bool:
-            if word.lower() in _TRUE | _FALSE:
-                return word.lower() in _TRUE
-        elif f.kind is int:
-            return int(word)
-        elif f.kind is float:
-            return float(word)
-        else:
-            return word
-    except ValueError:
-        pass
-    raise _invalid(f, text, source)
-
-
-def _file_layer(path: str | os.PathLike[str], source: str) -> tuple[dict[str, Any], dict[str, str]]:
-    import tomllib  # here, not at import: workers take their settings as flags, not files
-
-    # One line naming the file and the fix for each way a file cannot be read (tomllib
-    # itself lets a file that is not UTF-8 escape as a bare UnicodeDecodeError).
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
-    except FileNotFoundError:
-        raise ConfigError(f"{source} does not exist: fix the path or drop it") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{source} is a directory: name the TOML file in it") from None
-    except PermissionError:
-        raise ConfigError(f"cannot read {source}: permission denied; make it readable or name another file") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read {source}: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"{source} is not a text file (byte {exc.start} is not UTF-8): a config file is UTF-8"
-            " TOML text such as 'workers = 4'; name that file instead"
-        ) from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:  # its message ends "(at line L, column C)"
-        raise ConfigError(f"{source} is not valid TOML: {exc}; fix that line") from None
-    except ValueError as exc:  # e.g. an integer of more than sys.get_int_max_str_digits() digits
-        raise ConfigError(f"{source} cannot be read as TOML: {exc}") from None
-    if isinstance(data.get("scaler"), dict):
-        raise ConfigError(
-            f"{source} has a [scaler] table, but config keys go at the top level of the"
-            " file: delete the '[scaler]' line"
-        )
-    return _mapping_layer(data, source)
-
-
-def _mapping_layer(
-    mapping: Mapping[str, object], source: str
-) -> tuple[dict[str, Any], dict[str, str]]:
-    unknown = [key for key in mapping if key not in _FIELDS]
-    if unknown:
-        raise _unknown_keys(unknown, list(_FIELDS), source, "keys")
-    values: dict[str, Any] = {}
-    for key, value in mapping.items():
-        f = _FIELDS[key]
-        if f.optional and isinstance(value, str) and value.lower() == "none":
-            value = None  # TOML has no null
-        values[key] = _check_value(f, value, source)
-    return values, dict.fromkeys(values, source)
-
-
-def _edits(a: str, b: str) -> int:
-    """Levenshtein distance: insertions, deletions and substitutions that turn ``a`` into ``b``."""
-    previous = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        current = [i]
-        for j, cb in enumerate(b, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
-        previous = current
-    return previous[-1]
-
-
-_warned_env: set[str] = set()  # near-miss variables already warned about, once per process
-
-
-def warned_env() -> frozenset[str]:
-    """The near-miss ``SCALER_*`` variables this process has warned about."""
-    return frozenset(_warned_env)
-
-
-def _singular(name: str) -> str:
-    """``SCALER_MAX_RETRIES`` -> ``SCALER_MAX_RETRY``: a singular for a name's plural ending."""
-    if name.endswith("IES"):
-        return name[:-3] + "Y"
-    return name[:-1] if name.endswith("S") else name
-
-
-def _near_miss(name: str, known: Iterable[str]) -> tuple[int, str]:
-    """The fewest edits from ``name`` to one of ``known`` (or to its singular), and that name.
-
-    The singular counts because the commonest slip is the number: ``SCALER_MAX_RETRY`` is
-    three edits from ``SCALER_MAX_RETRIES`` but none from its singular.
-    """
-    return min((min(_edits(name, k), _edits(name, _singular(k))), k) for k in known)
-
-
-def _warn_near_misses(environ: Mapping[str, str], ours: Iterable[str]) -> None:
-    """A ConfigWarning (and a log line) for each ``SCALER_*`` variable close to one of ours."""
-    known = sorted(ours)
-    already = _warned_env | set(environ.get(WARNED_ENV, "").split(","))
-    for name in sorted(environ):
-        if not name.startswith(ENV_PREFIX) or name in known or name in already:
-            continue
-        distance, guess = _near_miss(name, known)
-        if distance > NEAR_MISS_EDITS:
-            continue  # another program's variable (SCALER_HOME, ...): not ours to judge
-        _warned_env.add(name)
-        text = (
-            f"ignoring environment variable {name}: it names no config key; did you mean {guess}?"
-            f" (rename it, or unset it if it belongs to another program)"
-        )
-        # Logged where logging is set up, and warned always (shown once by default, filterable,
-        # an error under -W error): without a handler the log line would print it twice.
-        if log.hasHandlers():
-            log.warning("%s", text)
-        warnings.warn(text, ConfigWarning, stacklevel=4)  # the caller of load()
-
-
-def _env_layer(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
-    by_env = {f.env: f for f in _FIELDS.values()}
-    _warn_near_misses(environ, [*by_env, *RESERVED_ENV])
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for name, f in by_env.items():
-        if name in environ:
-            source = sources[f.name] = f"environment variable {name}"
-            values[f.name] = _check_value(f, _parse_text(f, environ[name], source), source)
-    return values, sources
-
-
-def _cli_layer(cli: Mapping[str, object]) -> tuple[dict[str, Any], dict[str, str]]:
-    names = {key: key.replace("-", "_") for key in cli}
-    unknown = [key for key, name in names.items() if name not in _FIELDS]
-    if unknown:
-        raise _unknown_keys(unknown, list(_FIELDS), "CLI options", "keys")
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for key, value in cli.items():
-        f = _FIELDS[names[key]]
-        source = sources[f.name] = f"CLI flag {f.flag}"
-        if isinstance(value, str):
-            value = _parse_text(f, value, source)
-        values[f.name] = _check_value(f, value, source)
-    return values, sources
-
-
 def _toml_value(value: object) -> str:
     if value is None:
         return '"none"'
@@ -972,80 +654,3 @@ def _toml_value(value: object) -> str:
 
         return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
     return repr(value)  # int, or a finite float whose repr is valid TOML
-
-
-# ---------------------------------------------------------------------- argparse
-
-
-def _arg_type(f: _Field) -> Callable[[str], object]:
-    source = f"CLI flag {f.flag}"
-
-    def parse(text: str) -> object:
-        try:
-            return _check_value(f, _parse_text(f, text, source), source)
-        except ConfigError as exc:  # argparse prints an ArgumentTypeError's message as is
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    parse.__name__ = f.name
-    return parse
-
-
-def add_config_arguments(
-    parser: argparse.ArgumentParser, *, include: Iterable[str] | None = None
-) -> None:
-    """Add ``--config FILE`` and one ``--kebab-case`` flag per field (or per ``include`` name).
-
-    Flags default to ``argparse.SUPPRESS``, so only the flags given on the command line
-    appear in the namespace and override the lower layers; bool fields get
-    ``--flag/--no-flag``.  Raises ConfigError for names in ``include`` that are not fields.
-    """
-    names = list(_FIELDS) if include is None else list(include)
-    unknown = [name for name in names if name not in _FIELDS]
-    if unknown:
-        raise _unknown_keys(unknown, list(_FIELDS), "add_config_arguments(include=...)", "keys")
-    group = parser.add_argument_group(
-        "cluster configuration",
-        f"precedence: these flags > {ENV_PREFIX}<KEY> environment variables > --config file"
-        " > defaults",
-    )
-    group.add_argument(
-        "--config",
-        dest=CONFIG_DEST,
-        metavar="FILE",
-        default=argparse.SUPPRESS,
-        help=f"TOML file with config keys at top level (default: ${CONFIG_ENV} if set)",
-    )
-    for name in names:
-        f = _FIELDS[name]
-        shown = _toml_value(f.default).strip('"')
-        allowed = "" if f.kind is bool else f"; {_allowed(f)}"
-        help_text = f"{f.spec.help}{allowed} [default: {shown}; env {f.env}]"
-        help_text = help_text.replace("%", "%%")  # argparse %-formats help strings
-        if f.kind is bool:
-            action: Any = argparse.BooleanOptionalAction
-            group.add_argument(
-                f.flag, dest=name, action=action, default=argparse.SUPPRESS, help=help_text
-            )
-        else:
-            metavar = f.spec.metavar or {int: "N", float: "X", str: "TEXT"}[f.kind]
-            group.add_argument(
-                f.flag,
-                dest=name,
-                type=_arg_type(f),
-                metavar=metavar,
-                default=argparse.SUPPRESS,
-                help=help_text,
-            )
-
-
-def config_from_args(
-    args: argparse.Namespace, *, env: Mapping[str, str] | None = None
-) -> ClusterConfig:
-    """The configuration for parsed ``args``: flags > ``env`` (default os.environ) > file.
-
-    Reads the attributes that :func:`add_config_arguments` adds and ignores all others;
-    the file is ``--config``, else ``$SCALER_CONFIG``.
-    """
-    given = vars(args)
-    cli = {name: given[name] for name in _FIELDS if name in given}
-    return ClusterConfig.load(file=given.get(CONFIG_DEST), env=env, cli=cli)
