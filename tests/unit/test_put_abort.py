@@ -4,15 +4,12 @@ object; a peer that finished its puts, or never put, costs nothing."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from test_core import DEADLINE, Cluster, Out
+from core_testing import CommandsCluster
+from test_core import DEADLINE
 
-from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import messages as m
-from scaler_executor.protocol.codec import decode, encode
-from scaler_executor.scheduler.core import AbortPuts, Send, StoreChunk
+from scaler_executor.scheduler.core import AbortPuts, StoreChunk
 from scaler_executor.scheduler.objects import HostStore
 
 pytestmark = pytest.mark.timeout(30)
@@ -20,25 +17,12 @@ pytestmark = pytest.mark.timeout(30)
 OID, OID2 = b"\x01" * 16, b"\x02" * 16
 
 
-class PutCluster(Cluster):
-    """test_core's Cluster, keeping the object commands beside the sends."""
-
-    def step(self, *events: Any) -> Out:
-        commands = self.scheduler.handle(*events)
-        self.scheduler.validate()
-        sends = [c for c in commands if type(c) is Send]
-        for command in sends:
-            assert decode(encode(command.messages))[0] == command.messages
-        self.others = [c for c in commands if type(c) is not Send]
-        return Out(sends)
-
-
 @pytest.fixture
-def cluster() -> PutCluster:
-    return PutCluster()
+def cluster() -> CommandsCluster:
+    return CommandsCluster()
 
 
-def test_a_client_lost_mid_put_has_its_puts_aborted(cluster: PutCluster) -> None:
+def test_a_client_lost_mid_put_has_its_puts_aborted(cluster: CommandsCluster) -> None:
     cluster.client(b"c1")
     cluster.client(b"c2")
     cluster.send(b"c1", m.ObjectChunk(OID, 0, 3 * m.OBJECT_CHUNK_BYTES))
@@ -50,7 +34,7 @@ def test_a_client_lost_mid_put_has_its_puts_aborted(cluster: PutCluster) -> None
     assert cluster.others == [AbortPuts(b"c1")]
 
 
-def test_a_worker_that_put_and_left_and_a_client_that_never_put(cluster: PutCluster) -> None:
+def test_a_worker_that_put_and_left_and_a_client_that_never_put(cluster: CommandsCluster) -> None:
     cluster.client(b"c1")
     cluster.worker(b"w1")
     cluster.send(b"w1", m.ObjectChunk(OID, 0, 100))
@@ -58,14 +42,6 @@ def test_a_worker_that_put_and_left_and_a_client_that_never_put(cluster: PutClus
     assert AbortPuts(b"w1") in cluster.others, "(its unfinished puts: the store knows which)"
     cluster.send(b"c1", m.Goodbye("done"))
     assert not any(type(c) is AbortPuts for c in cluster.others), "nothing to abort for a peer that never put"
-
-
-@pytest.fixture
-def host_store():
-    store = HostStore(ClusterConfig(object_store_size="16M"))
-    assert store.store is not None
-    yield store
-    store.close()
 
 
 def test_the_store_aborts_only_the_lost_peers_unfinished_puts(host_store: HostStore) -> None:
