@@ -21,7 +21,7 @@ import pytest
 
 from scaler_executor import ScalerExecutor, task_info
 from scaler_executor.exceptions import WorkerLost
-from tests.scaler_testing import FAST, fast_config
+from scaler_testing import FAST, fast_config
 
 pytestmark = pytest.mark.timeout(180)
 
