@@ -1309,9 +1309,13 @@ class Scheduler:
         self._end_object_sends(worker.peer)
         self._end_puts(worker.peer)
         if worker.peer in self.result_streams.by_worker:  # lost mid-upload: no partial object is a result
+            # Whole objects whose result never came: nobody will name them (the task runs
+            # again and streams a new one), so they go too, unless something holds one.
+            unclaimed = self.result_streams.unclaimed(worker.peer)
             streaming, ended = self.result_streams.worker_lost(worker.peer)
             self._streams_ended(ended)
             self._commands.append(AbortPartial(worker.peer, tuple(streaming)))
+            self._deletions.extend(o for o in unclaimed if o not in self.object_holds)
         if not clean:
             self.counters["workers_lost"] += 1
             self.recorder.event(self._now, "worker-lost", f"{why}; {len(worker.inflight)} tasks affected", where=worker.name)

@@ -20,7 +20,8 @@ the object (a kept result may be read again: futures as arguments, ``ref`` reads
         object ends the stream (ResultStreamEnded: the client drops its parts)
     worker lost mid-upload → its unfinished streams end: the client drops the parts (no
         partial object is ever a result: the retry streams a new object), the partial
-        object is aborted in the store (AbortPartial)
+        object is aborted in the store (AbortPartial); one it had streamed whole but whose
+        result never came is deleted (``unclaimed``: nobody will name it)
     client lost → its streams go on into the store only; its window is forgotten
 
 Every part sent to a client counts in its window until credited: at most WINDOW_PARTS
@@ -216,6 +217,10 @@ class ResultStreams:
         for object_id in object_ids:
             tell += self._end(self.streams[object_id], "the worker was lost while it sent the result")
         return object_ids, tell
+
+    def unclaimed(self, worker: bytes) -> list[bytes]:
+        """Objects ``worker`` streamed whole (sealed in the store) whose result has not come."""
+        return sorted(o for o in self.by_worker.get(worker, ()) if self.streams[o].received == self.streams[o].total)
 
     def client_lost(self, client: bytes) -> None:
         """``client`` is gone: its streams go on into the store only; its window is forgotten."""

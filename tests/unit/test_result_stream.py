@@ -16,7 +16,7 @@ from scaler_executor.client.pushed import NOT_PUSHED, PushedResults
 from scaler_executor.config import ClusterConfig
 from scaler_executor.objstore import payload as packing
 from scaler_executor.protocol import messages as m
-from scaler_executor.scheduler.core import StoreChunk
+from scaler_executor.scheduler.core import DeleteObjects, StoreChunk
 from scaler_executor.scheduler.objects import HostStore
 from scaler_executor.scheduler.result_stream import (
     AbortPartial,
@@ -237,6 +237,35 @@ def test_core_worker_lost_mid_upload_aborts_the_object_tells_the_client_and_retr
     assert cluster.others == []  # (from a worker the daemon no longer knows: dropped)
     cluster.send(b"w2", m.ObjectChunk(b"\x06" * 16, 0, 100, t, 1))
     assert cluster.others == [StoreChunk(b"w2", b"\x06" * 16, 0, 100, CL, t)]
+
+
+def test_core_worker_lost_after_its_last_chunk_but_before_its_result_deletes_the_whole_object(
+    cluster: CommandsCluster,
+) -> None:
+    """Sealed in the store, named by no result (the task runs again and streams a new
+    object): it would stay until the daemon stopped. Only the whole one goes; a partial one
+    of the same worker is aborted as before."""
+    t = _dispatched(cluster)
+    cluster.send(W, m.ObjectChunk(OID, 0, 100, t, 0))  # one chunk: the whole object
+    assert cluster.scheduler.result_streams.unclaimed(W) == [OID]
+    cluster.worker(b"w2")
+    cluster.now += DEADLINE + 0.1
+    cluster.keepalive(CL, b"w2")
+    cluster.tick()
+    assert cluster.stat("workers_lost") == 1
+    assert DeleteObjects((OID,)) in cluster.others and AbortPartial(W, (OID,)) in cluster.others
+    assert not cluster.scheduler.result_streams.streams
+
+
+def test_an_object_whose_result_came_is_not_unclaimed() -> None:
+    state = streams()
+    state.chunk(W, chunk(0, 6), CL)
+    assert state.unclaimed(W) == [], "not whole yet"
+    state.chunk(W, chunk(4, 6), CL)
+    assert state.unclaimed(W) == [OID]
+    state.ended(W, 7, {OID})
+    check(state)
+    assert state.unclaimed(W) == [] and state.worker_lost(W) == ([], [])
 
 
 def test_core_client_lost_mid_stream_stops_forwarding_and_frees_its_window(cluster: CommandsCluster) -> None:
