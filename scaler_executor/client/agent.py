@@ -400,8 +400,9 @@ class ClientAgent:
         self._poller = poller = channel.Poller()
         poller.register(daemon.pollable)
         poller.register(self._wake_fd)
-        # Not under a journal: a task must reach the daemon, which journals it, not a lane.
-        if self.cluster is not None and REPLY_INBOX and not self.config.journal:
+        # Under a journal too: a lane task is the client's to submit again (LaneLost), never
+        # the daemon's to journal; a direct reply's task is journaled as it is dispatched.
+        if self.cluster is not None and REPLY_INBOX:
             self.inbox = ReplyInbox.bind(self.cluster.directory, poller, self._open_lane)
             if self.inbox is not None and submit_module.PICK_UP:
                 self.core.pickup_hook = self._pickup_hook  # set on each sequential caller's future

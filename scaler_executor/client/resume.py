@@ -4,7 +4,8 @@ A daemon with a journal says so in its Welcome (``journal``, ``grace``, ``token`
 client then
 
 * keeps every task it submitted until the daemon acknowledges it (SubmitAck, sent only
-  once the task is journaled): ``ClientCore.sent_unacked`` (client/state.py);
+  once the task is journaled; a sequential caller's ``REPLY_DIRECT`` task too, with its
+  flag): ``ClientCore.sent_unacked`` (client/state.py);
 * acknowledges the results it receives (``ResultsAck``: how many TaskResults messages
   since its Welcome), so that the daemon forgets the copies it journaled for redelivery;
 * waits for its daemon through silence and refused connections for the grace period
@@ -22,6 +23,7 @@ client then
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING
 
 from scaler_executor.protocol import messages as m
@@ -79,6 +81,13 @@ class ClientResume:
     def ack(self, now: float) -> m.ResultsAck:
         self.acked, self.acked_at = self.received, now
         return m.ResultsAck(self.received)
+
+    def acknowledged(self, retained: deque[m.TaskSpec], count: int) -> None:
+        """A SubmitAck: the daemon journaled ``count`` more of our submissions, in order
+        (a sequential caller's ``REPLY_DIRECT`` ones too, though their results come
+        straight from a processor and often before the acknowledgement)."""
+        for _ in range(min(count, len(retained))):
+            retained.popleft()
 
     def refused(self, core: ClientCore, results: list[m.TaskResult]) -> bool:
         """Submissions the daemon refused because its journal could not be written: never

@@ -307,7 +307,6 @@ class ClientCore:
         """``record`` is outstanding (not completed, cancelled or failed meanwhile)."""
         return self.records.get(record.n) is record
 
-
     # ------------------------------------------------------------------ submits
 
     def handle_submit(
@@ -498,10 +497,8 @@ class ClientCore:
 
     def _on_acknowledged(self, e: Acknowledged) -> list[Command]:
         self.unacked -= e.tasks
-        retained = self.sent_unacked
-        if retained is not None:
-            for _ in range(min(e.tasks, len(retained))):
-                retained.popleft()
+        if self.sent_unacked is not None:
+            self.resume.acknowledged(self.sent_unacked, e.tasks)
         return []
 
     def _on_welcomed(self, e: Welcomed) -> list[Command]:
@@ -699,8 +696,12 @@ class ClientCore:
                     break
                 outbox.popleft()
                 record.where = SENT
-                specs.append(item.spec(base) if retained is None else self._retain(item, retained))
-                if not item.flags & TaskFlags.REPLY_DIRECT:  # a sequential caller's is never acked
+                spec = item.spec(base)
+                specs.append(spec)
+                if retained is not None:  # kept until acknowledged, a sequential caller's too
+                    retained.append(spec)
+                    self.unacked += 1
+                elif not item.flags & TaskFlags.REPLY_DIRECT:  # else a sequential caller's is never acked
                     self.unacked += 1
                 continue
             outbox.popleft()
@@ -727,14 +728,6 @@ class ClientCore:
         if forced:
             batch.append(m.CancelTasks(forced, True))
         return batch, flushed
-
-    def _retain(self, item: TaskItem, retained: deque[m.TaskSpec]) -> m.TaskSpec:
-        """A task's spec, kept until acknowledged (under a journaled daemon: resume.py)."""
-        if item.flags & TaskFlags.REPLY_DIRECT:  # acknowledged, to be kept till then
-            item = item._replace(flags=item.flags & ~TaskFlags.REPLY_DIRECT)
-        spec = item.spec(self.base)
-        retained.append(spec)
-        return spec
 
     def _graph(self, tasks: list[TaskItem]) -> m.SubmitTasks:
         """A graph: all its tasks in one SubmitTasks, so that the daemon links every

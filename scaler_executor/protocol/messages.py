@@ -25,7 +25,8 @@ RegisterOptions        C→D      an interned options record (``ex.options(...)`
 SubmitTasks            C→D      new tasks (or C→W on a worker's lane: worker/lanes.py)
 SubmitAck              D→C      credit: that many submitted tasks were taken in (not
                                 counting REPLY_DIRECT ones: at most one is outstanding,
-                                outside the client's submit window)
+                                outside the client's submit window; a journaled daemon
+                                counts them too: its client keeps every submission)
 TasksRunning           D→C      tasks dispatched to a worker (futures turn RUNNING)
 DispatchTasks          D→W      tasks to run (plus callables the worker lacks)
 CancelTasks            C→D→W    drop (or with ``force`` kill) tasks (C→W: a lane task's);
@@ -163,7 +164,8 @@ class TaskFlags:
     WRITABLE = 16  # the task gets private writable copies of store buffers (ex.options(writable=True))
     # A sequential caller's task: its processor may send the result straight to the
     # client's reply socket (TaskDispatch.reply_to) as well as to its agent.  The daemon
-    # keeps the path it has for everything else and sends the client nothing for it.
+    # keeps the path it has for everything else and sends the client nothing for it (but,
+    # under a journal, its SubmitAck: scheduler/durable.py).
     REPLY_DIRECT = 32
     # Submitted again after its first attempt, on a worker's lane (worker/lanes.py), did
     # not end (its process died, or the worker left): the daemon counts that attempt.

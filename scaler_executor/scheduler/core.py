@@ -242,6 +242,10 @@ def refusal_for(hello: m.Hello) -> str | None:
 class Scheduler:
     """The whole daemon state.  ``handle`` is the only entry point that changes it."""
 
+    # Whether REPLY_DIRECT submissions are acknowledged (SubmitAck) like any: only under a
+    # journal, whose client keeps every submission until then (durable.py, client/resume.py).
+    ACK_DIRECT = False
+
     def __init__(self, config: ClusterConfig, object_store: str = "") -> None:
         self.config = config
         self.object_store = object_store  # the region's name, told to peers in Welcome
@@ -718,8 +722,9 @@ class Scheduler:
         owned = client.tasks
         refs = self.function_refs
         credited = 0  # a REPLY_DIRECT task is not in the client's submit window: no ack
+        direct_unacked = not self.ACK_DIRECT  # (but under a journal: durable.py)
         for spec in message.tasks:
-            if spec.flags & TaskFlags.REPLY_DIRECT:
+            if spec.flags & TaskFlags.REPLY_DIRECT and direct_unacked:
                 credited += 1
             options = options_table.get(spec.options_id)
             if spec.task_id in tasks or spec.task_id >> m.TASK_ID_BITS != client.client_id:

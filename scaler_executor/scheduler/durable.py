@@ -83,6 +83,7 @@ log = logging.getLogger("scaler_executor.daemon")
 
 LOGICAL = b"\xffP"  # a journaled peer's id in the core; no transport identity starts so
 NEXT_PEER = b"n"
+ON_LANE = m.TaskFlags.ON_LANE
 STORE = b"s"  # the host's store region: kept by a restarted daemon (scheduler/objects.py)
 
 Entries = list[tuple[bytes, bytes | None]]
@@ -219,6 +220,8 @@ class Ledger:
 
 class DurableScheduler(Scheduler):
     """The core with a journal; see the module doc."""
+
+    ACK_DIRECT = True  # its clients keep a sequential caller's submission until acknowledged too
 
     def __init__(
         self, config: ClusterConfig, object_store: str = "", *, token: Callable[[], bytes] = lambda: os.urandom(16)
@@ -490,11 +493,6 @@ class DurableScheduler(Scheduler):
         # else the refusal of an id not its own (a bad id): sent, never journaled under
         # another client's key (or an impossible one)
 
-    def _on_lane_started(self, peer: bytes, message: m.LaneStarted) -> None:
-        # Clients use no lane under a journal (client/agent.py): a lane task's record has
-        # no payload to journal, so none is taken.
-        self._refuse(peer, "lane-started", "a daemon with a journal takes no lane tasks (lanes are off under a journal)")
-
     def _on_task_results(self, peer: bytes, message: m.TaskResults) -> None:
         super()._on_task_results(peer, message)
         self._results_in[peer] = self._results_in.get(peer, 0) + 1
@@ -654,7 +652,9 @@ class DurableScheduler(Scheduler):
         at_worker, finished, once = AT_WORKER_STATES, TaskState.FINISHED, self._once_by_default
         for task_id in self._dirty:
             task = tasks.get(task_id)
-            if task is None or task.client not in clients:
+            # A lane task's record (ON_LANE, core._on_lane_started) is never journaled: it has
+            # no payload, and after a restart its worker still runs it for its client.
+            if task is None or task.client not in clients or task.flags & ON_LANE:
                 if jt.pop(task_id, None) is not None:
                     kept = kpending.pop(task_id, None) if kpending else None
                     if kept is None:
@@ -940,12 +940,14 @@ class DurableScheduler(Scheduler):
             assert task_id in self.tasks, f"task {task_id:#x} was cancelled with force and is gone, yet noted"
         if not self._dirty:
             for task_id, task in self.tasks.items():
-                if task.client in self.clients:
+                if task.flags & ON_LANE:
+                    assert task_id not in self._jt, f"{task!r}: a lane task's record is journaled"
+                elif task.client in self.clients:
                     assert self._jt.get(task_id) == task.attempt, f"{task!r} is not journaled as it is"
             for task_id in self._jt:
                 assert task_id in self.tasks, f"task {task_id:#x} is journaled but gone"
             for task_id, task in self.tasks.items():
-                if task.client in self.clients and task.state in AT_WORKER_STATES:
+                if task.client in self.clients and task.state in AT_WORKER_STATES and not task.flags & ON_LANE:
                     assert task.worker is not None
                     dispatch = self.workers[task.worker].worker_id.to_bytes(8, "big") + task.attempt.to_bytes(4, "big")
                     if self._at_most_once(task):

@@ -29,7 +29,8 @@ and it wins, in this order:
 5. its tasks that it neither awaits nor needs for one it awaits (a dependency, at any depth)
    are forgotten as those of a client that left: queued and waiting ones dropped, one at a
    worker asked to drop it (if it runs already, it runs to its end and its result is
-   discarded), and what they held released;
+   discarded), and what they held released (not a lane task's record, ``ON_LANE``: a
+   client never awaits those of the daemon; it goes with its worker's LaneDone);
 6. the results kept for it (``k``) that it no longer awaits are forgotten, the others sent
    again;
 7. its store holds are what it says, plus the objects of the results sent again;
@@ -192,8 +193,8 @@ def _forget_unwanted(core: DurableScheduler, peer: bytes, awaiting: dict[int, No
     count = 0
     for task_id in sorted(unwanted, reverse=True):
         task = tasks.get(task_id)
-        if task is None or task.client != peer or task.state is TaskState.FINISHED:
-            continue
+        if task is None or task.client != peer or task.state is TaskState.FINISHED or task.flags & m.TaskFlags.ON_LANE:
+            continue  # (a lane task's record: its client has it on a lane, not awaited of us)
         count += 1
         if task.state in AT_WORKER_STATES:
             # As for a client that left (core._lose_client): it belongs to nobody now, so

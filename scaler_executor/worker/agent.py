@@ -526,7 +526,10 @@ class WorkerAgent:
         if resumed:
             self.orphaned = False  # its region is the restarted daemon's now: not ours to remove
             log.warning("worker %s resumed with the daemon at %s after its restart", self.name, self.address)
-            holding = [m.TaskAttempt(task_id, task.attempt) for task_id, task in self.held.items()]
+            # Not lane tasks (lanes.py): never the daemon's (a restarted one has no record of
+            # them, and would cancel them as strays); they run on for their clients.
+            lane_tasks = self.lanes.tasks
+            holding = [m.TaskAttempt(t, task.attempt) for t, task in self.held.items() if t not in lane_tasks]
             # Finished and not sent yet: in the outbox (made while we waited) or still collecting.
             waiting = [r for message in self.outbox if type(message) is m.TaskResults for r in message.results]
             self._send_now(self.resume.report(holding, waiting + self.results))

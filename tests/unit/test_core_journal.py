@@ -33,6 +33,7 @@ from scaler_executor.protocol.messages import TASK_ID_BITS, Status, TaskFlags
 from scaler_executor.protocol.rejoin import is_unknown_peer
 from scaler_executor.scheduler.core import DeleteObjects, Received, Send, Tick
 from scaler_executor.scheduler.durable import DurableScheduler, JournalWrite
+from scaler_executor.scheduler.state import TaskState
 
 CONFIG = ClusterConfig(
     heartbeat_interval=1.0, heartbeat_liveness=3, client_timeout=3.0, max_retries=2, max_prefetch=4, restart_grace=10.0
@@ -124,6 +125,7 @@ class WorkerModel:
         self.runs: dict[int, int] = {}
         self.resuming = False
         self.cancels = 0  # tasks it held that the daemon cancelled
+        self.direct: ClientModel | None = None  # REPLY_DIRECT results go straight to it (a processor's reply)
 
     def on(self, message: Any) -> list[Any]:
         kind = type(message)
@@ -166,7 +168,12 @@ class WorkerModel:
             del self.held[task.task_id]
             self.runs[task.task_id] = self.runs.get(task.task_id, 0) + 1
             payload = value_of(task.payload if not task.deps else task.payload + b"+" + b"+".join(d.payload for d in task.deps))
-            results.append(m.TaskResult(task.task_id, task.attempt, Status.OK, payload, m.TaskFacts("w", 1.0, 2.0, 0), []))
+            result = m.TaskResult(task.task_id, task.attempt, Status.OK, payload, m.TaskFacts("w", 1.0, 2.0, 0), [])
+            if self.direct is not None and task.flags & TaskFlags.REPLY_DIRECT:
+                self.direct.got.setdefault(task.task_id, []).append(result)  # its processor's reply
+                self.direct.awaiting.discard(task.task_id)
+                result = result._replace(delivered=True)  # then, to the daemon, marked so
+            results.append(result)
         if not results:
             return []
         batch = m.TaskResults(results)
@@ -455,3 +462,85 @@ def test_a_daemon_without_a_journal_refuses_a_resume_as_not_resumable() -> None:
     durable = World()
     durable.step(Received(b"\x00Y", [m.Resume(3, b"forged")], T0))
     assert not durable.core.knows(b"\x00Y")
+
+
+# --------------------------------------------------------------------------- direct replies and lanes
+
+
+def test_direct_replies_are_acknowledged_in_order_and_answered_once_across_every_crash_point() -> None:
+    """A sequential caller's task (REPLY_DIRECT) is acknowledged like any under a journal,
+    in order with the others (the client's model pops its kept specs by count: one
+    acknowledgement too many raises); its result, sent straight to the client and then to
+    the daemon marked delivered, is never sent again, wherever the daemon died: after its
+    dispatch, after the direct reply but before the daemon wrote the result, or after."""
+    world = World()
+    client = world.join_client()
+    worker = world.join_worker(b"\x00W1", capacity=2)
+    worker.direct = client
+    direct = TaskFlags.INLINE_FN | TaskFlags.REPLY_DIRECT
+    for n in (1, 2):
+        world.send(client.conn, [client.submit([m.TaskSpec(client.tid(n), 0, 0, direct, b"d%d" % n, [], [], 0)])])
+        world.run_worker(worker)  # the reply goes straight to the client, then to the daemon
+        assert client.awaiting == set() and client.got[client.tid(n)]
+    plain = [m.TaskSpec(client.tid(n), 0, 0, TaskFlags.INLINE_FN, b"p%d" % n, [], [], 0) for n in (3, 4)]
+    world.send(client.conn, [client.submit(plain)])
+    world.send(client.conn, [client.submit([m.TaskSpec(client.tid(5), 0, 0, direct, b"d5", [], [], 0)])])
+    world.tick()  # the acknowledgements, due NOTICE_DELAY after the submissions
+    assert not client.unacked, "every submission, the sequential ones too, is acknowledged"
+    world.run_worker(worker)
+    world.ack(client)
+    world.tick()
+    assert world.core.counters["delivered_direct"] == 3
+    assert check_every_crash_point(world) == len(world.records) > 5
+
+
+def test_a_lane_task_record_is_never_journaled_and_survives_no_restart() -> None:
+    """A worker's LaneStarted is taken under a journal (its load and the task counts include
+    the lane task) but never written: a lane task has no payload, and it is its client's to
+    submit again if its lane is lost.  A resumed client that does not await it (it is on a
+    lane) does not have it cancelled at its worker; a restarted daemon knows nothing of it."""
+    world = World()
+    client = world.join_client()
+    worker = world.join_worker(b"\x00W1", capacity=2)
+    lane_task = client.tid(7)
+    world.send(worker.conn, [m.LaneStarted([lane_task])])
+    assert world.core.tasks[lane_task].flags & TaskFlags.ON_LANE
+    assert not [k for entries in world.records for k, _ in entries if k[:1] in b"td" and k[1:] == lane_task.to_bytes(8, "big")]
+    world.send(worker.conn, [m.LaneDone(1, 0, 0, 1, 0.5, [lane_task], [])])
+    assert lane_task not in world.core.tasks
+    world.send(worker.conn, [m.LaneStarted([client.tid(8)])])
+    point = (len(world.records), copy.deepcopy(world.peers), world.now)
+    # The daemon dies.  Its worker resumes first and announces a lane task still running;
+    # then the client resumes: its report does not await the lane task.
+    after = restart(world, point, meanwhile=lambda w: w.peers.pop(find(w, ClientModel).conn))
+    assert client.tid(8) not in after.core.tasks and not after.core.unclaimed
+    worker = find(after, WorkerModel)
+    after.send(worker.conn, [m.LaneStarted([client.tid(9)])])
+    assert after.core.tasks[client.tid(9)].flags & TaskFlags.ON_LANE
+    client = copy.deepcopy(point[1][b"\x00C1"])
+    client.conn = b"\x00NC1"
+    after.peers[client.conn] = client
+    after.send(client.conn, [m.Heartbeat(0, 0)])  # refused: the client resumes, awaiting nothing
+    assert not client.resuming
+    kept = after.core.tasks.get(client.tid(9))
+    assert kept is not None and kept.state is TaskState.DISPATCHED and kept.client in after.core.clients, kept
+    after.core.validate()
+
+
+def test_a_lane_task_submitted_again_is_journaled_with_its_lane_attempt() -> None:
+    """A lane task whose lane was lost comes to the daemon (LANE_RETRY): journaled like any
+    submission, with the attempt on the lane counted, so a restart keeps that count."""
+    world = World()
+    client = world.join_client()
+    retry = TaskFlags.INLINE_FN | TaskFlags.LANE_RETRY | TaskFlags.REPLY_DIRECT
+    world.send(client.conn, [client.submit([m.TaskSpec(client.tid(1), 0, 0, retry, b"r", [], [], 0)])])
+    world.tick()
+    assert not client.unacked
+    after = restart(world, (len(world.records), copy.deepcopy(world.peers), world.now))
+    task = after.core.tasks[client.tid(1)]
+    assert task.attempt == 1 and task.failures and "lane" in task.failures[0]
+    worker = after.join_worker(b"\x00W2")
+    client = find(after, ClientModel)
+    finish(after, client)
+    check_exactly_once(client)
+    assert worker.runs == {client.tid(1): 1}

@@ -390,11 +390,15 @@ def test_an_empty_object_id_held_survives_a_restart() -> None:
     assert world.core.object_holds.get(b"") == 1
 
 
-def test_lane_tasks_are_refused_under_a_journal() -> None:
+def test_a_lane_task_record_is_not_journaled() -> None:
     """Found by the fuzz: a LaneStarted made a task record the journal never wrote
-    (validate: "not journaled as it is"); clients use no lanes under a journal."""
+    (validate: "not journaled as it is").  A lane task's record (ON_LANE) is the daemon's
+    bookkeeping only: never journaled, and validate() knows it."""
     world = _joined()
     world.step(Received(b"w1", [m.LaneStarted([tid(1, 9)])], world.now))
+    assert world.core.tasks[tid(1, 9)].flags & m.TaskFlags.ON_LANE
+    assert not [key for key in live_map(world.entries) if key[:1] in b"td"]
+    world.crash()
     assert tid(1, 9) not in world.core.tasks
 
 
