@@ -1481,15 +1481,19 @@ class Scheduler:
         max_prefetch, placement = self.config.max_prefetch, self.placement
         if type(self.policy) is LeastLoaded:
             # Its first choices without a pass over every open worker: the idle ones, in join
-            # order, one task each (placement.py, "Idle workers"); the pass below is for the rest.
+            # order, each filled to its processors (policies.py; placement.py, "Idle workers");
+            # the pass below is for the rest.
             idle = placement.take_idle(self.ready.live)
             for i, worker in enumerate(idle):
-                task = self.ready.pop()
-                if task is None:
-                    for unused in idle[i:]:
+                for _ in range(worker.capacity):
+                    task = self.ready.pop()
+                    if task is None:
+                        break
+                    self._assign(worker, task, out)
+                if not self.ready.live:
+                    for unused in idle[i + 1:]:
                         placement.put_back(unused)
                     return
-                self._assign(worker, task, out)
             if not self.ready.live:
                 return
         workers, slots = [], []

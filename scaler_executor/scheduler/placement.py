@@ -18,8 +18,8 @@ number of such queues.  This module removes both factors:
 * **Idle workers.**  With many idle workers and a thin queue (a few tasks ready per turn),
   the open set is nearly every worker, and a pass over it cost O(workers) per turn, divided
   among few tasks.  The least-loaded policy's first choices are known without a pass: the
-  idle workers (nothing in flight but seceded tasks, so load 0), in join order, one task
-  each.  ``take_idle`` pops them from a heap by join order, filled by ``refresh`` with the
+  idle workers (nothing in flight but seceded tasks, so load 0), in join order, each
+  filled to its processors (policies.py).  ``take_idle`` pops them from a heap by join order, filled by ``refresh`` with the
   workers that grew while idle; entries that went stale (the worker got tasks, left,
   drains) are dropped when popped.  The core gives them the first ready tasks and runs the
   full pass only for what remains, so the placement is the policy's, at O(tasks · log
@@ -273,8 +273,8 @@ class Placement:
 
     def take_idle(self, n: int) -> list[WorkerRecord]:
         """Up to ``n`` open workers with nothing in flight (seceded tasks aside) that may take
-        a task, in join order: the least-loaded policy's first ``n`` choices when there are at
-        least ``n`` (each gets one task: its load is then above every other idle worker's).
+        a task, in join order: the least-loaded policy's first choices for ``n`` tasks (each
+        is filled to its processors in turn, policies.py; the caller puts back the rest).
         Taken off the heap: a worker the caller gives no task goes back by :meth:`put_back`."""
         out: list[WorkerRecord] = []
         idle, idle_in, open_ = self._idle, self._idle_in, self.open

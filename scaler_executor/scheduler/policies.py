@@ -49,14 +49,29 @@ class AllocationPolicy(Protocol):
 
 
 class LeastLoaded:
-    """Give each next task to the worker with the lowest load (held / capacity) that has room."""
+    """Fill the idle workers' processors first, then give each next task to the worker with
+    the lowest load (held / capacity) that has room.
+
+    An idle worker (nothing held) takes as many tasks as it has processors before the next
+    idle one takes any, in the slots' order (join order): they run at once either way, and a
+    thin queue over many idle workers then travels one dispatch (and one answer) per worker
+    rather than one per task, which is what a task costs the daemon there (docs/scaling.rst,
+    "Filling idle workers").  One ready task goes to the first idle worker either way."""
 
     def __init__(self, max_prefetch: int) -> None:
         self.max_prefetch = max_prefetch
 
     def allocate(self, ready: int, slots: list[WorkerSlot]) -> list[int]:
         counts = [0] * len(slots)
-        if ready == 1:  # a sequential caller's task: the least loaded worker with room, no heap
+        if ready > 1:
+            for i, slot in enumerate(slots):
+                if slot.inflight == 0 and slot.capacity > 0:
+                    take = min(ready, slot.capacity)  # (a window is never below the processors)
+                    counts[i] = take
+                    ready -= take
+                    if not ready:
+                        return counts
+        if ready == 1 and not any(counts):  # a sequential caller's task: the least loaded worker with room, no heap
             best, best_load = -1, 0.0
             for i, slot in enumerate(slots):
                 if slot.capacity > 0 and prefetch_window(slot, self.max_prefetch) > slot.inflight:
@@ -68,9 +83,10 @@ class LeastLoaded:
             return counts
         heap = []
         for i, slot in enumerate(slots):
-            room = prefetch_window(slot, self.max_prefetch) - slot.inflight
+            held = slot.inflight + counts[i]
+            room = prefetch_window(slot, self.max_prefetch) - held
             if room > 0 and slot.capacity > 0:
-                heap.append((slot.inflight / slot.capacity, i, room))
+                heap.append((held / slot.capacity, i, room))
         heapq.heapify(heap)
         while ready and heap:
             _load, i, room = heapq.heappop(heap)

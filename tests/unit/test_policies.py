@@ -112,6 +112,11 @@ ALLOCATIONS = [
         [0, 0, 2],
     ),
     ("newly joined worker, then levelled", [S(2, 2, SHORT), S(2, 0, NEW)], 4, 256, [1, 3]),
+    # Idle workers are filled to their processors in turn, not spread one task each.
+    ("idle workers: filled in turn", [S(4, 0, NEW), S(4, 0, NEW)], 4, 256, [4, 0]),
+    ("idle workers: the next one after", [S(4, 0, NEW), S(4, 0, NEW)], 6, 256, [4, 2]),
+    ("idle ones filled, then least loaded", [S(2, 0, NEW), S(2, 0, NEW), S(2, 1, NEW)], 5, 256, [2, 2, 1]),
+    ("a busy worker does not take an idle one's", [S(4, 1, NEW), S(4, 0, NEW)], 3, 256, [0, 3]),
     # One ready task (a sequential caller's) takes a path without the heap: same answers.
     ("one task: ties go to the first worker", [S(1, 0, NEW), S(1, 0, NEW)], 1, 256, [1, 0]),
     ("one task: the least loaded", [S(2, 3, NEW), S(2, 1, NEW), S(2, 2, NEW)], 1, 256, [0, 1, 0]),
@@ -185,10 +190,16 @@ def test_least_loaded_properties(slots: list[WorkerSlot], ready: int, max_prefet
     assert all(0 <= c <= r for c, r in zip(counts, rooms))
     # Work-conserving: a task stays in the daemon only when every worker is full.
     assert sum(counts) == min(ready, sum(rooms))
-    # Least loaded: no worker that got a task ends more loaded (before that task) than a
-    # worker with room left ends up.
+    # Idle workers filled first: an idle worker (nothing held) left below its processors
+    # means no idle worker after it got any.
+    idle = [i for i, s in enumerate(slots) if s.inflight == 0 and s.capacity > 0]
+    for k, i in enumerate(idle):
+        if counts[i] < min(slots[i].capacity, rooms[i]) and ready > 1:
+            assert not any(counts[j] for j in idle[k + 1 :]), "a later idle worker took tasks first"
+    # Least loaded beyond that: no worker that got a task past filling an idle worker's
+    # processors ends more loaded (before that task) than a worker with room left ends up.
     for i, (si, ci) in enumerate(zip(slots, counts)):
-        if not ci:
+        if not ci or (si.inflight == 0 and ci <= si.capacity and ready > 1):
             continue
         load_before_last = (si.inflight + ci - 1) / si.capacity
         for j, (sj, cj) in enumerate(zip(slots, counts)):
