@@ -312,10 +312,15 @@ class Completer:
         self.stopping = False
         self.unkicked = False  # results queued since the last notify
         self.agent_thread: threading.Thread | None = None  # the thread holding the agent role
+        # Set once every thread of start() runs: the agent role's first work (connect,
+        # Hello, the reply inbox, the authkey) holds the interpreter lock for milliseconds,
+        # and started beside the constructor it made the constructor wait for that lock.
+        self._go = threading.Event()
 
     def start(self) -> None:
         self._start_thread(agent_role=True)
         self._start_thread()
+        self._go.set()
 
     def _start_thread(self, agent_role: bool = False) -> None:
         thread = threading.Thread(
@@ -367,6 +372,7 @@ class Completer:
         block_signals()
         if agent_role:
             agent = self.agent
+            self._go.wait()
             try:
                 agent.start()
             except Exception as exc:
