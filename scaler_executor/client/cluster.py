@@ -123,8 +123,7 @@ class EmbeddedCluster:
 
         The command is the one the daemon's LocalWorkerManager builds from the same
         configuration (with -P, as the daemon runs); see cli/daemon.py."""
-        import json
-
+        from scaler_executor.config.schema import quoted
         from scaler_executor.worker_command import worker_command
 
         c = self.config
@@ -139,8 +138,8 @@ class EmbeddedCluster:
         )
         count = c.workers if c.min_workers is None else c.min_workers  # LocalWorkerManager.initial_count
         path = os.path.join(self.directory, "workers.json")
-        with open(path, "w") as f:
-            json.dump({"command": command, "count": count}, f)
+        with open(path, "w", encoding="utf-8") as f:  # JSON (ASCII), written without importing json
+            f.write(f'{{"command": [{", ".join(quoted(arg) for arg in command)}], "count": {int(count)}}}')
         return path
 
     def exit_status(self) -> str | None:
@@ -179,9 +178,13 @@ class EmbeddedCluster:
 
 def _remove_stale_directories() -> None:
     """Remove the directories of embedded clusters whose client and daemon both died."""
-    import glob
-
-    for path in glob.glob(os.path.join(tempfile.gettempdir(), "scaler-*-*")):
+    directory = tempfile.gettempdir()
+    try:  # the names glob's "scaler-*-*" matches (without importing glob: the constructor runs this)
+        names = [e.name for e in os.scandir(directory) if e.name.startswith("scaler-") and "-" in e.name[7:]]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(directory, name)
         pid_text = os.path.basename(path).split("-")[1]
         try:
             owner = os.stat(path).st_uid

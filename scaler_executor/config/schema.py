@@ -650,7 +650,29 @@ def _toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        import json
-
-        return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
+        return quoted(value, toml=True)
     return repr(value)  # int, or a finite float whose repr is valid TOML
+
+
+def quoted(text: str, *, toml: bool = False) -> str:
+    """``text`` as a double-quoted ASCII string that reads back as ``text``: a JSON string
+    (``\\uXXXX`` escapes, surrogate pairs beyond the BMP) or, with ``toml``, a TOML basic
+    string (``\\UXXXXXXXX`` beyond the BMP; TOML has no lone surrogates).  Here rather than ``json.dumps``: importing
+    ``json`` cost the embedded cluster's constructor, which writes both files, ~1.5 ms."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return f'"{text}"'
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch == '"' or ch == "\\":
+            out.append("\\" + ch)
+        elif 0x20 <= code < 0x7F:
+            out.append(ch)
+        elif code <= 0xFFFF:
+            out.append(f"\\u{code:04x}")
+        elif toml:
+            out.append(f"\\U{code:08x}")
+        else:
+            code -= 0x10000
+            out.append(f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}")
+    return '"' + "".join(out) + '"'

@@ -32,8 +32,10 @@ import itertools
 import logging
 import operator
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -1268,6 +1270,7 @@ def test_interpreter_exit_completes_futures_and_leaves_nothing(tmp_path: Path) -
 
 DECOY_SCRIPT = """
 import sys
+import tempfile
 from scaler_executor import ScalerExecutor
 
 def where(_):
@@ -1303,3 +1306,25 @@ def test_a_scaler_executor_folder_in_the_working_directory_is_not_imported(tmp_p
 
     assert proc.stdout.strip() == scaler_executor.__file__, proc.stdout
     assert "decoy" not in proc.stderr, proc.stderr
+
+
+def test_the_constructor_sweeps_directories_of_dead_embedded_clusters_only(
+    fresh_executor: Callable[..., ScalerExecutor],
+) -> None:
+    """A ``scaler-PID-*`` directory whose client is dead (and whose daemon does not answer) is
+    removed when the next embedded cluster starts; a live client's, and other names, stay."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    tmp = tempfile.gettempdir()
+    stale = tempfile.mkdtemp(prefix=f"scaler-{dead.pid}-", dir=tmp)
+    Path(stale, "daemon.sock").touch()  # a socket file nobody answers on
+    live = tempfile.mkdtemp(prefix=f"scaler-{os.getpid()}-", dir=tmp)
+    other = tempfile.mkdtemp(prefix="scaler-notapid-", dir=tmp)
+    try:
+        ex = fresh_executor(max_workers=1)
+        assert ex.submit(abs, -1).result(timeout=30) == 1
+        assert not os.path.exists(stale)
+        assert os.path.isdir(live) and os.path.isdir(other)
+    finally:
+        for path in (stale, live, other):
+            shutil.rmtree(path, ignore_errors=True)

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from scaler_executor import config as config_module
 from scaler_executor.config import (
@@ -16,6 +18,7 @@ from scaler_executor.config import (
     add_config_arguments,
     config_from_args,
 )
+from scaler_executor.config.schema import quoted
 from scaler_executor.exceptions import ConfigError
 
 NO_ENV: dict[str, str] = {}
@@ -406,3 +409,20 @@ def test_journal_keys_are_validated_with_the_fix() -> None:
         ClusterConfig(restart_grace=0)
     with pytest.raises(ConfigError, match="journal_fsync_interval"):
         ClusterConfig(journal_fsync_interval=-1)
+
+
+# --------------------------------------------------------------------- quoted strings
+
+
+@given(st.text())
+def test_quoted_is_a_json_string_that_reads_back_unchanged(text: str) -> None:
+    import json
+
+    written = quoted(text)
+    assert written.isascii() and json.loads(written) == text
+
+
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",))))
+def test_quoted_for_toml_is_a_basic_string_that_reads_back_unchanged(text: str) -> None:
+    written = quoted(text, toml=True)
+    assert written.isascii() and tomllib.loads(f"key = {written}")["key"] == text
