@@ -185,7 +185,7 @@ def _remove_stale_directories() -> None:
         return
     for name in names:
         path = os.path.join(directory, name)
-        pid_text = os.path.basename(path).split("-")[1]
+        pid_text = name.split("-")[1]
         try:
             owner = os.stat(path).st_uid
         except OSError:  # removed meanwhile by its own client (or another sweep)

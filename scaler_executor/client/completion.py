@@ -318,9 +318,11 @@ class Completer:
         self._go = threading.Event()
 
     def start(self) -> None:
-        self._start_thread(agent_role=True)
-        self._start_thread()
-        self._go.set()
+        try:
+            self._start_thread(agent_role=True)
+            self._start_thread()
+        finally:  # also when the second thread cannot start: the agent thread must not wait forever
+            self._go.set()
 
     def _start_thread(self, agent_role: bool = False) -> None:
         thread = threading.Thread(

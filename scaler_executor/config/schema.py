@@ -657,8 +657,9 @@ def _toml_value(value: object) -> str:
 def quoted(text: str, *, toml: bool = False) -> str:
     """``text`` as a double-quoted ASCII string that reads back as ``text``: a JSON string
     (``\\uXXXX`` escapes, surrogate pairs beyond the BMP) or, with ``toml``, a TOML basic
-    string (``\\UXXXXXXXX`` beyond the BMP; TOML has no lone surrogates).  Here rather than ``json.dumps``: importing
-    ``json`` cost the embedded cluster's constructor, which writes both files, ~1.5 ms."""
+    string (``\\UXXXXXXXX`` beyond the BMP; TOML has no lone surrogates).  Here rather than
+    ``json.dumps``: importing ``json`` cost the embedded cluster's constructor, which writes
+    both files, ~1.5 ms."""
     if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
         return f'"{text}"'
     out = []
