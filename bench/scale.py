@@ -23,7 +23,8 @@ because a ``DealerChannel`` per peer would start a ZeroMQ context and I/O thread
   fuller turns than real workers (docs/scaling.rst).  On the wire it does what
   a real worker (worker/agent.py) does: each result carries ``TaskFacts`` with the task's
   run time (the daemon sizes its prefetch windows from them), a ``Heartbeat`` goes every
-  ``heartbeat_interval`` (from ``Welcome``) beside results or alone after silence, and while
+  ``heartbeat_interval`` (from ``Welcome``) beside results or alone after silence (after
+  the longer idle silence of protocol/rejoin.py's ``idle_heartbeat`` once idle), and while
   saturated (more tasks waiting than processors) results wait up to ``RESULT_LINGER`` or
   ``RESULT_BATCH`` to travel together.  A task with dependencies gets their results as
   ``DepValue`` s from the daemon; graph mode (``--graph``, bench/scale_graph.py) checks them.
@@ -39,7 +40,8 @@ task, tasks/s, submit→dispatch at the worker, the daemon's turn histogram from
 statistics); **pending**: the workers leave (``Goodbye``), ``--pending`` more tasks are
 submitted and acknowledged (RSS growth per queued task), then as many fresh workers join
 and drain them.  Heartbeats are counted as the simulated peers send them; the daemon's
-own heartbeats to quiet peers (one per peer per interval) are part of the CPU measured.
+own heartbeats to quiet peers (one per client an interval, one per worker an
+``idle_heartbeat``) are part of the CPU measured.
 
 The daemon's CPU is read from ``/proc/PID/task/*/schedstat`` (ns); ``others_on_core_pct``
 is how busy its core was with other processes meanwhile (``/proc/stat``: ``taskset`` keeps
@@ -80,7 +82,7 @@ from scaler_executor._compat import python_version
 from scaler_executor._version import __version__
 from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
-from scaler_executor.protocol.rejoin import is_unknown_peer
+from scaler_executor.protocol.rejoin import idle_heartbeat, is_unknown_peer
 from scaler_executor.scheduler import turns
 from scaler_executor.worker.agent import RESULT_BATCH, RESULT_LINGER
 
@@ -133,6 +135,8 @@ class Peer:
     held: deque[tuple[int, int, bytes]] = field(default_factory=deque)  # dispatched, not yet dealt
     procs: Processors = field(default_factory=lambda: Processors(0))
     last_heartbeat: float = 0.0
+    last_busy: float = 0.0  # when tasks last came
+    idle_reported: bool = False  # its last heartbeat said it held nothing
     finished: list[Any] = field(default_factory=list)  # results not sent yet (faithful: RESULT_LINGER)
     finished_since: float = 0.0
     # client
@@ -183,6 +187,7 @@ class Sim:
         self.clients: list[Peer] = []
         self.context: Any = None
         self.heartbeat_interval = 0.5
+        self.idle_heartbeat = 0.5  # a worker idle since its last heartbeat: from Welcome
         self.timers: list[tuple[float, int, Peer, int, int, int, bytes, float, float]] = []  # task completions
         self._lingering = 0.0  # when the first held-back results are due (0: none)
         self._seq = 0
@@ -285,9 +290,14 @@ class Sim:
             if peer.role == m.Role.WORKER and self.faithful:
                 # As the real agent (worker/agent.py): a heartbeat every interval, beside its
                 # results when it has some (its load and memory reach the daemon while busy too),
-                # alone when it has been silent that long.
-                if now - peer.last_heartbeat >= interval and (peer.out or now - peer.last_sent >= interval):
+                # alone when it has been silent that long, or idle_heartbeat once its last
+                # heartbeat said it was idle and no task came since (protocol/rejoin.py).
+                quiet = interval
+                if peer.idle_reported and not peer.held and not peer.running and peer.last_busy < peer.last_heartbeat:
+                    quiet = self.idle_heartbeat
+                if now - peer.last_heartbeat >= interval and (peer.out or now - peer.last_sent >= quiet):
                     peer.last_heartbeat = now
+                    peer.idle_reported = not peer.held and not peer.running
                     peer.out.append(m.Heartbeat(len(peer.held), peer.running, 0, 0, 0.0))
                     self.heartbeats_sent += 1
             elif not peer.out and now - peer.last_sent >= interval:
@@ -315,6 +325,7 @@ class Sim:
     def _on(self, peer: Peer, message: Any, now: float) -> None:
         kind = type(message)
         if kind is m.DispatchTasks:
+            peer.last_busy = now
             stamped = self.stamped
             for task in message.tasks:
                 self.dispatched[task.task_id] = self.dispatched.get(task.task_id, 0) + 1
@@ -343,6 +354,7 @@ class Sim:
             peer.peer_id = message.peer_id
             peer.welcomed = True
             self.heartbeat_interval = message.heartbeat_interval
+            self.idle_heartbeat = idle_heartbeat(message.heartbeat_interval, message.heartbeat_liveness)
         elif kind is m.Stats:
             self.stats = dict(message.snapshot)
         elif kind is m.Refused:

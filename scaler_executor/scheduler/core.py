@@ -31,7 +31,7 @@ from scaler_executor.config import ClusterConfig, parse_resources, parse_tags
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS as DEFAULT
 from scaler_executor.protocol.messages import Role, Status, TaskFlags
-from scaler_executor.protocol.rejoin import NOT_RESUMABLE, UNKNOWN_PEER
+from scaler_executor.protocol.rejoin import NOT_RESUMABLE, UNKNOWN_PEER, idle_heartbeat
 from scaler_executor.protocol.runlog import DURATION_BOUNDS, MAX_REPORT_RUNS, RUN_BYTES
 from scaler_executor.scheduler.deadlines import DeadlineQueue
 from scaler_executor.scheduler.history import History, history_message
@@ -284,6 +284,11 @@ class Scheduler:
         wheel = config.heartbeat_interval / 8  # finer than the loop's ticks (interval / 4)
         self._liveness = DeadlineQueue(wheel)
         self._quiet = DeadlineQueue(wheel)
+        # How long the daemon may stay silent toward a worker (protocol/rejoin.py): every
+        # worker judges our silence by at least this daemon's interval * liveness, learnt from
+        # its Welcome. Clients and monitors judge it by settings of their own
+        # (daemon_loss_timeout, the listener probe after two intervals): an interval each.
+        self.worker_quiet = idle_heartbeat(config.heartbeat_interval, config.heartbeat_liveness)
         self.counters: dict[str, int] = {
             "submitted": 0,
             "finished": 0,
@@ -1811,18 +1816,25 @@ class Scheduler:
             interval, now = self.config.heartbeat_interval, self._now
             beat = m.Heartbeat(self.ready.live, len(self.tasks) - self.ready.live)
             workers, clients, monitors, out, last_sent = self.workers, self.clients, self._monitors, self._out, self.last_sent
+            worker_quiet = self.worker_quiet
             now_due: list[bytes] = []  # sent to this turn: next due an interval from now
+            workers_due: list[bytes] = []  # and these a worker's quiet period from now
             for peer in self._quiet.due(now):
-                if peer not in workers and peer not in clients and peer not in monitors:
+                if peer in workers:
+                    quiet = worker_quiet
+                elif peer in clients or peer in monitors:
+                    quiet = interval
+                else:
                     continue  # gone: its entry ends here
                 if peer not in out:
                     last = last_sent.get(peer, 0.0)
-                    if now - last < interval:
-                        self._quiet.add(peer, last + interval)
+                    if now - last < quiet:
+                        self._quiet.add(peer, last + quiet)
                         continue
                     out[peer] = [beat]
-                now_due.append(peer)
+                (workers_due if quiet is worker_quiet else now_due).append(peer)
             self._quiet.add_all(now_due, now + interval)
+            self._quiet.add_all(workers_due, now + worker_quiet)
         commands: list[Command] = [Send(peer, messages) for peer, messages in self._out.items()]
         for peer in self._out:
             if peer in self.clients or peer in self.workers or peer in self._monitors:

@@ -59,7 +59,12 @@ from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.chunks import Incoming, StreamError
 from scaler_executor.protocol.messages import Status
-from scaler_executor.protocol.rejoin import Backoff, is_not_resumable, is_unknown_peer
+from scaler_executor.protocol.rejoin import (
+    Backoff,
+    idle_heartbeat,
+    is_not_resumable,
+    is_unknown_peer,
+)
 from scaler_executor.protocol.runlog import RunLog
 from scaler_executor.worker import capture, handoff
 from scaler_executor.worker import processor as proc
@@ -274,6 +279,8 @@ class WorkerAgent:
         self.rejoin = Backoff(first, max(first, min(30.0, config.heartbeat_interval * config.heartbeat_liveness)))
         self.next_hello = 0.0
         self.heartbeat_interval = config.heartbeat_interval
+        self.idle_heartbeat = config.heartbeat_interval  # (until a Welcome names the daemon's limit)
+        self.idle_reported = False  # our last heartbeat said we held nothing (_flush)
         self.daemon_silence_limit = max(config.heartbeat_interval * config.heartbeat_liveness, config.daemon_loss_timeout)
         self.died_in_a_row = 0
         self.respawn_at = 0.0
@@ -517,6 +524,7 @@ class WorkerAgent:
         self._reach_store(message.object_store)
         # Send at least as often as the daemon expects; judge its silence by its own pace.
         self.heartbeat_interval = min(self.config.heartbeat_interval, message.heartbeat_interval)
+        self.idle_heartbeat = max(self.heartbeat_interval, idle_heartbeat(message.heartbeat_interval, message.heartbeat_liveness))
         self.daemon_silence_limit = max(
             self.config.heartbeat_interval * self.config.heartbeat_liveness,
             message.heartbeat_interval * message.heartbeat_liveness,
@@ -1273,9 +1281,15 @@ class WorkerAgent:
                 batch.append(m.TaskResults(results))
                 self.results = []
                 self.results_since = 0.0
-        if now - self.last_heartbeat >= self.heartbeat_interval and (batch or now - self.last_send >= self.heartbeat_interval):
+        quiet = self.heartbeat_interval
+        if self.idle_reported and not self.held and self.last_busy < self.last_heartbeat:
+            # Idle since a heartbeat that said so: nothing new to tell but that we live, which
+            # the daemon needs only a few times within its liveness limit (protocol/rejoin.py).
+            quiet = self.idle_heartbeat
+        if now - self.last_heartbeat >= self.heartbeat_interval and (batch or now - self.last_send >= quiet):
             # Also beside results: a busy worker's memory and CPU reach the daemon too.
             self.last_heartbeat = now
+            self.idle_reported = not self.held
             batch.append(self._heartbeat(now))
             if (runs := self.runlog.take()) is not None:
                 batch.append(runs)  # the daemon's history: in bulk, never per task

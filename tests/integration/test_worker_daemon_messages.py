@@ -199,3 +199,58 @@ def test_the_worker_reports_its_runs_and_run_times_in_bulk_as_its_welcome_says(d
         assert worker.stdin is not None
         worker.stdin.close()
         daemon.close()
+
+
+def test_an_idle_worker_heartbeats_four_times_a_liveness_limit_and_a_busy_one_every_interval(directory: str) -> None:
+    """protocol/rejoin.py's idle_heartbeat: once a heartbeat said it held nothing and no task
+    came since, the worker beats a quarter of the daemon's liveness limit (here 0.05 s × 80:
+    every 1 s), not every interval (0.05 s); while it holds a task, and in the heartbeat that
+    follows, every interval. Counts, not timings: load can only make them smaller."""
+    daemon = FakeDaemon(directory)
+    log_path = Path(directory) / "worker.log"
+    with open(log_path, "wb") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "scaler_executor.cli.worker", daemon.address, "--processors", "1", "--lifeline"],
+            stdin=subprocess.PIPE, stderr=log, env=child_env(),
+        )  # fmt: skip
+    daemon.worker, daemon.log = worker, log_path
+
+    def heartbeats(seconds: float) -> list[m.Heartbeat]:
+        """The worker's heartbeats over ``seconds``, while we beat to it every 0.05 s."""
+        beats: list[m.Heartbeat] = []
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            daemon.send([m.Heartbeat(0, 0)])
+            try:
+                batch = daemon.next_batch(min(left, 0.05))
+            except AssertionError:  # nothing within 0.05 s (the worker's exit is raised above)
+                continue
+            beats.extend(message for message in batch if type(message) is m.Heartbeat)
+        return beats
+
+    try:
+        daemon.wait_for(m.Hello)
+        daemon.send([m.Welcome(1, 0.05, 80, "")])
+        daemon.wait_for(m.Heartbeat)
+        idle = heartbeats(4.0)
+        assert 1 <= len(idle) <= 6, f"{len(idle)} heartbeats in 4 s idle: want about 4, one a second (80 at the interval)"
+        assert all((beat.queued, beat.running) == (0, 0) for beat in idle)
+        sleeper = cloudpickle.dumps((time.sleep, (3.0,), {}))
+        daemon.send([m.DispatchTasks([], [m.TaskDispatch(1, 1, 0, TaskFlags.INLINE_FN, sleeper, [], None, [])])])
+        busy = heartbeats(2.5)
+        assert len([beat for beat in busy if beat.running]) >= 5, f"busy: {busy}"
+        batch: list[Any] = []
+        while not any(type(message) is m.TaskResults for message in batch):
+            batch = daemon.next_batch()
+        results = next(message for message in batch if type(message) is m.TaskResults)
+        assert [(r.task_id, r.status) for r in results.results] == [(1, Status.OK)]
+        # The daemon hears that it is idle again at the interval's pace, beside the result or
+        # just after it, not a second later.
+        after = [message for message in batch if type(message) is m.Heartbeat] + heartbeats(0.6)
+        assert any((beat.queued, beat.running) == (0, 0) for beat in after), after
+    finally:
+        _stop(worker)
+        assert worker.stdin is not None
+        worker.stdin.close()
+        daemon.close()
+    assert "Traceback" not in log_path.read_text(errors="replace")

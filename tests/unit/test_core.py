@@ -1264,6 +1264,29 @@ def test_no_heartbeat_where_a_message_is_going_anyway(cluster: Cluster) -> None:
     assert out.to(b"w1") == [m.Heartbeat(0, 0)]
 
 
+def test_workers_hear_from_the_daemon_four_times_a_liveness_limit_not_every_interval() -> None:
+    """protocol/rejoin.py's idle_heartbeat: a worker judges the daemon's silence by at least
+    the daemon's interval × liveness (its Welcome), so the daemon beats to a quiet worker a
+    quarter of that; clients and monitors, which judge it by their own settings, still get one
+    every interval."""
+    cluster = Cluster(CONFIG.replace(heartbeat_liveness=10, client_timeout=10.0))
+    quiet = 10 * INTERVAL / 4
+    cluster.client(b"c1")
+    cluster.worker(b"w1")
+    cluster.join(b"m1", hello(m.Role.MONITOR))
+    beats: dict[bytes, list[float]] = {b"c1": [], b"w1": [], b"m1": []}
+    start = cluster.now
+    while cluster.now < start + 5 * quiet:
+        out = cluster.tick(INTERVAL / 8)
+        for peer in out.peers:
+            assert out.to(peer) == [m.Heartbeat(0, 0)]
+            beats[peer].append(round(cluster.now - start, 6))
+        cluster.keepalive(b"c1", b"w1", b"m1")  # they beat too: none is lost meanwhile
+    assert beats[b"w1"] == [quiet * k for k in range(1, 6)]
+    for peer in (b"c1", b"m1"):
+        assert beats[peer] == [INTERVAL * k for k in range(1, 13)], peer
+
+
 def test_refused_peers_get_no_heartbeats(cluster: Cluster) -> None:
     cluster.send(b"p", hello(python="2.7"))
     assert not cluster.tick(INTERVAL * 2).peers
