@@ -74,7 +74,8 @@ class ClusterConfig:
     )
     heartbeat_interval: float = _opt(
         0.5,
-        "seconds of silence after which a peer sends a heartbeat",
+        "seconds of silence after which a peer sends a heartbeat (an idle worker, and the daemon "
+        "toward a worker, after a quarter of heartbeat_interval * heartbeat_liveness if longer)",
         "lower detects deaths sooner but costs idle traffic",
         gt=0,
         metavar="SECONDS",
