@@ -35,7 +35,9 @@ because a ``DealerChannel`` per peer would start a ZeroMQ context and I/O thread
 
 Phases, per size: clients connect (RSS₀); workers connect (RSS₁: memory per worker);
 **idle** for ``--idle`` seconds (the daemon's CPU over that time per worker heartbeat, and
-as a share of its core); **load**: ``--tasks`` tasks through the windows (daemon CPU per
+as a share of its core); **watched** for ``--watch`` seconds, if given: idle still, one client
+asking for statistics every ``--stats-every`` seconds (the daemon's CPU per snapshot beyond
+the idle phase's rate, the snapshot's size); **load**: ``--tasks`` tasks through the windows (daemon CPU per
 task, tasks/s, submit→dispatch at the worker, the daemon's turn histogram from its
 statistics); **pending**: the workers leave (``Goodbye``), ``--pending`` more tasks are
 submitted and acknowledged (RSS growth per queued task), then as many fresh workers join
@@ -200,6 +202,7 @@ class Sim:
         self.rejoins = 0  # peers the daemon called unknown, which joined again
         self.daemon_heartbeats = 0
         self.stats: dict[str, Any] | None = None
+        self.stats_bytes = 0  # the last Stats transmission's size, its frames summed
         # Graphs (bench/scale_graph.py): what each task depends on, and the values the
         # requested ones must come back with.  A simulated worker computes a task's value as
         # its payload's plus its dependencies' (each an 8-byte integer), from the DepValues
@@ -320,6 +323,8 @@ class Sim:
                 return
             messages, _ = codec.decode(frames)
             for message in messages:
+                if type(message) is m.Stats:
+                    self.stats_bytes = sum(len(frame) for frame in frames)
                 self._on(peer, message, now)
 
     def _on(self, peer: Peer, message: Any, now: float) -> None:
@@ -555,6 +560,35 @@ class Size:
     wake: str = "0"  # a simulated processor's wake-up per top-up of tasks (a --duration spelling)
     client_wake: str = ""  # a simulated client's delay before it submits more ("": none)
     shared_core: bool = False  # the wake-ups are CPU time on one simulated core, in turn (Sim.shared_core)
+    watch: float = 0.0  # seconds of the watched phase (0: skip): idle, one client asking for statistics
+    stats_every: float = 1.0  # ... every this many seconds, as a dashboard or `scaler-top` would
+
+
+def _watched(sim: Sim, daemon: DaemonProcess, size: Size, idle: dict[str, float]) -> dict[str, Any]:
+    """Statistics at scale: the idle cluster while one client asks for a snapshot every
+    ``size.stats_every`` seconds (a client's ``StatsRequest`` gets a fresh one, built on
+    demand: docs/monitoring.rst). The daemon's CPU beyond the idle phase's rate, per snapshot
+    (``us_per_snapshot``: building, encoding and sending it), and the snapshot's size."""
+    asked = 0
+
+    def body() -> None:
+        nonlocal asked
+        end = time.monotonic() + size.watch
+        while time.monotonic() < end:
+            due = time.monotonic() + size.stats_every
+            sim.request_stats()
+            asked += 1
+            sim.run_until(lambda: time.monotonic() >= min(due, end), size.stats_every + 60, "the watched phase")
+
+    watched = _phase(sim, daemon, body)
+    beyond = watched["daemon_cpu"] - idle["daemon_cpu"] / idle["wall"] * watched["wall"]
+    return {
+        "stats_every_s": size.stats_every, "snapshots": asked,
+        "us_per_snapshot": 1e6 * beyond / max(1, asked),
+        "watched_core_pct": 100 * watched["daemon_cpu"] / watched["wall"],
+        "snapshot_kb": sim.stats_bytes / 1024,
+        "watched_others_on_core_pct": 100 * watched["others"],
+    }
 
 
 def run_size(size: Size, workdir: str, prefix: list[str] | None = None) -> dict[str, Any]:
@@ -614,6 +648,8 @@ def run_size(size: Size, workdir: str, prefix: list[str] | None = None) -> dict[
         row["idle_others_on_core_pct"] = 100 * idle["others"]
         row["idle_harness_bound"] = idle["harness_cpu"] / idle["wall"] > HARNESS_BOUND
         row["kb_per_worker"] = (rss1 - rss0) / 1024 / max(1, size.workers)
+        if size.watch:
+            row.update(_watched(sim, daemon, size, idle))
         # Load: no-op tasks through the clients' windows.
         stats0 = sim.request_stats()
         per_client, extra_tasks = divmod(size.tasks, size.clients)
@@ -690,8 +726,17 @@ IDLE_COLUMNS = [
 ]
 
 
+WATCH_COLUMNS = [
+    ("transport", "transport", "{}"), ("workers", "W", "{}"), ("processors", "P", "{}"), ("clients", "C", "{}"),
+    ("stats_every_s", "every s", "{:g}"), ("snapshots", "snapshots", "{}"), ("us_per_snapshot", "µs CPU/snapshot", "{:,.0f}"),
+    ("snapshot_kb", "KB/snapshot", "{:.0f}"), ("watched_core_pct", "watched % core", "{:.2f}"),
+    ("idle_core_pct", "idle % core", "{:.2f}"), ("watched_others_on_core_pct", "others % core", "{:.0f}"),
+    ("repeat", "run", "{}"),
+]
+
+
 def rst_table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
-    cells = [[title for _, title, _ in columns]] + [[fmt.format(row.get(key, "")) for key, _, fmt in columns] for row in rows]
+    cells = [[title for _, title, _ in columns]] + [[fmt.format(row[key]) if key in row else "" for key, _, fmt in columns] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     rule = "  ".join("=" * w for w in widths)
     lines = [rule, "  ".join(c.ljust(w) for c, w in zip(cells[0], widths, strict=True)), rule]
@@ -712,6 +757,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=100, help="tasks each client keeps outstanding")
     p.add_argument("--idle", type=float, default=5.0, help="seconds of the idle phase")
     p.add_argument("--pending", type=int, default=20_000, help="tasks of the pending phase (0: skip)")
+    p.add_argument("--watch", type=float, default=0.0,
+                   help="seconds of a watched phase after the idle one (0: skip): one client asks for statistics "
+                        "every --stats-every seconds; the daemon's CPU per snapshot beyond the idle rate")
+    p.add_argument("--stats-every", type=float, default=1.0, help="seconds between the watched phase's snapshots")
     p.add_argument("--duration", default="0", help="task duration: 0, fixed:S, uniform:A:B or exp:MEAN")
     p.add_argument("--wake", default="0", help="a simulated processor's wake-up per top-up of tasks, as --duration "
                    "(bench/scale_worker.py; bench/scale_validate.py's sim-paced tunes it against real workers)")
@@ -739,6 +788,8 @@ def main(argv: list[str] | None = None) -> int:
             row["us_per_task_net"] = row["us_per_task"] - row["idle_core_pct"] / 100 * 1e6 / row["tasks_per_s"]
         if rows:
             print(rst_table(rows, LOAD_COLUMNS), "", rst_table(rows, IDLE_COLUMNS), sep="\n")
+            if watched := [row for row in rows if "us_per_snapshot" in row]:
+                print("", rst_table(watched, WATCH_COLUMNS), sep="\n")
         if graphs:
             print(rst_table(graphs, GRAPH_COLUMNS))
         return 0
@@ -767,7 +818,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     duration_sampler(args.wake, "--wake"), args.client_wake and duration_sampler(args.client_wake, "--client-wake")
     sizes = [Size(w, pr, c, args.tasks, args.window, args.idle, args.pending, args.duration, args.transport, args.insecure,
-                  wake=args.wake, client_wake=args.client_wake, shared_core=args.shared_core)
+                  wake=args.wake, client_wake=args.client_wake, shared_core=args.shared_core, watch=args.watch,
+                  stats_every=args.stats_every)
              for w in _ints(args.workers) for pr in _ints(args.processors) for c in _ints(args.clients)]
     trees = [os.path.abspath(t) for t in args.daemon_trees.split(",")] if args.daemon_trees else [""]
     for rep in range(args.repeat):
