@@ -177,17 +177,26 @@ def stats_message(core: Scheduler) -> m.Stats:
     counters.update(core.turns.snapshot())
     from scaler_executor.protocol.messages import TaskFlags
 
+    # A row per worker (O(workers) per snapshot, ~5 us each at 1,000: docs/scaling.rst,
+    # "Statistics at scale"): built as plain tuples (WorkerStat's own __new__ costs a call)
+    # and with nothing walked for an idle worker.
     workers = []
+    make, tasks, peaks, lane_flag = m.WorkerStat._make, core.tasks, recorder.peak_memory, TaskFlags.ON_LANE
     for w in core.workers.values():
-        lane = sum(1 for t in w.inflight if (task := core.tasks.get(t)) is not None and task.flags & TaskFlags.ON_LANE)
-        workers.append(
-            m.WorkerStat(
-                w.name, w.host, w.pid, w.capacity, len(w.inflight), lane, len(w.seceded), w.queued, w.running,
-                -1.0 if w.mean_task_seconds is None else w.mean_task_seconds, recorder.peak_memory.get(w.peer, 0),
-                max(0.0, now - w.last_seen), 0.0 if w.inflight else max(0.0, now - w.idle_since), w.draining,
-                w.broken or "", w.memory, w.memory_limit, w.cpu, w.store[0][:200], *w.store[1:],
-            )
-        )
+        inflight = w.inflight
+        if inflight:
+            lane = sum(1 for t in inflight if (task := tasks.get(t)) is not None and task.flags & lane_flag)
+            idle_for = 0.0
+        else:
+            lane = 0
+            idle_for = max(0.0, now - w.idle_since)
+        mean = w.mean_task_seconds
+        maps = w.store
+        workers.append(make((
+            w.name, w.host, w.pid, w.capacity, len(inflight), lane, len(w.seceded), w.queued, w.running,
+            -1.0 if mean is None else mean, peaks.get(w.peer, 0), max(0.0, now - w.last_seen), idle_for,
+            w.draining, w.broken or "", w.memory, w.memory_limit, w.cpu, maps[0][:200], maps[1], maps[2], maps[3],
+        )))
     clients = [
         m.ClientStat(c.name, c.host, len(c.tasks), len(c.functions), len(c.objects), max(0.0, now - c.last_seen))
         for c in core.clients.values()
