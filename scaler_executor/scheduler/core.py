@@ -1820,19 +1820,17 @@ class Scheduler:
             now_due: list[bytes] = []  # sent to this turn: next due an interval from now
             workers_due: list[bytes] = []  # and these a worker's quiet period from now
             for peer in self._quiet.due(now):
-                if peer in workers:
-                    quiet = worker_quiet
-                elif peer in clients or peer in monitors:
-                    quiet = interval
-                else:
+                is_worker = peer in workers
+                if not is_worker and peer not in clients and peer not in monitors:
                     continue  # gone: its entry ends here
+                quiet = worker_quiet if is_worker else interval
                 if peer not in out:
                     last = last_sent.get(peer, 0.0)
                     if now - last < quiet:
                         self._quiet.add(peer, last + quiet)
                         continue
                     out[peer] = [beat]
-                (workers_due if quiet is worker_quiet else now_due).append(peer)
+                (workers_due if is_worker else now_due).append(peer)
             self._quiet.add_all(now_due, now + interval)
             self._quiet.add_all(workers_due, now + worker_quiet)
         commands: list[Command] = [Send(peer, messages) for peer, messages in self._out.items()]
