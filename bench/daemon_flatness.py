@@ -73,12 +73,12 @@ def block(path: str) -> None:
 def wait_recorded(ex: Any, timeout: float = 600.0) -> None:
     """Until the daemon has acknowledged every submission (it records a task, then acks it).
 
-    Reads the client agent's own counters rather than polling ``ex.statistics()``, whose
-    snapshot counts task states (a walk over every task the daemon holds).
+    Reads the client core's own counters (``client/state.py``: the outbox and the tasks sent
+    but not yet acknowledged) rather than polling ``ex.statistics()``.
     """
-    agent = ex._agent
+    core = ex._agent.core
     deadline = time.monotonic() + timeout
-    while agent.outbox or agent._unacked:
+    while core.outbox or core.unacked:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the daemon did not acknowledge every task in {timeout} s")
         time.sleep(0.01)
