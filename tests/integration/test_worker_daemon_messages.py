@@ -8,6 +8,7 @@ transport), answers the worker's Hello, and speaks the wire protocol through ``c
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import pickle
 import shutil
@@ -104,23 +105,39 @@ def _stop(worker: subprocess.Popen[bytes]) -> None:
     psutil.wait_procs(family, timeout=10)
 
 
+@contextlib.contextmanager
+def _worker_of(directory: str) -> Iterator[tuple[FakeDaemon, subprocess.Popen[bytes], Path]]:
+    """A real worker agent (one processor) connected to a FakeDaemon in ``directory``, and
+    its stderr's file; on the way out, whatever happened, the worker and everything under
+    it stopped and the daemon's socket closed."""
+    daemon = FakeDaemon(directory)
+    log_path = Path(directory) / "worker.log"
+    try:
+        with open(log_path, "wb") as log:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "scaler_executor.cli.worker", daemon.address, "--processors", "1", "--lifeline"],
+                stdin=subprocess.PIPE,  # --lifeline: it stops when this closes, whatever happens to the test
+                stderr=log,
+                env=child_env(),
+            )
+        daemon.worker, daemon.log = worker, log_path
+        try:
+            yield daemon, worker, log_path
+        finally:
+            _stop(worker)
+            assert worker.stdin is not None
+            worker.stdin.close()
+    finally:
+        daemon.close()
+
+
 def _add_task(task_id: int, a: int, b: int) -> m.TaskDispatch:
     payload = cloudpickle.dumps((operator.add, (a, b), {}))
     return m.TaskDispatch(task_id, 1, 0, TaskFlags.INLINE_FN, payload, [], None, [])
 
 
 def test_an_empty_batch_and_a_message_for_someone_else_do_not_stop_the_worker(directory: str) -> None:
-    daemon = FakeDaemon(directory)
-    log_path = Path(directory) / "worker.log"
-    with open(log_path, "wb") as log:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "scaler_executor.cli.worker", daemon.address, "--processors", "1", "--lifeline"],
-            stdin=subprocess.PIPE,  # --lifeline: it stops when this closes, whatever happens to the test
-            stderr=log,
-            env=child_env(),
-        )
-    daemon.worker, daemon.log = worker, log_path
-    try:
+    with _worker_of(directory) as (daemon, worker, log_path):
         hello = daemon.wait_for(m.Hello)
         assert hello.role == m.Role.WORKER and hello.pid == worker.pid
         daemon.send([m.Welcome(1, 0.1, 50, "")])
@@ -148,11 +165,6 @@ def test_an_empty_batch_and_a_message_for_someone_else_do_not_stop_the_worker(di
         daemon.send([m.Goodbye("test over")])  # with --lifeline a daemon's Goodbye stops the worker
         daemon.worker = None
         assert worker.wait(timeout=WAIT) == 0
-    finally:
-        _stop(worker)
-        assert worker.stdin is not None
-        worker.stdin.close()
-        daemon.close()
     text = log_path.read_text(errors="replace")
     for kind in ("SubmitAck", "Stats", "TasksRunning"):
         assert f"dropped a {kind} from the daemon" in text, text
@@ -165,15 +177,7 @@ def test_the_worker_reports_its_runs_and_run_times_in_bulk_as_its_welcome_says(d
     their run times, in TaskRuns beside its results, never in them."""
     from scaler_executor.protocol.runlog import unpack
 
-    daemon = FakeDaemon(directory)
-    log_path = Path(directory) / "worker.log"
-    with open(log_path, "wb") as log:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "scaler_executor.cli.worker", daemon.address, "--processors", "1", "--lifeline"],
-            stdin=subprocess.PIPE, stderr=log, env=child_env(),
-        )  # fmt: skip
-    daemon.worker, daemon.log = worker, log_path
-    try:
+    with _worker_of(directory) as (daemon, _worker, _log):
         daemon.wait_for(m.Hello)
         daemon.send([m.Welcome(1, 0.1, 50, "", runs=runs)])
         daemon.wait_for(m.Heartbeat)
@@ -194,28 +198,15 @@ def test_the_worker_reports_its_runs_and_run_times_in_bulk_as_its_welcome_says(d
         assert sum(r.seen for r in reports) == (2 if runs else 0)
         assert sum(r.seconds for r in reports) == pytest.approx(sum(f.finished - f.started for f in facts.values()))
         assert sum(sum(r.durations) for r in reports) == 2
-    finally:
-        _stop(worker)
-        assert worker.stdin is not None
-        worker.stdin.close()
-        daemon.close()
 
 
 def test_an_idle_worker_heartbeats_four_times_a_liveness_limit_and_a_busy_one_every_interval(directory: str) -> None:
     """protocol/rejoin.py's idle_heartbeat: once a heartbeat said it held nothing and no task
-    came since, the worker beats a quarter of the daemon's liveness limit (here 0.05 s × 80:
+    came since, the worker beats a quarter of the daemon's liveness limit (here 0.05 s times 80:
     every 1 s), not every interval (0.05 s); while it holds a task, and in the heartbeat that
     follows, every interval. Counts, not timings: load can only make them smaller."""
-    daemon = FakeDaemon(directory)
-    log_path = Path(directory) / "worker.log"
-    with open(log_path, "wb") as log:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "scaler_executor.cli.worker", daemon.address, "--processors", "1", "--lifeline"],
-            stdin=subprocess.PIPE, stderr=log, env=child_env(),
-        )  # fmt: skip
-    daemon.worker, daemon.log = worker, log_path
 
-    def heartbeats(seconds: float) -> list[m.Heartbeat]:
+    def heartbeats(daemon: FakeDaemon, seconds: float) -> list[m.Heartbeat]:
         """The worker's heartbeats over ``seconds``, while we beat to it every 0.05 s."""
         beats: list[m.Heartbeat] = []
         end = time.monotonic() + seconds
@@ -228,16 +219,16 @@ def test_an_idle_worker_heartbeats_four_times_a_liveness_limit_and_a_busy_one_ev
             beats.extend(message for message in batch if type(message) is m.Heartbeat)
         return beats
 
-    try:
+    with _worker_of(directory) as (daemon, _worker, log_path):
         daemon.wait_for(m.Hello)
         daemon.send([m.Welcome(1, 0.05, 80, "")])
         daemon.wait_for(m.Heartbeat)
-        idle = heartbeats(4.0)
+        idle = heartbeats(daemon, 4.0)
         assert 1 <= len(idle) <= 6, f"{len(idle)} heartbeats in 4 s idle: want about 4, one a second (80 at the interval)"
         assert all((beat.queued, beat.running) == (0, 0) for beat in idle)
         sleeper = cloudpickle.dumps((time.sleep, (3.0,), {}))
         daemon.send([m.DispatchTasks([], [m.TaskDispatch(1, 1, 0, TaskFlags.INLINE_FN, sleeper, [], None, [])])])
-        busy = heartbeats(2.5)
+        busy = heartbeats(daemon, 2.5)
         assert len([beat for beat in busy if beat.running]) >= 5, f"busy: {busy}"
         batch: list[Any] = []
         while not any(type(message) is m.TaskResults for message in batch):
@@ -246,11 +237,6 @@ def test_an_idle_worker_heartbeats_four_times_a_liveness_limit_and_a_busy_one_ev
         assert [(r.task_id, r.status) for r in results.results] == [(1, Status.OK)]
         # The daemon hears that it is idle again at the interval's pace, beside the result or
         # just after it, not a second later.
-        after = [message for message in batch if type(message) is m.Heartbeat] + heartbeats(0.6)
+        after = [message for message in batch if type(message) is m.Heartbeat] + heartbeats(daemon, 0.6)
         assert any((beat.queued, beat.running) == (0, 0) for beat in after), after
-    finally:
-        _stop(worker)
-        assert worker.stdin is not None
-        worker.stdin.close()
-        daemon.close()
     assert "Traceback" not in log_path.read_text(errors="replace")
