@@ -156,12 +156,7 @@ class TaskItem(NamedTuple):
     def spec(self, base: int) -> m.TaskSpec:
         deps = [base | d for d in self.deps] if self.deps else []
         fn_id = base | self.fn_id if self.fn_id else 0
-        return _new(m.TaskSpec, (base | self.n, fn_id, self.options_id, self.flags, self.payload, deps, self.objects, 0))
-
-
-# A NamedTuple's constructor is a Python function around this C call: made with it directly,
-# a task's TaskItem and TaskSpec cost half as much (once per submit, once per task sent).
-_new = tuple.__new__
+        return m.make(m.TaskSpec, (base | self.n, fn_id, self.options_id, self.flags, self.payload, deps, self.objects, 0))
 
 
 class TaskRecord:
@@ -335,7 +330,7 @@ class ClientCore:
             flags |= TaskFlags.REPLY_DIRECT
             if self.pickup_hook is not None:
                 future._pickup = self.pickup_hook
-        item = _new(TaskItem, (n, fn_id, options_id, flags, payload, deps, objects))
+        item = m.make(TaskItem, (n, fn_id, options_id, flags, payload, deps, objects))
         if alone and self.lane_open and options_id == 0 and not deps and not objects:
             blob = self.fn_payloads.get(fn_id) if fn_id else None
             if blob is not None or not fn_id:  # (a released callable: the daemon's path)

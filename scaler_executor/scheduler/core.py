@@ -1584,11 +1584,11 @@ class Scheduler:
             if task.flags & TaskFlags.REPLY_DIRECT:
                 reply_to = client.reply_to
         entry[1].append(
-            m.TaskDispatch(
+            m.make(m.TaskDispatch, (
                 task.task_id, task.attempt, fn_id, task.flags, task.payload, task.objects or [],
                 task.options.task_timeout, deps, reply_to, authkey_file,
-            )
-        )
+            ))
+        )  # fmt: skip
         if task.flags & TaskFlags.REPLY_DIRECT:
             self._direct_running[task.task_id] = (task.client, self._now)
             return

@@ -858,8 +858,8 @@ class WorkerAgent:
         if task is not None or result_objects:
             # A stale result goes too when it has store objects: the daemon drops the result
             # and deletes the objects, which nobody else would.
-            facts = m.TaskFacts(self.name, started, finished, peak)
-            self.results.append(m.TaskResult(task_id, attempt, status, payload, facts, result_objects, delivered, output))
+            facts = m.make(m.TaskFacts, (self.name, started, finished, peak))
+            self.results.append(m.make(m.TaskResult, (task_id, attempt, status, payload, facts, result_objects, delivered, output)))
             if task is not None and task_id not in self.lanes.tasks:  # a lane task's: lanes.py records it
                 self.runlog.ended(started, finished, status, peak)
         if task is not None and self.blobs:
