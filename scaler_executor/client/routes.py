@@ -226,7 +226,7 @@ class LaneRoute:
             if item.fn_id and item.fn_id not in self.fns:
                 assert record.blob is not None  # the core routes a task whose callable is gone to the daemon
                 messages.append(m.RegisterFunction(base | item.fn_id, record.blob))
-            spec = m.TaskSpec(base | item.n, base | item.fn_id if item.fn_id else 0, 0, item.flags, item.payload, [], [], 0)
+            spec = m.make(m.TaskSpec, (base | item.n, base | item.fn_id if item.fn_id else 0, 0, item.flags, item.payload, [], [], 0))
             messages.append(m.SubmitTasks([spec]))
             self.tasks[item.n] = record  # first: its result may be read before send returns
             try:

@@ -90,5 +90,5 @@ def decode(datagram: bytes) -> tuple[m.TaskResult, str]:
         lane = datagram[path_at:start].decode()
     except UnicodeDecodeError as exc:
         raise codec.DecodeError(f"a reply datagram's worker name or lane path is not UTF-8: {exc}") from None
-    facts = m.TaskFacts(worker, started, finished, peak)
-    return m.TaskResult(task_id, attempt, status, datagram[start:], facts, m.NO_OBJECTS), lane
+    facts = m.make(m.TaskFacts, (worker, started, finished, peak))  # (m.make: once per round trip)
+    return m.make(m.TaskResult, (task_id, attempt, status, datagram[start:], facts, m.NO_OBJECTS, False, b"")), lane

@@ -185,9 +185,9 @@ class Lanes:
                                 m.NO_FACTS, m.NO_OBJECTS,
                             ))
                             continue
-                        task = m.TaskDispatch(
+                        task = m.make(m.TaskDispatch, (
                             spec.task_id, 0, spec.fn_id, spec.flags, spec.payload, [], None, [], lane.reply_to, lane.authkey_file
-                        )
+                        ))  # fmt: skip
                         held[task.task_id] = task
                         self.tasks[task.task_id] = (lane, client, task.fn_id)
                         self.started[task.task_id] = now

@@ -51,7 +51,7 @@ import msgpack
 
 from scaler_executor import _compat
 from scaler_executor.protocol import reply as direct
-from scaler_executor.protocol.messages import Status, TaskFacts, TaskFlags, TaskResult
+from scaler_executor.protocol.messages import Status, TaskFacts, TaskFlags, TaskResult, make
 from scaler_executor.protocol.refs import install as install_deps
 from scaler_executor.worker import handoff
 from scaler_executor.worker.capture import Capture
@@ -512,7 +512,7 @@ def processor_main(
             and not output  # the reply datagram has no room for it: the agent's path carries it
             and finished - started < direct.DIRECT_SECONDS
             and len(result) <= direct.MAX_PAYLOAD
-            and state.reply(reply, TaskResult(task_id, attempt, status, result, TaskFacts(reply[1], started, finished, 0), NO_OBJECTS))
+            and state.reply(reply, make(TaskResult, (task_id, attempt, status, result, make(TaskFacts, (reply[1], started, finished, 0)), NO_OBJECTS, False, b"")))
         )
         with state.lock:
             state.task_id = 0
