@@ -81,7 +81,7 @@ class Submitter:
                 size = len(plain)
                 self.pending.charge(size)  # waits for room (or raises) at max_pending_tasks/bytes
                 try:
-                    self.enqueue_fields(future, fn_id, options_id, TaskFlags.CALL | flags, plain, NO_DEPS, NO_OBJECTS, None, size)
+                    self.enqueue(future, fn_id, options_id, TaskFlags.CALL | flags, plain, NO_DEPS, NO_OBJECTS, None, size)
                 except BaseException:
                     self.pending.free(size)
                     raise
@@ -112,7 +112,10 @@ class Submitter:
         try:
             self.pending.charge(size)  # waits for room (or raises) at max_pending_tasks/bytes
             try:
-                self.enqueue(future, fn_id, options_id, flags, pickled, pack if pickled.deps else None, size)
+                self.enqueue(
+                    future, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects,
+                    (pack, options_id) if pickled.deps else None, size,
+                )  # fmt: skip
             except BaseException:
                 self.pending.free(size)
                 raise
@@ -127,22 +130,6 @@ class Submitter:
         fn_id: int,
         options_id: int,
         flags: int,
-        pickled: Pickled,
-        repack: Pack | None,
-        charge: int = -1,
-    ) -> None:
-        """The core's ``Submitted`` for a pickled call (``enqueue_fields``)."""
-        self.enqueue_fields(
-            future, fn_id, options_id, flags | pickled.flags, pickled.payload, pickled.deps, pickled.objects,
-            None if repack is None else (repack, options_id), charge,
-        )  # fmt: skip
-
-    def enqueue_fields(
-        self,
-        future: TaskFuture[Any],
-        fn_id: int,
-        options_id: int,
-        flags: int,
         payload: bytes,
         deps: list[int],
         objects: list[bytes],
@@ -151,7 +138,7 @@ class Submitter:
     ) -> None:
         """The core's ``Submitted`` (called directly: one command back, no list); a
         ``SendDownLane`` is executed under the lock, as the core's decision was taken.
-        The submit loop's path calls it without making a ``Pickled``."""
+        Takes the pickled call's fields (the submit loop's path never makes a ``Pickled``)."""
         with self.lock:
             self.agent.check_usable()
             command = self.core.handle_submit(future, fn_id, options_id, flags, payload, deps, objects, repack, charge, time.time())
