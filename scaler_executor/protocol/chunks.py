@@ -169,8 +169,10 @@ class Incoming:
     ``pwrite``, which its processors map: worker/handoff.py). With
     ``keep_parts`` no buffer is made: the parts' frames are kept as they came, and ``take``
     gives a ``Parts`` (a client: ``pickle.load`` reads them, one copy in all); ``started``, if
-    given, is called with an object's ``Parts`` at its first part, so that its reader can
-    begin while the rest come (a client's read-back overlaps unpickling with the transfer)."""
+    given, is called with an object's ``Parts`` (or its buffer, once the first part is
+    written into it) at its first part, so that its reader can begin while the rest come (a
+    client's read-back, a worker's task: unpickling overlaps the transfer); ``abort``, if
+    given, with the buffer of an object that fails and the reason."""
 
     def __init__(
         self,
@@ -178,10 +180,12 @@ class Incoming:
         keep_parts: bool = False,
         finish: Callable[[Any], memoryview] = memoryview.toreadonly,
         write: Callable[[Any, int, memoryview], None] = write,
-        started: Callable[[bytes, Parts], None] | None = None,
+        started: Callable[[bytes, Any], None] | None = None,
+        abort: Callable[[Any, str], None] | None = None,
     ) -> None:
         self.allocate = allocate
         self.started = started
+        self.abort = abort  # told of a buffer whose object failed (a worker's streams end short)
         self.write = write
         self.finish = finish  # an allocated buffer, written whole -> the read-only object
         self.keep_parts = keep_parts
@@ -232,14 +236,16 @@ class Incoming:
             except OSError as exc:  # a memfd's pages are charged as written: no memory left
                 self._fail(object_id, f"could not keep it on this host ({exc})")
                 return
+            if offset == 0 and self.started is not None:
+                self.started(object_id, current.buffer)
         self.received += size
         if self.received == total:
-            self.current = None
             try:
                 whole = current.parts if current.parts is not None else self.finish(current.buffer)
             except OSError as exc:
                 self._fail(object_id, f"could not keep it on this host ({exc})")
                 return
+            self.current = None
             self.ready.setdefault(object_id, deque()).append(whole)
 
     def take(self, object_id: bytes, frame: Any) -> Any:
@@ -256,20 +262,15 @@ class Incoming:
                 del self.ready[object_id]
             return whole
         if self.current is not None and self.current.object_id == object_id:
-            received, total, parts = self.received, self.current.total, self.current.parts
-            self.current = None
-            reason = f"object {object_id.hex()} ended at {received} of its {total} bytes"
-            if parts is not None:
-                parts.fail(reason)
+            reason = f"object {object_id.hex()} ended at {self.received} of its {self.current.total} bytes"
+            self._end_current(reason)
             raise StreamError(reason)
         return frame
 
     def clear(self) -> None:
         """The connection is gone: free every buffer, whole or partial (a reader of the
         partial one raises StreamError)."""
-        if self.current is not None and self.current.parts is not None:
-            self.current.parts.fail("the connection to the daemon was lost before the object was whole")
-        self.current = None
+        self._end_current("the connection to the daemon was lost before the object was whole")
         self.received = 0
         self.ready.clear()
         self.failed.clear()
@@ -282,7 +283,15 @@ class Incoming:
     def _fail(self, object_id: bytes, reason: str) -> None:
         self.failed[object_id] = reason
         if self.current is not None and self.current.object_id == object_id:
-            if self.current.parts is not None:
-                # its reader, if one began, raises this
-                self.current.parts.fail(f"object {object_id.hex()} came from the daemon in parts that do not fit: {reason}")
-            self.current = None  # its buffer goes with it
+            # its reader, if one began, raises this; its buffer goes with it
+            self._end_current(f"object {object_id.hex()} came from the daemon in parts that do not fit: {reason}")
+
+    def _end_current(self, reason: str) -> None:
+        """The object being received will not be whole: its reader or streams end with ``reason``."""
+        current, self.current = self.current, None
+        if current is None:
+            return
+        if current.parts is not None:
+            current.parts.fail(reason)
+        elif self.abort is not None and current.buffer is not None:
+            self.abort(current.buffer, reason)

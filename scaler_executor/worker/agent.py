@@ -77,6 +77,7 @@ from scaler_executor.worker.zygote import EXITED, SPAWNED, ZygoteHandle, start_z
 
 log = logging.getLogger("scaler_executor.worker")
 
+PICKLE_5 = b"\x80\x05"  # how a pickle stream of protocol 5 begins (PROTO 5): streamed to tasks as it comes
 _FRAME_LEN = struct.Struct("!i")  # multiprocessing.connection's framing (worker/framing.py)
 _FRAME_LONG = struct.Struct("!Q")
 FN_MEANS_MAX = 4096  # callables timed at once (their releases remove them; this bounds a leak)
@@ -192,7 +193,11 @@ class WorkerAgent:
         self.fetching: dict[bytes, list[int]] = {}  # object id -> tasks waiting for it
         # fetched objects that come in parts (protocol/chunks.py), written into memfds that
         # the processors map (worker/handoff.py)
-        self.incoming = Incoming(allocate=handoff.allocate, write=handoff.write, finish=handoff.seal)
+        self.incoming = Incoming(
+            allocate=handoff.allocate, write=handoff.write, finish=handoff.seal, started=self._object_started, abort=handoff.Unsealed.abort
+        )
+        # pickle streams still arriving that tasks may start on (handoff.stream): id -> its memfd
+        self.streaming: dict[bytes, handoff.Unsealed] = {}
         self.parked: dict[int, set[bytes]] = {}  # task id -> objects it still waits for
         self.oom = OomCounter()
         self.next_sample = 0.0
@@ -645,8 +650,8 @@ class WorkerAgent:
 
     def _needs_fetch(self, task: m.TaskDispatch) -> bool:
         missing = {i for i in self._object_ids_of(task) if i not in self.blobs}
-        if not missing:
-            return False
+        if not missing or (len(missing) == 1 and next(iter(missing)) in self.streaming):
+            return False  # (its one missing object is arriving: it reads it as it comes)
         self.parked[task.task_id] = missing
         request = [i for i in missing if i not in self.fetching]
         for object_id in missing:
@@ -660,17 +665,38 @@ class WorkerAgent:
         self.incoming.part(message, frames[0] if frames else b"")
         self.outbox.append(m.ObjectPartsTaken(1))  # the daemon's window moves on
 
+    def _object_started(self, object_id: bytes, memfd: handoff.Unsealed) -> None:
+        """The first part of a fetched object is written: if it is a pickle stream (the
+        objects ``pickle.load`` reads, not out-of-band buffers, which processors map whole),
+        the tasks that wait for nothing else run now and read it as it comes (handoff.stream)."""
+        if os.pread(memfd.fd, 2, 0) != PICKLE_5:
+            return
+        self.streaming[object_id] = memfd
+        for task_id in self.fetching.get(object_id, ()):
+            missing = self.parked.get(task_id)
+            if missing is not None and missing == {object_id}:
+                del self.parked[task_id]
+                task = self.held.get(task_id)
+                if task is not None:
+                    self.queue.append(task)
+
     def _on_object_data(self, message: m.ObjectData) -> None:
         buffers = iter(self._frames_of_last_message)
         for object_id, found in zip(message.object_ids, message.found, strict=False):
             waiting = self.fetching.pop(object_id, [])
+            streamed = self.streaming.pop(object_id, None)
             why = "is no longer in the object store"
             if found:
                 try:
                     # bytes, a view of a large frame (wire.recv) or of what came in parts: no copy
-                    self.blobs[object_id] = self.incoming.take(object_id, next(buffers, b""))
+                    blob = self.incoming.take(object_id, next(buffers, b""))
+                    if any(object_id in self._object_ids_of(task) for task in self.held.values()):
+                        self.blobs[object_id] = blob  # (tasks that read it as it came may all be done)
                 except StreamError as exc:
                     found, why = False, f"did not arrive whole ({exc})"
+            if not found and streamed is not None:
+                streamed.abort(why)  # tasks reading it as it came fail on it (handoff.Streamed)
+                self._fail_queued_on(object_id, why)
             for task_id in waiting:
                 missing = self.parked.get(task_id)
                 if missing is None:
@@ -687,6 +713,20 @@ class WorkerAgent:
                     del self.parked[task_id]
                     if task is not None:
                         self.queue.append(task)
+
+    def _fetched_for(self, task: m.TaskDispatch) -> dict[bytes, Any]:
+        """A task's fetched objects: whole, or the memfd of one still arriving (streamed)."""
+        blobs, streaming = self.blobs, self.streaming
+        return {i: blobs[i] if i in blobs else streaming[i] for i in self._object_ids_of(task)}
+
+    def _fail_queued_on(self, object_id: bytes, why: str) -> None:
+        """Tasks queued to read ``object_id`` as it came, not yet at a processor, fail as
+        parked ones do: it will not come whole."""
+        for task in self.queue:
+            if self.held.get(task.task_id) is task and object_id in self._object_ids_of(task):
+                del self.held[task.task_id]  # the queue passes over it
+                text = f"object {object_id.hex()} of its arguments {why}"
+                self.results.append(m.TaskResult(task.task_id, task.attempt, Status.ERROR, _error(text), m.NO_FACTS, m.NO_OBJECTS))
 
     def _drop_blobs(self, task: m.TaskDispatch) -> None:
         if not self.blobs:
@@ -719,7 +759,8 @@ class WorkerAgent:
                 self._kill(p, Status.CANCELLED, "the daemon no longer expects this task")
         self.parked.clear()
         self.fetching.clear()
-        self.incoming.clear()  # a partial object's buffer goes with the rest
+        self.incoming.clear()  # a partial object's buffer goes with the rest (its streams end short)
+        self.streaming.clear()
         self.blobs.clear()
         self.results.clear()
         self.raw_out.clear()
@@ -1121,7 +1162,7 @@ class WorkerAgent:
             p.head_since = now
         if len(p.outstanding) == 1 and task.task_timeout is not None:
             p.deadline = now + task.task_timeout
-        blobs, fds = handoff.blobs_for_run({i: self.blobs[i] for i in self._object_ids_of(task)}) if self.fetch_objects else (None, [])
+        blobs, fds, streams = handoff.blobs_for_run(self._fetched_for(task)) if self.fetch_objects else (None, [], [])
         (self._to_processor_with_fds if fds else self._to_processor)(
             p,
             msgpack.packb(
@@ -1148,6 +1189,8 @@ class WorkerAgent:
             ),
             *([fds] if fds else []),
         )
+        for fd in streams:
+            os.close(fd)  # the processor's end of an object's stream: sent, or it died
 
     # ------------------------------------------------------------------ timers
 

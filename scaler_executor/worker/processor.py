@@ -376,10 +376,12 @@ class _ProcessorState:
             self.fn_payloads[fn_id] = fn_payload
         blobs = message[11]
         if blobs:
-            # Large fetched objects came as memfds beside this message, in order (handoff.py).
+            # Large fetched objects came as memfds beside this message, in order (handoff.py);
+            # one still arriving (minus its size) as a socket it streams through.
             for object_id, blob in blobs.items():
                 if type(blob) is int:
-                    blobs[object_id] = handoff.attach(self.reader.take_fd(), blob)
+                    fd = self.reader.take_fd()
+                    blobs[object_id] = handoff.attach(fd, blob) if blob >= 0 else handoff.Streamed(fd, object_id, -blob)
         return message
 
     def _take_queued(self) -> list[int]:

@@ -1,6 +1,8 @@
 """What a real worker agent (``python -m scaler_executor.cli.worker``) does with daemon
 transmissions it has no use for: an empty batch (the codec accepts one) and messages of a
-type meant for someone else.  Neither may stop it; it keeps running tasks.
+type meant for someone else.  Neither may stop it; it keeps running tasks.  And what it does
+with the parts of an object a task reads (it reads them as they come) and their runs,
+run times and heartbeats.
 
 The daemon here is the test: it binds the ipc socket (``channel.bind``, the daemon's own
 transport), answers the worker's Hello, and speaks the wire protocol through ``codec``.
@@ -9,7 +11,9 @@ transport), answers the worker's Hello, and speaks the wire protocol through ``c
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import operator
+import os
 import pickle
 import shutil
 import signal
@@ -22,11 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
+import msgpack
 import psutil
 import pytest
 from scaler_testing import child_env
 
-from scaler_executor.protocol import channel, codec
+from scaler_executor.objstore import payload
+from scaler_executor.protocol import channel, codec, refs
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status, TaskFlags
 
@@ -69,9 +75,9 @@ class FakeDaemon:
                 if type(message) is kind:
                     return message
 
-    def send(self, batch: list[Any]) -> None:
+    def send(self, batch: list[Any], buffers: list[bytes] | None = None) -> None:
         assert self.peer is not None, "the worker has not said Hello yet"
-        self.router.send([self.peer, *codec.encode(batch)])
+        self.router.send([self.peer, *codec.encode(batch, buffers or ())])
 
     def close(self) -> None:
         self.router.close()
@@ -240,3 +246,90 @@ def test_an_idle_worker_heartbeats_four_times_a_liveness_limit_and_a_busy_one_ev
         after = [message for message in batch if type(message) is m.Heartbeat] + heartbeats(daemon, 0.6)
         assert any((beat.queued, beat.running) == (0, 0) for beat in after), after
     assert "Traceback" not in log_path.read_text(errors="replace")
+
+
+# ------------------------------------------------------------------ an object a task reads as it arrives
+
+
+class _MkDir:
+    """Unpickled first in the stored object: makes a directory the test watches for, so the
+    test knows the task has begun reading the object (worker/handoff.py's ``stream``)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, tuple[str, int, bool]]:
+        return (os.makedirs, (self.path, 0o700, True))
+
+
+class _Ref:
+    """An ObjectRef argument as the client pickles it: the stored value, by its header and id."""
+
+    def __init__(self, object_id: bytes) -> None:
+        self.object_id = object_id
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes, list[bytes]]]:
+        return (refs.stored, (payload.stream_in_store_header(), [self.object_id]))
+
+
+def _read_task(task_id: int, object_id: bytes) -> m.TaskDispatch:
+    """A task hashing the bytes in the stored object ``object_id`` (an ObjectRef argument)."""
+    call = cloudpickle.dumps((lambda value: hashlib.sha256(value[1]).hexdigest(), (_Ref(object_id),), {}))
+    return m.TaskDispatch(task_id, 1, 0, TaskFlags.INLINE_FN, call, [object_id], None, [])
+
+
+def _first_part_read(daemon: FakeDaemon, directory: str) -> tuple[bytes, bytes, bytes]:
+    """A task on an object of three parts, the first part sent; returns once the task has
+    begun reading it (only the first part has come): the object's id, its pickle stream and
+    the bytes in it that the task hashes."""
+    began = Path(directory) / "began"
+    data = os.urandom(3 * m.OBJECT_CHUNK_BYTES - 100)
+    stream = pickle.dumps((_MkDir(str(began)), data), protocol=5)
+    object_id = b"o" * 16
+    daemon.wait_for(m.Hello)
+    daemon.send([m.Welcome(1, 0.1, 50, "scaler-test-no-such-store")])  # a store it cannot map: it fetches
+    daemon.wait_for(m.Heartbeat)
+    daemon.send([m.DispatchTasks([], [_read_task(1, object_id)])])
+    assert daemon.wait_for(m.ObjectRequest).object_ids == [object_id]
+    daemon.send([m.ObjectPart(object_id, 0, len(stream))], [stream[: m.OBJECT_CHUNK_BYTES]])
+    deadline = time.monotonic() + WAIT
+    while not began.exists():
+        assert time.monotonic() < deadline, "the task did not begin reading its object before its last part came"
+        with contextlib.suppress(AssertionError):  # (the worker's exit is raised, not suppressed)
+            daemon.next_batch(0.05)
+    return object_id, stream, data
+
+
+def test_a_task_reads_a_pickled_object_while_its_parts_arrive(directory: str) -> None:
+    with _worker_of(directory) as (daemon, _worker, log_path):
+        object_id, stream, data = _first_part_read(daemon, directory)
+        # A second task on the same object, while it arrives: it asks for nothing more, and
+        # reads it too (after the first, on the worker's one processor).
+        daemon.send([m.DispatchTasks([], [_read_task(2, object_id)])])
+        for offset in range(m.OBJECT_CHUNK_BYTES, len(stream), m.OBJECT_CHUNK_BYTES):
+            daemon.send([m.ObjectPart(object_id, offset, len(stream))], [stream[offset : offset + m.OBJECT_CHUNK_BYTES]])
+        daemon.send([m.ObjectData([object_id], [True])], [b""])
+        results: dict[int, m.TaskResult] = {}
+        deadline = time.monotonic() + WAIT
+        while len(results) < 2 and time.monotonic() < deadline:
+            for message in daemon.next_batch(max(0.0, deadline - time.monotonic())):
+                assert type(message) is not m.ObjectRequest, message
+                if type(message) is m.TaskResults:
+                    results.update((r.task_id, r) for r in message.results)
+        assert sorted((r.task_id, r.status) for r in results.values()) == [(1, Status.OK), (2, Status.OK)], results
+        assert {pickle.loads(r.payload) for r in results.values()} == {hashlib.sha256(data).hexdigest()}
+    assert "Traceback" not in log_path.read_text(errors="replace")
+
+
+def test_a_task_reading_an_object_that_ends_short_fails_and_the_worker_serves_on(directory: str) -> None:
+    with _worker_of(directory) as (daemon, worker, _log):
+        object_id, _stream, _data = _first_part_read(daemon, directory)
+        daemon.send([m.ObjectData([object_id], [True])], [b""])  # the answer ends after one part of three
+        results = daemon.wait_for(m.TaskResults)
+        assert [(r.task_id, r.status) for r in results.results] == [(1, Status.ERROR)], results
+        _pickled, kind, message, *_rest = msgpack.unpackb(results.results[0].payload)  # processor.dump_exception's form
+        assert f"object {object_id.hex()} of its arguments did not arrive whole" in message, (kind, message)
+        daemon.send([m.DispatchTasks([], [_add_task(2, 40, 2)])])
+        results = daemon.wait_for(m.TaskResults)
+        assert [(r.task_id, r.status) for r in results.results] == [(2, Status.OK)]
+        assert pickle.loads(results.results[0].payload) == 42 and worker.poll() is None
