@@ -79,8 +79,13 @@ def install(path: str) -> Tap:
 
 
 def main() -> int:
-    out = sys.argv[1]
-    rest = sys.argv[sys.argv.index("--") + 1:]
+    args = sys.argv[1:]
+    if len(args) < 2 or args[0].startswith("-") or "--" not in args:
+        # (not argparse: everything after "--" is scaler-daemon's, --help included)
+        print(f"usage: python -m bench.scale_tap OUT.jsonl -- SCALER-DAEMON-ARGS...\n\n{__doc__}", file=sys.stderr)
+        return 0 if args[:1] in (["-h"], ["--help"]) else 2
+    out = args[0]
+    rest = args[args.index("--") + 1 :]
     install(out)
     from scaler_executor.cli import daemon
 
