@@ -140,9 +140,10 @@ def _streams() -> list[threading.Thread]:
 
 
 def _no_streams_left() -> bool:
+    """Every stream thread has ended (each joined, 10 s at most in all)."""
     deadline = time.monotonic() + 10
-    while _streams() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    for thread in _streams():
+        thread.join(max(0.0, deadline - time.monotonic()))
     return not _streams()
 
 
