@@ -69,6 +69,7 @@ from scaler_executor.protocol.runlog import RunLog
 from scaler_executor.worker import capture, handoff
 from scaler_executor.worker import processor as proc
 from scaler_executor.worker.dealing import MAX_DEPTH, recall_due, takes_more, task_depth
+from scaler_executor.worker.fetches import Fetches
 from scaler_executor.worker.framing import FrameReader, send_with_fds
 from scaler_executor.worker.lanes import Lane, Lanes
 from scaler_executor.worker.memory import OomCounter, cpu_seconds, private_memory
@@ -189,16 +190,12 @@ class WorkerAgent:
         self.store: Any = None  # our handle on it
         self.threshold = config.object_store_threshold
         self.capture_dir = ""  # where processors capture tasks' fds 1/2 (worker/capture.py), made on first use
-        self.blobs: dict[bytes, bytes | memoryview] = {}  # objects fetched over the network for held tasks
-        self.fetching: dict[bytes, list[int]] = {}  # object id -> tasks waiting for it
+        self.fetches = Fetches()  # objects fetched over the network for held tasks, and who waits (fetches.py)
         # fetched objects that come in parts (protocol/chunks.py), written into memfds that
         # the processors map (worker/handoff.py)
         self.incoming = Incoming(
             allocate=handoff.allocate, write=handoff.write, finish=handoff.seal, started=self._object_started, abort=handoff.Unsealed.abort
         )
-        # pickle streams still arriving that tasks may start on (handoff.stream): id -> its memfd
-        self.streaming: dict[bytes, handoff.Unsealed] = {}
-        self.parked: dict[int, set[bytes]] = {}  # task id -> objects it still waits for
         self.oom = OomCounter()
         self.next_sample = 0.0
         self.memory_total = 0  # the processors' private memory at the last sample
@@ -500,11 +497,21 @@ class WorkerAgent:
         self.last_busy = self.last_recv
         for blob in message.functions:
             self.functions[blob.fn_id] = blob.payload
+        if not self.fetch_objects:
+            for task in message.tasks:
+                self.held[task.task_id] = task
+                self.queue.append(task)
+            return
+        request: list[bytes] = []
         for task in message.tasks:
             self.held[task.task_id] = task
-            if self.fetch_objects and not self.draining and self._needs_fetch(task):
-                continue  # parked until its objects arrive (a draining worker hands it back)
-            self.queue.append(task)
+            # (a draining worker hands it back: nothing to fetch)
+            need = self.fetches.hold(task.task_id, () if self.draining else self._object_ids_of(task))
+            request += need.request
+            if need.ready:
+                self.queue.append(task)  # (else parked until its objects arrive)
+        if request:
+            self.outbox.append(m.ObjectRequest(request))
 
     def _on_cancel_tasks(self, message: m.CancelTasks) -> None:
         self._cancel(message.task_ids, message.force)
@@ -648,18 +655,6 @@ class WorkerAgent:
             ids.extend(dep.objects)
         return ids
 
-    def _needs_fetch(self, task: m.TaskDispatch) -> bool:
-        missing = {i for i in self._object_ids_of(task) if i not in self.blobs}
-        if not missing or (len(missing) == 1 and next(iter(missing)) in self.streaming):
-            return False  # (its one missing object is arriving: it reads it as it comes)
-        self.parked[task.task_id] = missing
-        request = [i for i in missing if i not in self.fetching]
-        for object_id in missing:
-            self.fetching.setdefault(object_id, []).append(task.task_id)
-        if request:
-            self.outbox.append(m.ObjectRequest(request))
-        return True
-
     def _on_object_part(self, message: m.ObjectPart) -> None:
         frames = self._frames_of_last_message
         self.incoming.part(message, frames[0] if frames else b"")
@@ -671,72 +666,43 @@ class WorkerAgent:
         the tasks that wait for nothing else run now and read it as it comes (handoff.stream)."""
         if os.pread(memfd.fd, 2, 0) != PICKLE_5:
             return
-        self.streaming[object_id] = memfd
-        for task_id in self.fetching.get(object_id, ()):
-            missing = self.parked.get(task_id)
-            if missing is not None and missing == {object_id}:
-                del self.parked[task_id]
-                task = self.held.get(task_id)
-                if task is not None:
-                    self.queue.append(task)
+        for task_id in self.fetches.started(object_id, memfd):
+            self.queue.append(self.held[task_id])
 
     def _on_object_data(self, message: m.ObjectData) -> None:
         buffers = iter(self._frames_of_last_message)
         for object_id, found in zip(message.object_ids, message.found, strict=False):
-            waiting = self.fetching.pop(object_id, [])
-            streamed = self.streaming.pop(object_id, None)
-            why = "is no longer in the object store"
+            blob, why = None, "is no longer in the object store"
             if found:
                 try:
                     # bytes, a view of a large frame (wire.recv) or of what came in parts: no copy
                     blob = self.incoming.take(object_id, next(buffers, b""))
-                    if any(object_id in self._object_ids_of(task) for task in self.held.values()):
-                        self.blobs[object_id] = blob  # (tasks that read it as it came may all be done)
                 except StreamError as exc:
-                    found, why = False, f"did not arrive whole ({exc})"
-            if not found and streamed is not None:
-                streamed.abort(why)  # tasks reading it as it came fail on it (handoff.Streamed)
-                self._fail_queued_on(object_id, why)
-            for task_id in waiting:
-                missing = self.parked.get(task_id)
-                if missing is None:
-                    continue
-                missing.discard(object_id)
-                task = self.held.get(task_id)
-                if not found and task is not None:
-                    # Gone from the store (its owner released it): the task cannot run here.
-                    del self.parked[task_id]
-                    del self.held[task_id]
-                    text = f"object {object_id.hex()} of its arguments {why}"
-                    self.results.append(m.TaskResult(task_id, task.attempt, Status.ERROR, _error(text), m.NO_FACTS, m.NO_OBJECTS))
-                elif not missing:
-                    del self.parked[task_id]
-                    if task is not None:
-                        self.queue.append(task)
+                    why = f"did not arrive whole ({exc})"
+            arrival = self.fetches.arrived(object_id, blob)
+            if blob is None and arrival.stream is not None:
+                arrival.stream.abort(why)  # tasks reading it as it came fail on it (handoff.Streamed)
+            text = f"object {object_id.hex()} of its arguments {why}"
+            for task_id in arrival.failed:
+                # Gone from the store (its owner released it), or cut short: it cannot run here.
+                task = self.held.pop(task_id)
+                self.results.append(m.TaskResult(task_id, task.attempt, Status.ERROR, _error(text), m.NO_FACTS, m.NO_OBJECTS))
+            if arrival.readers:
+                # Those queued to read it as it came, not yet at a processor, fail as parked
+                # ones do (the others fail on their stream).
+                readers = set(arrival.readers)
+                for task in self.queue:
+                    if task.task_id in readers and self.held.get(task.task_id) is task:
+                        self._unhold(task.task_id)  # the queue passes over it
+                        self.results.append(m.TaskResult(task.task_id, task.attempt, Status.ERROR, _error(text), m.NO_FACTS, m.NO_OBJECTS))
+            for task_id in arrival.ready:
+                self.queue.append(self.held[task_id])
 
-    def _fetched_for(self, task: m.TaskDispatch) -> dict[bytes, Any]:
-        """A task's fetched objects: whole, or the memfd of one still arriving (streamed)."""
-        blobs, streaming = self.blobs, self.streaming
-        return {i: blobs[i] if i in blobs else streaming[i] for i in self._object_ids_of(task)}
-
-    def _fail_queued_on(self, object_id: bytes, why: str) -> None:
-        """Tasks queued to read ``object_id`` as it came, not yet at a processor, fail as
-        parked ones do: it will not come whole."""
-        for task in self.queue:
-            if self.held.get(task.task_id) is task and object_id in self._object_ids_of(task):
-                del self.held[task.task_id]  # the queue passes over it
-                text = f"object {object_id.hex()} of its arguments {why}"
-                self.results.append(m.TaskResult(task.task_id, task.attempt, Status.ERROR, _error(text), m.NO_FACTS, m.NO_OBJECTS))
-
-    def _drop_blobs(self, task: m.TaskDispatch) -> None:
-        if not self.blobs:
-            return
-        still = set()
-        for other in self.held.values():
-            still.update(self._object_ids_of(other))
-        for object_id in self._object_ids_of(task):
-            if object_id not in still:
-                self.blobs.pop(object_id, None)
+    def _unhold(self, task_id: int) -> m.TaskDispatch:
+        """A task this worker will not run or report again: out of ``held``, and its fetched
+        objects dropped unless another held task reads them."""
+        self.fetches.forget(task_id)
+        return self.held.pop(task_id)
 
     def _forget_daemon_state(self) -> None:
         """The daemon lost track of this worker: what it held is no longer expected anywhere.
@@ -757,11 +723,8 @@ class WorkerAgent:
         for p in list(self.processors.values()):
             if p.outstanding and p.eof_at is None:
                 self._kill(p, Status.CANCELLED, "the daemon no longer expects this task")
-        self.parked.clear()
-        self.fetching.clear()
+        self.fetches.clear()
         self.incoming.clear()  # a partial object's buffer goes with the rest (its streams end short)
-        self.streaming.clear()
-        self.blobs.clear()
         self.results.clear()
         self.raw_out.clear()
         self.lanes.close(self.poller)  # their clients submit what they had there again, to the daemon
@@ -775,9 +738,8 @@ class WorkerAgent:
                 (p for p in self.processors.values() if p.attempts.get(task_id) == task.attempt and task_id in p.outstanding),
                 None,
             )
-            if holder is None:  # still in our queue: drop it
-                del self.held[task_id]
-                self.parked.pop(task_id, None)
+            if holder is None:  # still in our queue, or parked: drop it
+                self._unhold(task_id)
                 self.results.append(m.TaskResult(task_id, task.attempt, Status.CANCELLED, b"", m.NO_FACTS, m.NO_OBJECTS))
             elif force and holder.outstanding[0] == task_id:
                 self._kill(holder, Status.FORCE_CANCELLED, "cancelled with force=True while running")
@@ -893,6 +855,8 @@ class WorkerAgent:
             task = None  # an attempt the daemon no longer expects (a newer one may be held)
         else:
             del self.held[task_id]
+            if self.fetch_objects:
+                self.fetches.forget(task_id)  # its fetched objects, unless another task reads them
         if (task_id, attempt) in self.cancelled:
             self.cancelled.discard((task_id, attempt))
             status, payload = Status.CANCELLED, b""
@@ -903,8 +867,6 @@ class WorkerAgent:
             self.results.append(m.make(m.TaskResult, (task_id, attempt, status, payload, facts, result_objects, delivered, output)))
             if task is not None and task_id not in self.lanes.tasks:  # a lane task's: lanes.py records it
                 self.runlog.ended(started, finished, status, peak)
-        if task is not None and self.blobs:
-            self._drop_blobs(task)
         duration = finished - started
         self.mean_task = duration if self.mean_task is None else self.mean_task + 0.2 * (duration - self.mean_task)
         if task is not None:
@@ -1006,7 +968,7 @@ class WorkerAgent:
             cancelled = (running, attempt) in self.cancelled
             self.cancelled.discard((running, attempt))
             if task is not None and task.attempt == attempt:
-                del self.held[running]
+                self._unhold(running)
                 if p.kill is not None:
                     status, text = p.kill[0], f"{p.kill[1]} (processor pid {p.pid} {how})"
                 elif cancelled:
@@ -1162,7 +1124,7 @@ class WorkerAgent:
             p.head_since = now
         if len(p.outstanding) == 1 and task.task_timeout is not None:
             p.deadline = now + task.task_timeout
-        blobs, fds, streams = handoff.blobs_for_run(self._fetched_for(task)) if self.fetch_objects else (None, [], [])
+        blobs, fds, streams = handoff.blobs_for_run(self.fetches.for_run(task.task_id)) if self.fetch_objects else (None, [], [])
         (self._to_processor_with_fds if fds else self._to_processor)(
             p,
             msgpack.packb(
@@ -1438,7 +1400,6 @@ class WorkerAgent:
         ``announce``); lane tasks stay queued."""
         lane_tasks = self.lanes.tasks
         back: list[m.TaskAttempt] = []
-        dropped: list[m.TaskDispatch] = []
         keep: deque[m.TaskDispatch] = deque()
         for task in self.queue:
             if self.held.get(task.task_id) is not task:
@@ -1446,20 +1407,11 @@ class WorkerAgent:
             if task.task_id in lane_tasks:
                 keep.append(task)
                 continue
-            del self.held[task.task_id]
+            self._unhold(task.task_id)
             back.append(m.TaskAttempt(task.task_id, task.attempt))
-            dropped.append(task)
         self.queue = keep
-        for task_id in list(self.parked):
-            del self.parked[task_id]
-            parked = self.held.get(task_id)
-            if parked is not None:
-                del self.held[task_id]
-                back.append(m.TaskAttempt(task_id, parked.attempt))
-                dropped.append(parked)
-        if self.blobs:
-            for task in dropped:
-                self._drop_blobs(task)
+        for task_id in self.fetches.parked():
+            back.append(m.TaskAttempt(task_id, self._unhold(task_id).attempt))
         if back and announce:
             self.outbox.append(m.WorkerDraining(back))
         return back

@@ -1,8 +1,8 @@
 """What a real worker agent (``python -m scaler_executor.cli.worker``) does with daemon
 transmissions it has no use for: an empty batch (the codec accepts one) and messages of a
 type meant for someone else.  Neither may stop it; it keeps running tasks.  And what it does
-with the parts of an object a task reads (it reads them as they come) and their runs,
-run times and heartbeats.
+with the parts of an object a task reads (it reads them as they come), how long it keeps
+a fetched object, and its runs, run times and heartbeats.
 
 The daemon here is the test: it binds the ipc socket (``channel.bind``, the daemon's own
 transport), answers the worker's Hello, and speaks the wire protocol through ``codec``.
@@ -333,3 +333,33 @@ def test_a_task_reading_an_object_that_ends_short_fails_and_the_worker_serves_on
         results = daemon.wait_for(m.TaskResults)
         assert [(r.task_id, r.status) for r in results.results] == [(2, Status.OK)]
         assert pickle.loads(results.results[0].payload) == 42 and worker.poll() is None
+
+
+def _exit_task(task_id: int, object_id: bytes) -> m.TaskDispatch:
+    """A task that reads the stored object ``object_id`` and kills its processor."""
+    call = cloudpickle.dumps((lambda value: os._exit(3), (_Ref(object_id),), {}))
+    return m.TaskDispatch(task_id, 1, 0, TaskFlags.INLINE_FN, call, [object_id], None, [])
+
+
+def test_a_fetched_object_is_kept_only_while_a_task_the_worker_holds_reads_it(directory: str) -> None:
+    """Whatever way a task leaves the worker (here its processor dies under it), the objects
+    it alone read are dropped: the next task on one is fetched again, not served from a copy
+    nobody would ever free."""
+    stream = pickle.dumps((None, os.urandom(1000)), protocol=5)
+    object_id = b"k" * 16
+    with _worker_of(directory) as (daemon, worker, _log):
+        daemon.wait_for(m.Hello)
+        daemon.send([m.Welcome(1, 0.1, 50, "scaler-test-no-such-store")])  # a store it cannot map: it fetches
+        daemon.wait_for(m.Heartbeat)
+        daemon.send([m.DispatchTasks([], [_exit_task(1, object_id)])])
+        assert daemon.wait_for(m.ObjectRequest).object_ids == [object_id]
+        daemon.send([m.ObjectData([object_id], [True])], [stream])
+        results = daemon.wait_for(m.TaskResults)
+        assert [(r.task_id, r.status) for r in results.results] == [(1, Status.PROCESSOR_DIED)], results
+        daemon.send([m.DispatchTasks([], [_read_task(2, object_id)])])
+        assert daemon.wait_for(m.ObjectRequest).object_ids == [object_id], "it kept the dead task's object"
+        daemon.send([m.ObjectData([object_id], [True])], [stream])
+        results = daemon.wait_for(m.TaskResults)
+        assert [(r.task_id, r.status) for r in results.results] == [(2, Status.OK)], results
+        assert pickle.loads(results.results[0].payload) == hashlib.sha256(pickle.loads(stream)[1]).hexdigest()
+        assert worker.poll() is None
