@@ -41,7 +41,6 @@ import math
 import os
 import signal
 import socket
-import struct
 import tempfile
 import time
 from collections import deque
@@ -52,7 +51,7 @@ from typing import Any
 import cloudpickle  # type: ignore[import-untyped]  # no stubs or py.typed
 import msgpack
 
-from scaler_executor._compat import DAEMON_ADDRESS_ENV, describe_wait_status, python_version
+from scaler_executor._compat import DAEMON_ADDRESS_ENV, python_version
 from scaler_executor._version import __version__
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import channel, codec
@@ -70,23 +69,19 @@ from scaler_executor.worker import capture, handoff
 from scaler_executor.worker import processor as proc
 from scaler_executor.worker.dealing import MAX_DEPTH, recall_due, takes_more, task_depth
 from scaler_executor.worker.fetches import Fetches
-from scaler_executor.worker.framing import FrameReader, send_with_fds
 from scaler_executor.worker.lanes import Lane, Lanes
 from scaler_executor.worker.memory import OomCounter, cpu_seconds, private_memory
+from scaler_executor.worker.processes import Processor, size_text
 from scaler_executor.worker.resume import WorkerResume
 from scaler_executor.worker.zygote import EXITED, SPAWNED, ZygoteHandle, start_zygote
 
 log = logging.getLogger("scaler_executor.worker")
 
 PICKLE_5 = b"\x80\x05"  # how a pickle stream of protocol 5 begins (PROTO 5): streamed to tasks as it comes
-_FRAME_LEN = struct.Struct("!i")  # multiprocessing.connection's framing (worker/framing.py)
-_FRAME_LONG = struct.Struct("!Q")
 FN_MEANS_MAX = 4096  # callables timed at once (their releases remove them; this bounds a leak)
 EXIT_STATUS_GRACE = 1.0  # seconds to wait for the zygote's report of how a processor died
 RESPAWN_BACKOFF = (0.0, 0.0, 0.1, 0.5, 2.0)  # after consecutive processors died without a task done
 
-
-STDERR_TAIL_BYTES = 4096  # kept per processor to explain a crash
 MEMORY_SAMPLE_SECONDS = 0.1
 RESULT_LINGER = 0.001  # most a result waits for others when the worker is saturated
 # A worker holding no task sends its task runs (protocol/runlog.py) at once, not at its next
@@ -98,63 +93,6 @@ RESULT_BATCH = 64  # results that go at once, saturated or not
 HOUSEKEEPING_SECONDS = 0.005  # timers' resolution under load (deadlines, respawns, silence)
 ZYGOTE_WARM_IDLE = 0.2  # seconds without a task before the zygote may spend CPU on imports
 DRAIN_MARGIN = 1.0  # seconds of drain_seconds kept for the Goodbye and the processors' end
-
-
-class Processor:
-    __slots__ = (
-        "attempts",
-        "conn",
-        "deadline",
-        "eof_at",
-        "err_fd",
-        "err_tail",
-        "fd",
-        "functions",
-        "head_since",
-        "kill",
-        "memory",
-        "outstanding",
-        "peak",
-        "pid",
-        "reader",
-        "recall_fd",
-        "recalling",
-        "retired",
-        "seceded",
-        "sent",
-        "wait_status",
-    )
-
-    def __init__(self, pid: int, conn: Connection, err_fd: int, recall_fd: int = -1) -> None:
-        self.pid = pid
-        self.conn = conn
-        self.fd = conn.fileno()
-        # recvmsg on a duplicate: large results come as memfds beside DONE (worker/handoff.py)
-        self.reader = FrameReader(self.fd, socket.socket(fileno=os.dup(self.fd)))
-        self.seceded = False  # its running task waits on sub-tasks: it does not count as a slot
-        self.retired = False  # asked to exit (the worker has one processor too many)
-        self.err_fd = err_fd  # read end of its stderr pipe, -1 once closed
-        self.err_tail = bytearray()
-        self.memory = 0  # last sampled private memory
-        self.peak = 0  # highest sample during the running task
-        self.outstanding: deque[int] = deque()  # task ids sent, in order; [0] is running
-        self.attempts: dict[int, int] = {}  # task id -> the attempt this processor was given
-        self.functions: set[int] = set()
-        self.sent = 0
-        self.eof_at: float | None = None  # when its socket closed
-        self.wait_status: int | None = None  # from the zygote
-        self.kill: tuple[int, str] | None = None  # (status, reason) when we killed it on purpose
-        self.deadline: float | None = None  # task_timeout of the running task
-        self.recall_fd = recall_fd  # write end of its recall pipe (-1 once closed)
-        self.recalling = False  # a recall is out: no task goes to it until RECALLED
-        self.head_since = 0.0  # when the running task (outstanding[0]) was sent or became first
-
-    def close_fds(self) -> None:
-        self.reader.close()
-        self.conn.close()
-        if self.recall_fd >= 0:
-            os.close(self.recall_fd)
-            self.recall_fd = -1
 
 
 class WorkerAgent:
@@ -722,7 +660,7 @@ class WorkerAgent:
         self.cancelled.update((task_id, task.attempt) for task_id, task in self.held.items())
         for p in list(self.processors.values()):
             if p.outstanding and p.eof_at is None:
-                self._kill(p, Status.CANCELLED, "the daemon no longer expects this task")
+                p.kill_for(Status.CANCELLED, "the daemon no longer expects this task")
         self.fetches.clear()
         self.incoming.clear()  # a partial object's buffer goes with the rest (its streams end short)
         self.results.clear()
@@ -742,7 +680,7 @@ class WorkerAgent:
                 self._unhold(task_id)
                 self.results.append(m.TaskResult(task_id, task.attempt, Status.CANCELLED, b"", m.NO_FACTS, m.NO_OBJECTS))
             elif force and holder.outstanding[0] == task_id:
-                self._kill(holder, Status.FORCE_CANCELLED, "cancelled with force=True while running")
+                holder.kill_for(Status.FORCE_CANCELLED, "cancelled with force=True while running")
             else:
                 self.cancelled.add((task_id, task.attempt))  # it will run; say cancelled
 
@@ -807,10 +745,7 @@ class WorkerAgent:
 
     def _take_back(self, p: Processor, returned: list[int]) -> None:
         """Tasks a processor handed back unstarted: to the front of our queue, in order."""
-        given = {back: p.attempts.pop(back, None) for back in returned}
-        for back in returned:
-            p.outstanding.remove(back)
-        p.sent -= len(returned)  # they do not count towards its max_tasks_per_child
+        given = p.take_back(returned)
         for back in reversed(returned):
             task = self.held.get(back)
             if task is not None and task.attempt == given[back]:
@@ -878,23 +813,11 @@ class WorkerAgent:
         self.died_in_a_row = 0
 
     def _on_stderr(self, p: Processor) -> None:
-        """Forward what a processor wrote to stderr, and keep its tail."""
-        while p.err_fd >= 0:
-            try:
-                data = os.read(p.err_fd, 65536)
-            except BlockingIOError:
-                return
-            except OSError:
-                data = b""
-            if not data:
-                self.poller.unregister(p.err_fd)
-                del self.stderr_of[p.err_fd]
-                os.close(p.err_fd)
-                p.err_fd = -1
-                return
-            _write_all(2, data)
-            p.err_tail += data
-            del p.err_tail[:-STDERR_TAIL_BYTES]
+        """Forward what a processor wrote to stderr, and keep its tail (Processor.read_stderr)."""
+        if p.err_fd >= 0 and p.read_stderr():
+            self.poller.unregister(p.err_fd)
+            del self.stderr_of[p.err_fd]
+            p.close_stderr()
 
     def _sample_memory(self, now: float) -> None:
         if now < self.next_sample:
@@ -913,20 +836,11 @@ class WorkerAgent:
                 busiest = p
         self.memory_total = total
         if self.memory_limit is not None and busiest is not None and total > self.memory_limit:
-            self._kill(
-                busiest,
+            busiest.kill_for(
                 Status.PROCESSOR_DIED,
-                f"killed by scaler-executor: the worker's processors held {_size(total)} of private memory, "
-                f"over its memory limit of {_size(self.memory_limit)}; this processor held {_size(busiest.memory)}",
+                f"killed by scaler-executor: the worker's processors held {size_text(total)} of private memory, "
+                f"over its memory limit of {size_text(self.memory_limit)}; this processor held {size_text(busiest.memory)}",
             )
-
-    def _kill(self, p: Processor, status: int, reason: str) -> None:
-        if p.kill is None:
-            p.kill = (status, reason)
-        try:
-            os.kill(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
     def _bury(self, p: Processor) -> None:
         """A processor is gone (socket closed and exit status known, or the grace passed)."""
@@ -938,22 +852,9 @@ class WorkerAgent:
         if p.err_fd >= 0:
             os.set_blocking(p.err_fd, True)  # it is dead: read what it wrote up to EOF
             self._on_stderr(p)
-        how = describe_wait_status(p.wait_status) if p.wait_status is not None else "exit status unknown"
-        if (
-            p.kill is None
-            and p.wait_status is not None
-            and os.WIFSIGNALED(p.wait_status)
-            and os.WTERMSIG(p.wait_status) == signal.SIGKILL
-        ):
-            if self.oom.killed_since_last():
-                how += " by the kernel's out-of-memory killer (the cgroup's memory.events counted an oom_kill)"
-            elif self.memory_limit is not None:
-                how += f", last private memory {_size(p.memory)} of the worker's limit {_size(self.memory_limit)}"
+        how = p.how_it_ended(self.oom, self.memory_limit)
         # A capturing task's output up to its death, read from its processor's files.
         output = capture.read_files(self.capture_dir, p.pid, self.config.capture_output_limit) if self.capture_dir else b""
-        tail = _last_lines(p.err_tail)
-        if tail:
-            how += "; its last stderr lines:\n    " + "\n    ".join(tail)
         if self.store is not None:
             # Processors never detach: give back now what it held in the store (large NumPy
             # arrays it had made, unsealed writes), rather than at the next process's attach.
@@ -1010,62 +911,22 @@ class WorkerAgent:
                 if missing >= 0:
                     break
                 if not p.outstanding and not p.seceded:
-                    self._retire(p)
+                    p.retire()
                     missing += 1
-
-    def _retire(self, p: Processor) -> None:
-        """Ask an idle processor to exit (SIGTERM); its end is then handled like any other.
-
-        Its socket stays open until it is buried: closing it here freed the descriptor
-        number for the next processor while this record was still filed under it, and the
-        burial then removed the new processor's entry (its results were never read).
-        """
-        p.retired = True
-        try:
-            os.kill(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
 
     def _to_processor(self, p: Processor, data: bytes) -> None:
         pending = self._pending_writes
         if pending is not None:  # inside _assign: one write per processor at its end
             pending.setdefault(p, []).append(data)
             return
-        try:
-            p.conn.send_bytes(data)
-        except OSError:
-            pass  # it died; its socket's EOF will be noticed by the poller
+        p.send(data)
 
     def _to_processor_with_fds(self, p: Processor, data: bytes, fds: list[int]) -> None:
         """``data`` with memfds beside it (worker/handoff.py), after what waits for ``p``."""
         pending = self._pending_writes
         if pending is not None and p in pending:
-            self._write_frames(p, pending.pop(p))
-        sock = p.reader.sock
-        try:
-            if sock is None:
-                raise OSError("the processor's socket is closed")
-            send_with_fds(sock, data, fds)
-        except OSError:
-            pass  # it died; its socket's EOF will be noticed by the poller
-
-    def _write_frames(self, p: Processor, frames: list[bytes]) -> None:
-        """``frames`` in ``Connection.send_bytes``'s framing, in one system call if they fit."""
-        if len(frames) == 1:
-            self._to_processor(p, frames[0])
-            return
-        parts: list[bytes] = []
-        for data in frames:
-            size = len(data)
-            parts.append(_FRAME_LEN.pack(size) if size <= 0x7FFFFFFF else _FRAME_LEN.pack(-1) + _FRAME_LONG.pack(size))
-            parts.append(data)
-        view = memoryview(b"".join(parts))
-        try:
-            fd = p.conn.fileno()
-            while view:
-                view = view[os.write(fd, view) :]
-        except OSError:
-            pass  # it died; its socket's EOF will be noticed by the poller
+            p.send_frames(pending.pop(p))
+        p.send_with_fds(data, fds)
 
     def _assign(self, now: float) -> None:
         if not self.queue or self.broken is not None:
@@ -1108,7 +969,7 @@ class WorkerAgent:
         finally:
             pending, self._pending_writes = self._pending_writes, None
             for p, frames in pending.items():
-                self._write_frames(p, frames)
+                p.send_frames(frames)
 
     def _run_on(self, p: Processor, task: m.TaskDispatch, now: float) -> None:
         fn_payload = None
@@ -1197,7 +1058,7 @@ class WorkerAgent:
                 elif now >= p.deadline:
                     task = self.held.get(p.outstanding[0])
                     limit = task.task_timeout if task is not None else 0
-                    self._kill(p, Status.TIMEOUT, f"task ran longer than its task_timeout of {limit} s")
+                    p.kill_for(Status.TIMEOUT, f"task ran longer than its task_timeout of {limit} s")
         self._reconcile(now)
         if not self.zygote_warm:
             if self.held:
@@ -1488,30 +1349,6 @@ class WorkerAgent:
                 log.debug("worker %s: removing the object store %s: %s", self.name, self.store_name, exc)
         os.close(self._signal_r)
         os.close(self._signal_w)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view) :]
-        except BlockingIOError:
-            continue
-        except OSError:
-            return  # our own stderr is gone: nothing better to do with the text
-
-
-def _last_lines(tail: bytearray, count: int = 6) -> list[str]:
-    lines = bytes(tail).decode(errors="replace").splitlines()
-    return [line for line in lines if line.strip()][-count:]
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 def _error(text: str) -> bytes:
