@@ -9,7 +9,9 @@ must agree.  Runs on the installed joblib and, through ``test_joblib_versions.py
 
 from __future__ import annotations
 
+import atexit
 import errno
+import gc
 import os
 import threading
 import warnings
@@ -48,6 +50,9 @@ needs_loky_initializer = pytest.mark.skipif(
 )
 
 
+_JOBLIB_FOLDER_CLEANUP = "TemporaryResourcesManager.register_folder_finalizer.<locals>._cleanup"
+
+
 @pytest.fixture(scope="module", autouse=True)
 def stop_pools() -> Iterator[None]:
     yield
@@ -56,6 +61,14 @@ def stop_pools() -> Iterator[None]:
     from joblib.externals.loky.backend import resource_tracker as loky_tracker
 
     get_reusable_executor().shutdown(wait=True, kill_workers=True)
+    # joblib registers each loky pool's memmapping folder with loky's tracker, and leaves an
+    # exit handler that deletes the folder and unregisters it (also one never made). Run
+    # those now, while the tracker that knows the folders runs: at the exit a new tracker,
+    # started by the first of them, prints a KeyError traceback for each.
+    for obj in gc.get_objects():
+        if getattr(obj, "__qualname__", "") == _JOBLIB_FOLDER_CLEANUP and callable(obj):
+            atexit.unregister(obj)
+            obj()
     # loky leaves two resource-tracker processes (its own and multiprocessing's) running
     # until the interpreter exits; the suite's leak check wants no child left, so stop them
     # (each starts again when next needed).  Private, but no public stop exists.
