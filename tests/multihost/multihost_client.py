@@ -6,7 +6,7 @@ Commands (``op``): ``open`` (address, config: ClusterConfig keys, executor: furt
 ScalerExecutor keyword arguments such as credentials), ``submit`` (fn, args: a list of
 argument lists) -> batch, ``done`` (batch) -> how many finished, ``running`` (batch) -> how many run now, ``wait`` (batch, timeout)
 -> results and errors, ``put_fetch`` (size) -> timings of a put, a remote task reading it, the
-client reading it back, and a large result, ``noop`` (count, trips) -> throughput and round trip,
+client reading it back, and a large result (also from the task's end), ``noop`` (count, trips) -> throughput and round trip,
 ``put_keep`` (size) -> a kept ref and its digest, ``submit_ref`` (ref) -> a batch reading it, ``drop_ref`` (ref), ``read_while_task`` (ref),
 ``put_read`` (sizes) -> digests of arrays put, read on another host and read back,
 ``bytes_read`` (sizes) -> the same for bytes, and for bytes a remote task returns,
@@ -28,7 +28,7 @@ from typing import Any
 
 import multihost_tasks as tasks
 
-from scaler_executor import ClusterConfig, ScalerExecutor
+from scaler_executor import ClusterConfig, ScalerExecutor, task_info
 
 state: dict[str, Any] = {"ex": None, "batches": []}
 
@@ -94,10 +94,15 @@ def op_put_fetch(size: int) -> dict[str, Any]:
     ok_get = tasks.sample(got) == expect
     del got
     started = time.monotonic()
-    back = ex.submit(tasks.make_bytes, size, 2).result()
-    fetch = time.monotonic() - started
+    future = ex.submit(tasks.make_bytes, size, 2)
+    back = future.result()
+    fetch, done_at = time.monotonic() - started, time.time()
+    # From the task's end (its result pickled, on the worker's clock: the hosts share this
+    # machine's) to the value here: the transfer and the unpickling alone.
+    info = task_info(future)
+    from_end = done_at - info.finished if info is not None and info.finished else None
     ok_back = tasks.sample(back) == tasks.sample(tasks.pattern(size, 2))
-    return {"put": put, "read_remotely": read_remotely, "get": get, "fetch": fetch,
+    return {"put": put, "read_remotely": read_remotely, "get": get, "fetch": fetch, "fetch_from_end": from_end,
             "remote_ok": tuple(remote) == expect, "get_ok": ok_get, "back_ok": ok_back, "size": size}
 
 

@@ -33,6 +33,9 @@ def test_large_objects_cross_the_network_both_ways(make_cluster) -> None:
     before = {role: cluster.hosts.port_bytes(role) for role in ("client", "w1")}
     answer = client.call("put_fetch", answer_within=120, size=MB100)
     assert answer["remote_ok"] and answer["get_ok"] and answer["back_ok"], answer
+    # task_info's end of the task, on the worker host's clock (this machine's), falls within
+    # the client's wait for it: bench/multihost.py's result back from the task's end.
+    assert answer["fetch_from_end"] is not None and 0 < answer["fetch_from_end"] < answer["fetch"], answer
     stats = net.stats(client)
     # Into the daemon's store: the client's put and the worker's result, streamed in chunks.
     assert stats["objects_received"] == 2 and stats["object_bytes_received"] >= 2 * MB100, stats
