@@ -115,8 +115,9 @@ class Processor:
             parts.append(data)
         view = memoryview(b"".join(parts))
         try:
+            fd = self.conn.fileno()  # (raises once closed: its number may be another file's by then)
             while view:
-                view = view[os.write(self.fd, view) :]
+                view = view[os.write(fd, view) :]
         except OSError:
             pass
 

@@ -169,3 +169,22 @@ def test_tasks_taken_back_leave_its_queue_and_its_count(record: tuple[Processor,
         p.sent += 1
     assert p.take_back([2, 3]) == {2: 1, 3: 0}
     assert list(p.outstanding) == [1] and p.attempts == {1: 0} and p.sent == 1
+
+
+def test_writes_after_its_descriptors_closed_reach_no_other_file(record: tuple[Processor, Connection, int]) -> None:
+    p, _, _ = record
+    number = p.fd
+    r, w = os.pipe()
+    p.close_fds()
+    os.dup2(w, number)  # the processor's old descriptor number, now another file's
+    os.set_blocking(r, False)
+    try:
+        p.send_frames([b"a", b"b"])
+        p.send(b"c")
+        p.send_with_fds(b"d", [])
+        with pytest.raises(BlockingIOError):
+            os.read(r, 64)
+    finally:
+        os.close(number)
+        os.close(r)
+        os.close(w)
