@@ -9,11 +9,8 @@ executor shuts it down as ``shutdown(wait=False)`` would.
 
 from __future__ import annotations
 
-import collections
-import itertools
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
@@ -21,28 +18,20 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from scaler_executor import _compat
 from scaler_executor._compat import DAEMON_ADDRESS_ENV
-from scaler_executor.client import connect
-from scaler_executor.client import serialization as ser
-from scaler_executor.client.agent import ClientAgent
 from scaler_executor.client.cluster import EmbeddedCluster
-from scaler_executor.client.completion import TaskInfo, task_info_of
-from scaler_executor.client.future import TaskFuture
-from scaler_executor.client.options import OPTION_NAMES as _OPTION_NAMES
-from scaler_executor.client.options import make_options as _make_options
-from scaler_executor.client.pickling import MapCache, ObjectRef, Pickled
 from scaler_executor.config import ClusterConfig, check_address
-from scaler_executor.protocol.messages import TaskFlags, TaskOptions
 
+# The client's machinery (the agent, pickling, completion, the wire's records: about 25 ms of
+# imports) is imported where it is first used, not here: ``import scaler_executor`` stays
+# cheap, and the first constructor imports it once its embedded daemon has been started, so
+# the imports overlap the daemon's own start (docs/performance.rst, "Import").
 if TYPE_CHECKING:
+    from scaler_executor.client.completion import TaskInfo
+    from scaler_executor.client.pickling import ObjectRef
+    from scaler_executor.protocol.messages import TaskOptions
     from scaler_executor.scheduler.stats import Statistics
 
 T = TypeVar("T")
-
-
-class _MapOwner:
-    """Lives as long as one ``map`` call's iterator: its callable stays registered until then."""
-
-    __slots__ = ("__weakref__",)
 
 
 def _initializer_blob(initializer: Callable[..., object], initargs: tuple[Any, ...]) -> bytes:
@@ -50,6 +39,7 @@ def _initializer_blob(initializer: Callable[..., object], initargs: tuple[Any, .
     (manager proxies in ``initargs``: protocol/initializer.py)."""
     import multiprocessing
 
+    from scaler_executor.client import serialization as ser
     from scaler_executor.protocol.initializer import run_initializer
 
     key = bytes(multiprocessing.current_process().authkey)
@@ -146,12 +136,17 @@ class ScalerExecutor(Executor):
             address = self._cluster.address
             config = self._cluster.config
             self._max_workers = max_workers
+        from scaler_executor.client.agent import ClientAgent
+        from scaler_executor.protocol.messages import TaskFlags
+
         self._config = config
         # plain submit/map: the config's default (forwarding needs the output captured)
         self._flags = TaskFlags.CAPTURE if config.capture_output or config.forward_output else 0
         self._address = address
         self._agent = ClientAgent(config, address, self._cluster, security)
         if self._cluster is None:
+            from scaler_executor.client import connect
+
             connect.wait_for_welcome(self._agent, address, config.connect_timeout)  # raises DaemonLost
         self._finalizer = weakref.finalize(self, ClientAgent.shutdown, self._agent, False)
         self._finalizer.atexit = False  # interpreter exit is handled by the agent module (wait=True)
@@ -171,7 +166,9 @@ class ScalerExecutor(Executor):
         buffersize: int | None = None,
     ) -> Iterator[T]:
         """``Executor.map`` with ``ProcessPoolExecutor``'s ``chunksize`` and Python 3.14's ``buffersize``."""
-        return _map(self._agent, 0, fn, iterables, timeout, chunksize, buffersize, self._flags)
+        from scaler_executor.client.mapping import run_map
+
+        return run_map(self._agent, 0, fn, iterables, timeout, chunksize, buffersize, self._flags)
 
     def get(self, dsk: Any, keys: Any, **options: Any) -> Any:
         """Compute ``keys`` of a Dask-style graph ``dsk`` in the cluster.
@@ -231,7 +228,9 @@ class ScalerExecutor(Executor):
             raise TypeError(f"writable must be True or False, got {writable!r}")
         if capture_output is not None and not isinstance(capture_output, bool):
             raise TypeError(f"capture_output must be True, False or None (the config's default), got {capture_output!r:.60}")
-        options = _make_options(resources, tags, priority, task_timeout, max_retries)
+        from scaler_executor.client.options import make_options
+
+        options = make_options(resources, tags, priority, task_timeout, max_retries)
         return _OptionsView(self, options, writable, capture_output)
 
     def put(self, value: Any) -> ObjectRef:
@@ -248,6 +247,8 @@ class ScalerExecutor(Executor):
 
     def get_object(self, ref: ObjectRef) -> Any:
         """The value behind ``ref`` (same as ``ref.result()``)."""
+        from scaler_executor.client.pickling import ObjectRef
+
         if not isinstance(ref, ObjectRef):
             raise TypeError(f"get_object takes an ObjectRef from put(), got {type(ref).__name__}")
         return ref.result()
@@ -359,6 +360,8 @@ def task_info(future: Future[Any]) -> TaskInfo | None:
     None while the task has not finished, or for a future that did not run on a worker
     (cancelled, failed before it left the client, or rejected by the daemon).
     """
+    from scaler_executor.client.completion import task_info_of
+
     return task_info_of(future)
 
 
@@ -373,6 +376,8 @@ class _OptionsView:
         self._options_id: int | None = None
         self._writable = writable
         self._capture_output = capture_output  # as asked; None: the config's default
+        from scaler_executor.protocol.messages import TaskFlags
+
         if capture_output is None:
             capturing = bool(executor._flags & TaskFlags.CAPTURE)
         else:
@@ -395,7 +400,9 @@ class _OptionsView:
         chunksize: int = 1,
         buffersize: int | None = None,
     ) -> Iterator[T]:
-        return _map(self._executor._agent, self._id(), fn, iterables, timeout, chunksize, buffersize, self._flags)
+        from scaler_executor.client.mapping import run_map
+
+        return run_map(self._executor._agent, self._id(), fn, iterables, timeout, chunksize, buffersize, self._flags)
 
     def get(self, dsk: Any, keys: Any) -> Any:
         """:meth:`ScalerExecutor.get` with this view's options."""
@@ -409,6 +416,8 @@ class _OptionsView:
         return run_graph(self._executor._agent, dsk, keys, self._id())
 
     def options(self, **changes: Any) -> _OptionsView:
+        from scaler_executor.client.options import OPTION_NAMES as _OPTION_NAMES
+
         merged: dict[str, Any] = dict(zip(_OPTION_NAMES, self._options, strict=True))
         unknown = set(changes) - set(_OPTION_NAMES) - {"writable", "capture_output"}
         if unknown:
@@ -422,7 +431,7 @@ class _OptionsView:
         return f"<options {self._options} on {self._executor!r}>"
 
 
-# --------------------------------------------------------------------------- map
+# --------------------------------------------------------------------------- arguments
 
 
 def _check_dashboard(dashboard: str | None, address: str | None) -> None:
@@ -516,119 +525,3 @@ def _check_embedded_counts(max_workers: Any, min_workers: Any) -> int:
         if not 0 <= min_workers <= max_workers:
             raise ValueError(f"min_workers must be between 0 and max_workers={max_workers}, got {min_workers}")
     return max_workers
-
-
-def _check_map_arguments(chunksize: Any, buffersize: Any) -> None:
-    if not isinstance(chunksize, int) or chunksize < 1:
-        raise ValueError("chunksize must be >= 1.")
-    if buffersize is not None and not isinstance(buffersize, int):
-        raise TypeError("buffersize must be an integer or None")
-    if buffersize is not None and buffersize < 1:
-        raise ValueError("buffersize must be None or > 0")
-
-
-def _results(
-    agent_ref: weakref.ref[ClientAgent],
-    owner: object,
-    fs: collections.deque[Future[Any]],
-    zipped: Iterator[Any],
-    submit_one: Callable[[Any], Future[Any]],
-    buffersize: int | None,
-    flags: int,
-    end_time: float | None,
-) -> Iterator[Any]:
-    """``map``'s result iterator: results in order, topping the window up to ``buffersize``;
-    closing it (or its collection) cancels what is still outstanding."""
-    keep = owner  # the callable stays registered while this iterator lives
-    try:
-        fs.reverse()
-        while fs:
-            if buffersize and (a := agent_ref()) is not None and not a.shutdown_requested:
-                item = next(zipped, None)
-                if item is not None:
-                    fs.appendleft(submit_one(item))
-            # No local keeps the future or its value while suspended at yield: a result
-            # the caller dropped is freed (CPython's map does the same, bpo-14406).
-            if flags & TaskFlags.CHUNK:
-                values, failure = _result_or_cancel(fs.pop(), end_time)
-                yield from values
-                del values
-                if failure is not None:
-                    raise ser.rebuild_exception(failure)
-            else:
-                yield _result_or_cancel(fs.pop(), end_time)
-    finally:
-        # All of them in one message to the daemon, from a pool thread: this may run
-        # as the garbage collector finalizes the iterator, on a thread that holds the
-        # agent's lock (a closing map iterator never waits for the daemon's answer).
-        a = agent_ref()
-        if a is not None:
-            a.cancels.later(list(fs))
-        else:
-            for future in fs:
-                future.cancel()
-        del keep
-
-
-def _result_or_cancel(future: Future[Any], end_time: float | None) -> Any:
-    try:
-        try:
-            return future.result(None if end_time is None else end_time - time.monotonic())
-        finally:
-            future.cancel()
-    finally:
-        del future  # break the reference cycle through the exception's traceback
-
-
-def _map(
-    agent: ClientAgent,
-    options_id: int,
-    fn: Callable[..., Any],
-    iterables: tuple[Iterable[Any], ...],
-    timeout: float | None,
-    chunksize: int,
-    buffersize: int | None,
-    extra_flags: int = 0,
-) -> Iterator[Any]:
-    _check_map_arguments(chunksize, buffersize)
-    agent.check_usable()
-    end_time = None if timeout is None else timeout + time.monotonic()
-    owner = _MapOwner()
-    # The same large argument given to many items (map(f, repeat(big))) is stored once:
-    # the cache is keyed by the buffer's owner, and its objects are held until the map ends.
-    shared = MapCache(agent)
-    weakref.finalize(owner, shared.release_all).atexit = False
-    try:
-        fn_id = agent.register_function(fn, owner)
-    except Exception as exc:
-        exc.add_note(ser.pickling_note(fn, (), {}))
-        raise
-    zipped: Iterator[Any] = zip(*iterables, strict=False)  # map stops at the shortest
-    if chunksize > 1:
-        zipped = iter(lambda it=zipped: list(itertools.islice(it, chunksize)), [])  # type: ignore[misc]  # its default binds the items
-        flags = TaskFlags.CHUNK | extra_flags
-    else:
-        flags = TaskFlags.CALL | extra_flags
-
-    def submit_one(item: Any) -> Future[Any]:
-        if flags & TaskFlags.CHUNK:
-
-            def pack() -> tuple[int, int, Pickled]:
-                return fn_id, flags, agent.packer.pickle_obj(item, shared)
-
-        else:
-
-            def pack() -> tuple[int, int, Pickled]:
-                return fn_id, flags, agent.packer.pickle_args(item, {}, shared)
-
-        return agent.submit_with(
-            TaskFuture(), pack, options_id, lambda: ser.pickling_note(fn, () if flags & TaskFlags.CHUNK else item, {})
-        )
-
-    if buffersize:
-        fs: collections.deque[Future[Any]] = collections.deque(
-            submit_one(item) for item in itertools.islice(zipped, buffersize)
-        )
-    else:
-        fs = collections.deque(submit_one(item) for item in zipped)
-    return _results(weakref.ref(agent), owner, fs, zipped, submit_one, buffersize, flags, end_time)

@@ -27,7 +27,6 @@ from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from typing import TYPE_CHECKING, Any
 
-from scaler_executor.objstore.payload import Fetched
 from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 
@@ -81,11 +80,16 @@ class RemoteStore:
         self.written.add(object_id)
 
     def get(self, object_id: bytes) -> memoryview:
+        # Imported at first use: the agent thread imports the store's module at its start.
+        from scaler_executor.objstore.payload import Fetched
+
         return Fetched(self.agent.fetch_objects([object_id])).get(object_id)
 
     def stream(self, object_id: bytes) -> Any:
         """A pickle stream's object, read from the parts as they come (objstore.payload.unpack:
         ``pickle.load`` starts at the first part, ClientAgent.fetch_stream)."""
+        from scaler_executor.objstore.payload import Fetched
+
         return Fetched({object_id: self.agent.fetch_stream(object_id)}).stream(object_id)
 
     def contains(self, object_id: bytes) -> bool:

@@ -38,9 +38,10 @@ import msgpack
 
 SPAWN, SPAWNED, EXITED, WARM = 1, 2, 3, 4
 
-# What WARM imports: get_executor's client (~13 ms of CPU), which nested tasks need.
+# What WARM imports: get_executor's client (~13 ms of CPU), which nested tasks need: the
+# executor, and what its constructor and map import when first used (client/executor.py).
 # Named, not imported here: the worker does not import the client (see tests/unit/test_layers.py).
-WARM_MODULES = ("scaler_executor.client.executor",)
+WARM_MODULES = ("scaler_executor.client.executor", "scaler_executor.client.agent", "scaler_executor.client.mapping")
 
 
 @dataclass
