@@ -230,15 +230,17 @@ class _GraphRun:
             expr = self.substitute(value)
         pickled = self.agent.packer.pickle_args_waiting((expr,), {})
         number = self.number
-        dep_numbers = sorted({number[self.resolve(d)] for d in deps if self.resolve(d) in number} | set(pickled.deps))
-        pickled = pickled._replace(deps=dep_numbers)
+        numbers = {number[r] for r in map(self.resolve, deps) if r in number}
+        if pickled.deps:
+            numbers.update(pickled.deps)
+        dep_numbers = sorted(numbers)
         if key in self.wanted_targets:
             future: TaskFuture[Any] = TaskFuture()
-            number[key] = batch.add(future, self.evaluate_id, self.options_id, TaskFlags.CALL, pickled)
+            number[key] = batch.add(future, self.evaluate_id, self.options_id, TaskFlags.CALL, pickled, dep_numbers)
             self.futures[key] = future
         else:
             number[key] = batch.add(
-                None, self.evaluate_id, self.options_id, TaskFlags.CALL | TaskFlags.NO_RESULT, pickled
+                None, self.evaluate_id, self.options_id, TaskFlags.CALL | TaskFlags.NO_RESULT, pickled, dep_numbers
             )
 
 

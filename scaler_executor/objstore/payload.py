@@ -264,15 +264,21 @@ class _Parts:
         self.size = 0
 
     def write(self, data: Any) -> int:
-        with memoryview(data) as view:
-            size = view.nbytes
+        if type(data) is bytes:  # what the pickler's frames are
+            size = len(data)
+        else:
+            with memoryview(data) as view:
+                size = view.nbytes
         self.parts.append(data)
         self.size += size
         return size
 
     def join(self, prefix: bytes) -> bytes:
         """``prefix`` + the stream, as one bytes object (one copy)."""
-        return b"".join([prefix, *(_raw_bytes(part) for part in self.parts)])
+        parts = self.parts
+        if len(parts) == 1 and type(parts[0]) is bytes:  # a small pickle: one frame
+            return prefix + parts[0]
+        return b"".join([prefix, *map(_raw_bytes, parts)])
 
 
 def _raw_bytes(part: Any) -> Any:
