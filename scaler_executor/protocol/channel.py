@@ -62,6 +62,7 @@ RECONNECT_SECONDS = 0.01
 # the first result. A retry is one failed connect() (~30 us); later reconnects keep 10 ms.
 FIRST_CONNECT_SECONDS = 0.001
 FIRST_CONNECT_WINDOW = 1.0
+WATCH_SECONDS = 0.1  # how often a ZeroMQ dealer reads its monitor (one non-blocking recv)
 MAX_FRAMES = 1 << 20  # per transmission: a garbage count closes the connection, not memory
 READ_SIZE = 1 << 18
 READS_PER_PUMP = 8  # per connection and turn, so one busy peer cannot starve the others
@@ -257,12 +258,45 @@ class RouterChannel(_ZmqChannel):
 
 
 class DealerChannel(_ZmqChannel):
+    """The connecting side over ZeroMQ. ``connections`` counts the connections to the
+    address whose handshake completed, as the channels of every transport do: a count that
+    grows past 1 tells the peer that ZeroMQ reconnected, perhaps to a restarted daemon that
+    does not know it (the worker then says at once that it lives: protocol/rejoin.py).
+    Read from the socket's monitor in ``poll_timeout``, at most every WATCH_SECONDS."""
+
     def __init__(self, address: str, *, hwm: int, linger: float, security: Any = None) -> None:
         super().__init__("DEALER", hwm, linger)
-        self.sock.setsockopt(_zmq().RECONNECT_IVL, round(RECONNECT_SECONDS * 1000))
+        zmq = _zmq()
+        self.sock.setsockopt(zmq.RECONNECT_IVL, round(RECONNECT_SECONDS * 1000))
+        self._watch: Any = None
+        self._next_watch = 0.0
+        self._connections = 0
         if security is not None:
-            security.configure_client(self.context, self.sock)
+            security.configure_client(self.context, self.sock)  # its monitor counts them
+        else:
+            self._watch = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self.sock.connect(address)
+
+    @property
+    def connections(self) -> int:
+        return self._connections
+
+    def poll_timeout(self, timeout_ms: float) -> float:
+        if self._watch is not None and (now := time.monotonic()) >= self._next_watch:
+            self._next_watch = now + WATCH_SECONDS
+            while True:
+                try:
+                    self._watch.recv_multipart(_zmq().NOBLOCK)
+                except self._zmq_again:
+                    break
+                self._connections += 1  # the only event it watches
+        return timeout_ms
+
+    def close(self, linger: float | None = None) -> None:
+        if self._watch is not None:
+            self._watch.close(linger=0)
+            self._watch = None
+        super().close(linger)
 
 
 class SecureDealerChannel(DealerChannel):
@@ -277,6 +311,10 @@ class SecureDealerChannel(DealerChannel):
         self.security = security
         self.refusal: list[bytes] | None = None
         self.refused = False  # delivered already: one verdict per channel
+
+    @property
+    def connections(self) -> int:
+        return int(self.security.handshakes)  # counted by its monitor (security/client.py)
 
     def poll_timeout(self, timeout_ms: float) -> float:
         if self.refusal is None and not self.refused:
@@ -597,6 +635,7 @@ class StreamDealer(_StreamEndpoint):
     def __init__(self, path: str, *, hwm: int, linger: float) -> None:
         super().__init__(path, hwm)
         self.linger = linger
+        self.connections = 0  # made so far; past 1, a reconnection (see DealerChannel)
         self.conn: _Connection | None = None
         self.pending: deque[list[Any]] = deque()  # sent while not connected
         self.next_attempt = 0.0
@@ -669,6 +708,7 @@ class StreamDealer(_StreamEndpoint):
             raise
         conn = _Connection(sock, b"")
         self.conn = conn
+        self.connections += 1
         self.fast_retry_until = 0.0  # connected once: a reconnect waits RECONNECT_SECONDS
         self.epoll.register(sock.fileno(), _EPOLLIN)
         try:

@@ -28,6 +28,9 @@ knows the peer, and what the peer does when it does not:
     A client whose daemon stays silent fails them after ``daemon_loss_timeout``; a worker that
     finds no daemon for ``worker_daemon_loss_timeout`` exits with its processors.
 
+A worker whose transport connects again (the channels count their connections) beats at
+once, so that a restarted daemon's refusal, and the worker's new Hello, come then and not at
+its next idle heartbeat, up to a quarter of the liveness limit later.
 A worker says Hello again on a ``Backoff`` (capped exponential, jittered) until a Welcome:
 many workers of a restarted daemon then do not all knock at the same instant, and a Hello
 is not repeated faster than a round trip on a slow link (the daemon treats a second Hello on

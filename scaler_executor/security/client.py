@@ -47,6 +47,7 @@ class ClientSecurity:
         self.connected = False  # a TCP connection is up, its handshake not done
         self.hangups = 0  # connections closed mid-handshake, in a row
         self.succeeded = False
+        self.handshakes = 0  # completed so far; past 1, ZeroMQ reconnected (protocol/channel.py)
 
     def configure_client(self, context: Any, sock: Any) -> None:
         """Called by the channel before it connects."""
@@ -100,6 +101,7 @@ class ClientSecurity:
             self.connected = True
         elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self.connected, self.hangups, self.succeeded = False, 0, True
+            self.handshakes += 1
         elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             return (
                 f"{who} was refused at the handshake with {self.address}: its key is not in the "

@@ -212,6 +212,7 @@ class WorkerAgent:
         self.zygote_warm = False  # asked the zygote to import what later processors need
         self.last_send = 0.0
         self.last_hello = 0.0
+        self.connections_seen = 0  # the transport's connections when last looked (_flush)
         # Hello again until a Welcome (protocol/rejoin.py): from twice the heartbeat interval
         # (at least a second: a second Hello on a known connection makes the daemon forget
         # what it gave us) up to the silence limit, capped at 30 s.
@@ -1147,6 +1148,14 @@ class WorkerAgent:
                 batch.append(m.TaskResults(results))
                 self.results = []
                 self.results_since = 0.0
+        if self.sock.connections != self.connections_seen:
+            if self.connections_seen and self.welcomed:
+                # The transport connected again: the daemon there may be a restarted one that
+                # does not know us. Beat now (its answer makes us join again, rejoin.py's
+                # case c) rather than at the next idle heartbeat, up to a quarter of its
+                # liveness limit away (1.25 s by default).
+                self.last_heartbeat = self.last_send = 0.0
+            self.connections_seen = self.sock.connections
         quiet = self.heartbeat_interval
         if self.idle_reported and not self.held and self.last_busy < self.last_heartbeat:
             # Idle since a heartbeat that said so: nothing new to tell but that we live, which

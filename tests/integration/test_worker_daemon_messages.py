@@ -32,7 +32,7 @@ import pytest
 from scaler_testing import child_env
 
 from scaler_executor.objstore import payload
-from scaler_executor.protocol import channel, codec, refs
+from scaler_executor.protocol import channel, codec, refs, rejoin
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status, TaskFlags
 
@@ -245,6 +245,31 @@ def test_an_idle_worker_heartbeats_four_times_a_liveness_limit_and_a_busy_one_ev
         # just after it, not a second later.
         after = [message for message in batch if type(message) is m.Heartbeat] + heartbeats(daemon, 0.6)
         assert any((beat.queued, beat.running) == (0, 0) for beat in after), after
+    assert "Traceback" not in log_path.read_text(errors="replace")
+
+
+def test_a_worker_tells_a_daemon_that_came_back_on_its_address_at_once_not_at_its_next_idle_heartbeat(directory: str) -> None:
+    """protocol/rejoin.py's case (c) for an idle worker: the daemon goes and another binds its
+    address. The worker's transport connects again, and the worker beats at once (which makes
+    a daemon that does not know it refuse it, so that it joins again), instead of at its next
+    idle heartbeat: here a quarter of 1 s times 120, 30 s after the last one, longer than the
+    wait below. Without the reconnection's beat, the new daemon hears nothing for 30 s."""
+    with _worker_of(directory) as (daemon, _worker, log_path):
+        daemon.wait_for(m.Hello)
+        daemon.send([m.Welcome(1, 1.0, 120, "")])
+        daemon.wait_for(m.Heartbeat)  # the beat that says it holds nothing: idle from here
+        daemon.close()
+        os.unlink(daemon.address[len("ipc://") :])  # as a restarted daemon replaces its socket
+        again = FakeDaemon(directory)  # a daemon restarted on the same address
+        again.worker, again.log = daemon.worker, daemon.log
+        try:
+            beat = again.wait_for(m.Heartbeat, timeout=WAIT)
+            assert (beat.queued, beat.running) == (0, 0), beat
+            # Refused as a daemon that does not know it: it says Hello again.
+            again.send([m.Refused(f"{rejoin.UNKNOWN_PEER}: send Hello first")])
+            again.wait_for(m.Hello)
+        finally:
+            again.close()
     assert "Traceback" not in log_path.read_text(errors="replace")
 
 
