@@ -415,10 +415,11 @@ class ClientAgent:
         daemon.send([self._hello()])
         self.authkey.write()  # before any task is sent: this thread sends them
         if self.cluster is not None:
-            # The store's module now, while our daemon starts (~100 ms): its Welcome names
+            # The store's modules now, while our daemon starts (~100 ms): its Welcome names
             # the store, which inbound.py's _on_welcome maps before the first task goes out, and the
-            # import there (~4 ms alone, ~11 ms in a cold start) delayed the first result.
-            import scaler_executor.objstore  # noqa: F401
+            # import there (~4 ms alone, ~11 ms in a cold start) delayed the first result; and
+            # the packing of values into it (payload: ~1 ms at the first map or large argument).
+            import scaler_executor.objstore.payload  # noqa: F401
 
     def _open_lane(self, path: str) -> None:
         """A result named a worker's lane (on the agent thread, or a caller picking up its
