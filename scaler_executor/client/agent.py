@@ -222,6 +222,7 @@ class ClientAgent:
         self.submitter = submitter = Submitter(self)
         self.submit = submitter.submit
         self.submit_with = submitter.submit_with
+        self.submit_plain = submitter.submit_plain
         self.resend = submitter.resend
         self.completer = Completer(self)
         self.completer.start()  # its first thread takes the agent role

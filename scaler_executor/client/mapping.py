@@ -120,6 +120,9 @@ def run_map(
     else:
         flags = TaskFlags.CALL | extra_flags
 
+    threshold = agent.packer.config.object_store_threshold
+    no_kwargs: dict[str, Any] = {}
+
     def submit_one(item: Any) -> Future[Any]:
         if flags & TaskFlags.CHUNK:
 
@@ -127,6 +130,10 @@ def run_map(
                 return fn_id, flags, agent.packer.pickle_obj(item, shared)
 
         else:
+            # Small builtin arguments (most maps): pickled here, queued without a pack closure.
+            plain = ser.dumps_plain_args(item, no_kwargs, threshold)
+            if plain is not None and len(plain) < threshold:
+                return agent.submit_plain(TaskFuture(), fn_id, options_id, flags, plain)
 
             def pack() -> tuple[int, int, Pickled]:
                 return fn_id, flags, agent.packer.pickle_args(item, {}, shared)
