@@ -24,7 +24,7 @@ from scaler_executor.config import ClusterConfig, check_address
 # The client's machinery (the agent, pickling, completion, the wire's records: about 25 ms of
 # imports) is imported where it is first used, not here: ``import scaler_executor`` stays
 # cheap, and the first constructor imports it once its embedded daemon has been started, so
-# the imports overlap the daemon's own start (docs/performance.rst, "Import").
+# the imports overlap the daemon's own start (docs/performance.rst, "On 4 December").
 if TYPE_CHECKING:
     from scaler_executor.client.completion import TaskInfo
     from scaler_executor.client.pickling import ObjectRef
@@ -371,13 +371,13 @@ class _OptionsView:
     def __init__(
         self, executor: ScalerExecutor, options: TaskOptions, writable: bool = False, capture_output: bool | None = None
     ) -> None:
+        from scaler_executor.protocol.messages import TaskFlags
+
         self._executor = executor
         self._options = options
         self._options_id: int | None = None
         self._writable = writable
         self._capture_output = capture_output  # as asked; None: the config's default
-        from scaler_executor.protocol.messages import TaskFlags
-
         if capture_output is None:
             capturing = bool(executor._flags & TaskFlags.CAPTURE)
         else:
