@@ -638,7 +638,9 @@ def test_raising_done_callback_is_logged_and_completion_goes_on(
     )
     assert sorted(f.result() for f in others) == sorted(k for k in range(25) if k % 5)
     assert wait_until(lambda: len(called) == len(others), SHORT), f"{len(called)} of {len(others)} callbacks ran"
-    assert all(f.done() for f in bad_ones)
+    # They complete in no set order: one whose callback raises may be the last to finish.
+    _, bad_not_done = cf.wait(bad_ones, timeout=BOUND)
+    assert not bad_not_done, f"{len(bad_not_done)} of the futures whose callback raised never completed"
     assert wait_until(
         lambda: any(
             token in r.getMessage() or (r.exc_info and r.exc_info[1] is not None and token in str(r.exc_info[1]))
