@@ -3,7 +3,9 @@
 ::
 
     poll(daemon channel, signal pipe, lifeline)  ── timeout: next tick, or 5 ms while a backlog waits
-      → recv every transmission ready (up to RECV_BURST), decode within daemon_limits (codec.Limits);
+      → recv the transmissions ready, decode within daemon_limits (codec.Limits), until they
+        carry the turn's budget of tasks and results (turns.TurnBudget: about TURN_TARGET_NS
+        of work, learnt from the turns before), RECV_BURST of them or TURN_SECONDS;
         bad ones: count (dropped_messages), log (rate-limited), drop
         (tcp:// with --security: ZAP requests answered on this poller; each transmission's key
         (User-Id) checked before it is decoded, each message against the key's role; the
@@ -17,7 +19,8 @@
         sent on to its client as a ResultPart, the same frame (result_stream.py)
       → encode one transmission per peer; an unroutable peer is an error (ROUTER_MANDATORY)
         (→ PeerUnreachable next turn) and a full one EAGAIN (→ that peer's backlog, kept in order)
-      → the turn's duration (receive to last send) into core.turns (scheduler/turns.py)
+      → the turn's duration (receive to last send) into core.turns (scheduler/turns.py), and
+        with what it read into the budget
 
 Everything the daemon decides is in ``core.py``; this file only moves bytes,
 reads clocks and starts or stops processes.
@@ -60,10 +63,14 @@ from scaler_executor.scheduler.durable import JournalWrite, SweepStore
 from scaler_executor.scheduler.managers import AdmitKeys, WithdrawKeys
 from scaler_executor.scheduler.object_stream import CreditObjects, EndObjectSends, Finish, Outbound
 from scaler_executor.scheduler.result_stream import AbortPartial, ForwardStored
+from scaler_executor.scheduler.turns import TurnBudget
 
 log = logging.getLogger("scaler_executor.daemon")
 
 RECV_BURST = 4096  # transmissions read per turn before the core runs: bounds latency under load
+# A loaded turn reads what the core handles in about this long (turns.TurnBudget), so that
+# turns stay short (docs/scaling.rst, "a turn bounded by its work") whatever the load.
+TURN_TARGET_NS = 2_500_000
 TURN_SECONDS = 0.05  # and at most this long receiving, so heartbeats and dispatch keep flowing
 MAX_BACKLOG = 100_000  # transmissions held for one slow peer before it is declared unreachable
 BACKLOG_RETRY_MS = 5
@@ -225,6 +232,8 @@ class Daemon:
         # Chunks of puts received this turn, by (peer, object id, offset): the core decides
         # whether to store each (StoreChunk); what it did not take is dropped after the turn.
         self.chunks: dict[tuple[bytes, bytes, int], Any] = {}
+        self.budget = TurnBudget(TURN_TARGET_NS)  # how much a loaded turn reads (turns.py)
+        self.units_read = 0  # what this turn's receive read, in the budget's units
         # Answers to ObjectRequests still to send, in parts with a window per peer.
         self.outbound = Outbound()
         self._signal_r, self._signal_w = os.pipe()
@@ -270,6 +279,7 @@ class Daemon:
                     timeout = min(timeout, BACKLOG_RETRY_MS)
                 ready = poller.poll(self.sock.poll_timeout(timeout))
                 turn_started = time.perf_counter_ns()
+                self.units_read = 0
                 now = time.monotonic()
                 events: list[core.Event] = []
                 if self.sock.pollable in ready or self.sock.buffered:
@@ -318,7 +328,9 @@ class Daemon:
                         )
                         self.exit_code = 3
                         break
-                    self.core.turns.record(time.perf_counter_ns() - turn_started)
+                    took = time.perf_counter_ns() - turn_started
+                    self.core.turns.record(took)
+                    self.budget.observe(self.units_read, took)
                 self.chunks.clear()  # those the core refused (a peer not allowed to put)
                 if self.backlog:
                     self._retry_backlog(now)
@@ -366,8 +378,9 @@ class Daemon:
         sock = self.sock
         security = self.security
         deadline = now + TURN_SECONDS
+        budget = self.budget.units()
         for _ in range(RECV_BURST):
-            if time.monotonic() > deadline:
+            if self.units_read >= budget or time.monotonic() > deadline:
                 return
             if not sock.readable():
                 return
@@ -414,6 +427,14 @@ class Daemon:
                 for chunk, buffer in zip(chunks, buffers, strict=False):
                     self.chunks[(peer, chunk.object_id, chunk.offset)] = buffer
             if messages:
+                for message in messages:  # the budget's units: a task submitted, a result, a message
+                    kind = type(message)
+                    if kind is m.SubmitTasks:
+                        self.units_read += len(message.tasks)
+                    elif kind is m.TaskResults:
+                        self.units_read += len(message.results)
+                    else:
+                        self.units_read += 1
                 events.append(Received(peer, messages, now))
 
     def _store_chunk(self, command: StoreChunk, now: float) -> None:

@@ -6,6 +6,9 @@ within 19 % of each other), from 1 µs to 2^26 µs; the counts travel in the dae
 statistics (``Stats``) as ``turn_bins`` (``"lower:count,..."``, non-empty bins only, made
 when a snapshot is asked for), ``turns`` and ``turn_max_us``.  ``percentile`` reads a
 percentile back from such a snapshot (the upper bound of the bin it falls in).
+
+``TurnBudget`` sizes a turn: how many tasks and results the loop reads before the core runs,
+learnt from the turns before so that a loaded turn takes about a target duration.
 """
 
 from __future__ import annotations
@@ -78,3 +81,46 @@ def percentile(bins: dict[int, int], q: float) -> int:
         if seen >= rank:
             return bin_bounds(bin_of(lower))[1]
     return bin_bounds(bin_of(max(bins)))[1]
+
+
+class TurnBudget:
+    """How much a turn reads before the core runs, so that a loaded turn takes about
+    ``target_ns``: the loop reads transmissions until what they carry (``units``: a task
+    submitted or a result is one, any other message one) reaches ``units()``, then the
+    core handles it all and the commands go out.
+
+    Each loaded turn is observed (``observe``: the units it read, its duration) and the
+    cost of a unit is a moving average of duration / units, so the budget is
+    ``target_ns`` divided by it: turns whose fixed cost (polling, flushing to every peer
+    touched) is a larger share get fewer units, and the fixed point is a turn of about
+    ``target_ns``. Pure: no clock of its own, plain arithmetic (tests drive it with
+    numbers). ``TURN_TARGET_NS`` in scheduler/loop.py; measured in docs/scaling.rst."""
+
+    __slots__ = ("target_ns", "floor", "ceiling", "ns_per_unit")
+
+    def __init__(self, target_ns: int, floor: int = 64, ceiling: int = 1 << 20) -> None:
+        self.target_ns = target_ns
+        self.floor = floor  # never fewer: a turn's fixed cost must not shrink turns to nothing
+        self.ceiling = ceiling
+        self.ns_per_unit = 0.0  # unknown until a loaded turn is seen: no bound but the ceiling
+
+    def units(self) -> int:
+        per = self.ns_per_unit
+        if per <= 0.0:
+            return self.ceiling
+        return max(self.floor, min(self.ceiling, int(self.target_ns / per)))
+
+    def observe(self, units: int, ns: int) -> None:
+        """A turn that read ``units`` and took ``ns`` (receive, core, send). Turns that read
+        little say more about the fixed cost than about a unit's and are not counted."""
+        if units < self.floor // 2:
+            return
+        sample = ns / units
+        per = self.ns_per_unit
+        if per <= 0.0:
+            self.ns_per_unit = sample
+            return
+        # One turn that cost far more than its units say (a large graph's submission, an
+        # object put, the process preempted) moves the estimate by at most 1.75x: the next
+        # turns are not starved for it; a cost that stays high is followed within a few turns.
+        self.ns_per_unit = per + (min(sample, 4.0 * per) - per) * 0.25
