@@ -148,8 +148,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("scaler_executor.client")
 
 FLUSH_WAIT = 1.0  # seconds shutdown(cancel_futures=True) waits for the daemon's answer
-RECV_BURST = 1024
-TURN_SECONDS = 0.02  # most a turn spends receiving, so heartbeats and submissions still go out under floods
 
 # The lock order of the module doc, as ranks (scaler_executor/_locks.py checks it in tests).
 LOCK_RANK_IO, LOCK_RANK_CORE, LOCK_RANK_WAKE = 10, 20, 90
