@@ -1592,6 +1592,8 @@ class Scheduler:
         if task.flags & TaskFlags.REPLY_DIRECT:
             self._direct_running[task.task_id] = (task.client, self._now)
             return
+        if task.flags & TaskFlags.NO_RESULT:
+            return  # a graph's intermediate: its client keeps no future to mark running
         running = self._running.get(task.client)
         if running is None:
             running = self._running[task.client] = []

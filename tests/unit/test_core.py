@@ -376,6 +376,21 @@ def test_running_notice_of_a_long_task_comes_after_the_delay(cluster: Cluster) -
     assert cluster.send(b"w1", m.TaskResults([answer]), dt=1.0).to(b"c1") == [m.TaskResults([answer])]
 
 
+def test_a_graph_intermediate_gets_no_running_notice(cluster: Cluster) -> None:
+    """Its client keeps no future for a NO_RESULT task (client/graph.py): a notice that it
+    runs would cost a transmission and a wake-up of the client for nothing."""
+    cid, fn = client_with_function(cluster)
+    cluster.worker(b"w1")
+    middle, top = tid(cid, 2), tid(cid, 3)
+    graph = [spec(middle, fn)._replace(flags=TaskFlags.CALL | TaskFlags.NO_RESULT), spec(top, fn, deps=[middle])]
+    out = cluster.send(b"c1", m.SubmitTasks(graph))
+    assert [d.task_id for d in out.dispatched(b"w1")] == [middle]
+    assert cluster.notices().to(b"c1") == [m.SubmitAck(2)]  # middle runs: no notice of it
+    out = cluster.send(b"w1", m.TaskResults([result(middle)]), dt=1.0)
+    assert [d.task_id for d in out.dispatched(b"w1")] == [top] and not out.to(b"c1")
+    assert cluster.notices().to(b"c1") == [m.TasksRunning([top])]
+
+
 def test_submit_dispatch_result_forget(cluster: Cluster) -> None:
     cid, fn = client_with_function(cluster)
     cluster.worker(b"w1")
