@@ -49,6 +49,11 @@ class AfterLane(Exception):
 # code object): most of what a call pickles (its function, a class, a graph's keys) is
 # answered with one lookup instead of the chain of checks (a 999-node graph calls it ~2,500 times).
 _PLAIN = frozenset({types.BuiltinFunctionType, types.FunctionType, types.MethodType, type, Key})
+# Of those, what neither ``reduce`` nor cloudpickle changes: the pickler does not ask either
+# (objstore/payload.py, ``pack``'s ``inert``), and ``Key`` (every graph node refers to it) is
+# pickled by name without cloudpickle's check that its module is importable.
+_INERT = frozenset({types.BuiltinFunctionType, Key})
+_BY_REFERENCE = frozenset({Key})
 
 NO_DEPS: list[int] = []
 NO_OBJECTS: list[bytes] = []
@@ -96,7 +101,10 @@ class Packer:
         """cloudpickle ``obj``; futures of this executor inside it become dependencies, and
         large buffers (or a large whole) go through the object store when there is one."""
         if self.store is None:
+            from scaler_executor.objstore.payload import plain_dispatch_table
+
             buffer = io.BytesIO()
+            plain_dispatch_table(_CallPickler)
             pickler = _CallPickler(buffer, self)
             pickler.dump(obj)
             payload = buffer.getvalue()
@@ -118,6 +126,8 @@ class Packer:
             threshold=self.config.object_store_threshold,
             shared=shared,
             reducer=functools.partial(self.reduce, deps=deps, objects=objects),
+            inert=_INERT,
+            by_reference=_BY_REFERENCE,
         )
         if shared is not None:
             assert known is not None
@@ -213,6 +223,9 @@ class _CallPickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle ha
         self.objects: list[bytes] = []
 
     def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind in _INERT or (kind is type and obj in _BY_REFERENCE):
+            return NotImplemented
         reduced = self.packer.reduce(obj, self.deps, self.objects)
         if reduced is not NotImplemented:
             return reduced

@@ -57,6 +57,7 @@ every object the header refers to, shared ones included.
 
 from __future__ import annotations
 
+import copyreg
 import os
 import pickle
 import struct
@@ -159,6 +160,11 @@ class SharedBuffers(dict[_Key, _Entry]):
 # ------------------------------------------------------------------ pack
 
 
+# Builtin functions and methods (``len``, ``operator.add``, a bound C method): cloudpickle's
+# ``reducer_override`` leaves them to pickle, which saves them by name.
+INERT: frozenset[type] = frozenset({type(len)})
+
+
 def pack(
     obj: Any,
     store: ObjectStore,
@@ -166,6 +172,8 @@ def pack(
     threshold: int = DEFAULT_THRESHOLD,
     shared: MutableMapping[_Key, _Entry] | None = None,
     reducer: Any = None,
+    inert: frozenset[type] = INERT,
+    by_reference: frozenset[Any] = frozenset(),
 ) -> Packed:
     """Pickle ``obj``, writing its large buffers (and a large stream) into ``store``.
 
@@ -173,8 +181,12 @@ def pack(
     a pickle stream longer than this; ``shared``: a cache (see :class:`SharedBuffers`)
     through which buffers seen by an earlier pack are referred to instead of written;
     ``reducer``: called for each object pickled, returning a reduce tuple to override its
-    pickling (the executor turns futures and object refs into references) or NotImplemented.
-    Returns :class:`Packed`. Raises :class:`~.errors.ObjectStoreFull` (or another store
+    pickling (the executor turns futures and object refs into references) or NotImplemented;
+    ``inert``: types whose instances neither ``reducer`` nor cloudpickle changes (``INERT``
+    by default; pickled by pickle's own rules without asking either: ``Pickler.reducer_override``'s chain is
+    Python calls for every object that is not an int, a str, a list...); ``by_reference``:
+    classes known to be importable wherever the value is read, pickled by name without
+    cloudpickle's check. Returns :class:`Packed`. Raises :class:`~.errors.ObjectStoreFull` (or another store
     error) at once when a write fails, after deleting every object this call wrote and
     removing what it added to ``shared``; pickling errors propagate before anything is
     written.
@@ -190,7 +202,7 @@ def pack(
             out_of_band.append(buffer)
         return not large  # true: pickle writes it in band
 
-    stream = _dump(obj, decide, reducer)
+    stream = _dump(obj, decide, reducer, inert, by_reference)
     writer = _Writer(store, shared)
     try:
         ids = [writer.buffer(buffer) for buffer in out_of_band]
@@ -221,8 +233,13 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle is unt
     memory, and viewed back as the original dtype when loaded."""
 
     reducer: Any = None  # the caller's hook: obj -> a reduce tuple, or NotImplemented
+    inert: frozenset[type] = INERT  # types whose instances go by pickle's own rules (pack)
+    by_reference: frozenset[Any] = frozenset()  # classes pickled by name, unchecked (pack)
 
     def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind in self.inert or (kind is type and obj in self.by_reference):
+            return NotImplemented
         if self.reducer is not None:
             reduced = self.reducer(obj)
             if reduced is not NotImplemented:
@@ -290,12 +307,35 @@ def _raw_bytes(part: Any) -> Any:
         return raw.tobytes()
 
 
-def _dump(obj: Any, buffer_callback: Any, reducer: Any = None) -> _Parts:
+def _dump(
+    obj: Any, buffer_callback: Any, reducer: Any = None, inert: frozenset[type] = INERT, by_reference: frozenset[Any] = frozenset()
+) -> _Parts:
     stream = _Parts()
+    plain_dispatch_table(_Pickler)
     pickler = _Pickler(stream, protocol=PROTOCOL, buffer_callback=buffer_callback)
     pickler.reducer = reducer  # e.g. the executor's: futures and object refs become references
+    if inert is not INERT:
+        pickler.inert = inert
+    if by_reference:
+        pickler.by_reference = by_reference
     pickler.dump(obj)
     return stream
+
+
+def plain_dispatch_table(pickler_class: Any) -> None:
+    """Give a cloudpickle ``Pickler`` subclass its dispatch table as a plain ``dict``.
+
+    cloudpickle's is a ``ChainMap`` of its own reducers and ``copyreg.dispatch_table``, and
+    the C pickler looks every object's type up in it: for the usual miss, a Python
+    ``__getitem__`` and ``__missing__`` raising ``KeyError`` (~0.6 µs an object, about a
+    fifth of pickling a graph's node; ``docs/performance.rst``). The merged ``dict`` answers
+    in C. It is made again whenever ``copyreg.dispatch_table`` changed since (a reducer
+    registered with ``copyreg.pickle`` later still counts): one dict comparison a pickling.
+    The C pickler reads the table when it is made, so call this before making one."""
+    table = copyreg.dispatch_table
+    if pickler_class.__dict__.get("_copyreg_seen") != table:
+        pickler_class._copyreg_seen = dict(table)
+        pickler_class.dispatch_table = dict(cloudpickle.Pickler.dispatch_table)  # its own entries first
 
 
 def stream_in_store_header() -> bytes:

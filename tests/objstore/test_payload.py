@@ -326,6 +326,54 @@ def test_inline_round_trip() -> None:
         assert got["a"].flags.writeable and got["b"] == b"x"
 
 
+class Registered:
+    """Pickled through a reducer registered with copyreg after the first pickling."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+def _rebuilt(value: int) -> Registered:
+    return Registered(value * 10)
+
+
+def test_a_copyreg_reducer_registered_later_is_used(big_store: ObjectStore) -> None:
+    """The plain dispatch table (plain_dispatch_table) is made again when copyreg's changes."""
+    import copyreg
+
+    got, _ = round_trip(big_store, Registered(1))
+    assert got.value == 1  # no reducer yet: pickled as it is
+    copyreg.pickle(Registered, lambda r: (_rebuilt, (r.value,)))
+    try:
+        got, _ = round_trip(big_store, Registered(2))
+        assert got.value == 20, "the reducer registered after the first pickling was not used"
+        assert unpack_inline(pack_inline(Registered(3))).value == 30
+    finally:
+        del copyreg.dispatch_table[Registered]
+    got, _ = round_trip(big_store, Registered(4))
+    assert got.value == 4  # and its removal counts too
+
+
+def test_inert_types_and_classes_by_reference_skip_the_reducer(big_store: ObjectStore) -> None:
+    seen: list[Any] = []
+
+    def reducer(obj: Any) -> Any:
+        seen.append(obj)
+        return NotImplemented
+
+    value = [len, Registered(5), Registered]
+    got, _ = round_trip(big_store, value, reducer=reducer)
+    assert got[0] is len and got[1].value == 5 and got[2] is Registered
+    assert any(o is len for o in seen) is False, "a builtin function is inert by default"
+    assert any(o is Registered for o in seen) and any(type(o) is Registered for o in seen)
+    seen.clear()
+    got, _ = round_trip(
+        big_store, value, reducer=reducer, inert=frozenset({type(len), Registered}), by_reference=frozenset({Registered})
+    )
+    assert got[0] is len and got[1].value == 5 and got[2] is Registered
+    assert seen == [], f"asked about {seen}"
+
+
 # ------------------------------------------------------------------ across processes
 
 
