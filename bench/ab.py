@@ -6,7 +6,7 @@
                        [--output FILE.rst]
 
 Each checkout needs its own virtualenv in ``.venv`` (``python -m venv .venv &&
-.venv/bin/pip install -e .[test]``).  For each repetition and workload the two run one
+.venv/bin/pip install -e .[test]``); its package is byte-compiled first (``byte_compile``).  For each repetition and workload the two run one
 after the other, each as ``compare.py --run scaler WORKLOAD --json`` in a fresh
 interpreter from its own checkout, the order swapped every other repetition so that a
 drift of the machine falls on both.  Reported per metric: the median of each side, the
@@ -38,6 +38,17 @@ T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.
 
 def t95(df: int) -> float:
     return T95[df - 1] if df <= len(T95) else 1.96
+
+
+def byte_compile(python: str, checkout: str) -> None:
+    """Compile the checkout's package to bytecode, every module again (``-f``), as ``pip
+    install`` would: with PYTHONDONTWRITEBYTECODE set, a stale ``.pyc`` is never rewritten
+    and every process compiles that module at each import. Not compileall's default check:
+    it compares the source's mtime in whole seconds and not its size, so a file changed
+    twice within a second keeps the first change's ``.pyc``, which the importer (it does
+    check the size) then refuses: a 23 % "regression" of ``map_chunk100`` measured on
+    4 December was the processors compiling ``objstore/payload.py`` in the first map."""
+    subprocess.run([python, "-m", "compileall", "-q", "-f", os.path.join(checkout, "scaler_executor")], check=True)
 
 
 def run_cell(checkout: str, workload: str, workers: int) -> dict[str, float]:
@@ -75,6 +86,8 @@ def main() -> int:
     parser.add_argument("--output")
     args = parser.parse_args()
     sides = {"before": os.path.abspath(args.before), "after": os.path.abspath(args.after)}
+    for checkout in sides.values():
+        byte_compile(os.path.join(checkout, ".venv", "bin", "python"), checkout)
     workloads = args.only.split(",")
     results: dict[tuple[str, str], list[tuple[float, float]]] = {}
     better: dict[tuple[str, str], float] = {}

@@ -677,7 +677,7 @@ def byte_compile_scaler() -> str:
     except ImportError as exc:
         return f"scaler_executor not byte-compiled first: {exc}"
     package = os.path.dirname(scaler_executor.__file__)
-    ok = compileall.compile_dir(package, quiet=1)
+    ok = compileall.compile_dir(package, quiet=1, force=True)  # bench/ab.py's byte_compile says why
     state = "compiled" if ok else "compiled with errors"
     return f"scaler_executor's modules were byte-{state} first (in {package}), as pip install does."
 

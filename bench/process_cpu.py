@@ -138,9 +138,13 @@ def cell(mode: str, tasks: int) -> dict[str, float]:
     return out
 
 
-def _run(checkout: str, mode: str, tasks: int) -> dict[str, float]:
+def _python(checkout: str) -> str:
     venv = os.path.join(checkout, ".venv", "bin", "python")
-    python = venv if os.path.exists(venv) else sys.executable
+    return venv if os.path.exists(venv) else sys.executable
+
+
+def _run(checkout: str, mode: str, tasks: int) -> dict[str, float]:
+    python = _python(checkout)
     proc = subprocess.run(
         [python, os.path.abspath(__file__), "--cell", mode, "--tasks", str(tasks)],
         cwd=checkout, env={**os.environ, "PYTHONPATH": os.path.abspath(checkout)},
@@ -164,6 +168,9 @@ def main() -> int:
     if not args.before or not args.after:
         parser.error("--before and --after are required")
     tasks = args.tasks or {"burst": 20_000, "round_trip": 3_000, "graph": 40}[args.mode]
+    for checkout in (args.before, args.after):
+        # Every module compiled again: bench/ab.py's byte_compile says why.
+        subprocess.run([_python(checkout), "-m", "compileall", "-q", "-f", os.path.join(checkout, "scaler_executor")], check=True)
     before: list[dict[str, float]] = []
     after: list[dict[str, float]] = []
     for rep in range(args.reps):
