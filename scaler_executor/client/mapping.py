@@ -125,6 +125,10 @@ def run_map(
 
     def submit_one(item: Any) -> Future[Any]:
         if flags & TaskFlags.CHUNK:
+            # A chunk of small builtin arguments (most chunked maps): as a single call's, below.
+            plain = ser.dumps_plain_chunk(item, threshold)
+            if plain is not None and len(plain) < threshold:
+                return agent.submit_plain(TaskFuture(), fn_id, options_id, flags, plain)
 
             def pack() -> tuple[int, int, Pickled]:
                 return fn_id, flags, agent.packer.pickle_obj(item, shared)

@@ -90,6 +90,17 @@ def dumps_plain_args(args: tuple[Any, ...], kwargs: dict[str, Any], limit: int |
     return pickle.dumps((args, kwargs), protocol=5)
 
 
+def dumps_plain_chunk(items: list[tuple[Any, ...]], limit: int) -> bytes | None:
+    """``pickle.dumps(items)`` for a chunk of ``map`` (a list of argument tuples) when every
+    argument is a builtin scalar and none is a ``bytes`` or ``str`` of ``limit`` or more
+    items, else None: what ``dumps_plain_args`` is to one call."""
+    for args in items:
+        for a in args:
+            if type(a) not in _PLAIN or (type(a) in _SIZED and len(a) >= limit):
+                return None
+    return pickle.dumps(items, protocol=5)
+
+
 def dumps_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
     """Pickle ``(args, kwargs)`` without dependency detection (benchmarks, tools)."""
     plain = dumps_plain_args(args, kwargs)
