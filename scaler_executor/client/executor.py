@@ -14,20 +14,23 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from scaler_executor import _compat
 from scaler_executor._compat import DAEMON_ADDRESS_ENV
 from scaler_executor.client.cluster import EmbeddedCluster
 from scaler_executor.config import ClusterConfig, check_address
+from scaler_executor.exceptions import BrokenScalerExecutor
 
-# The client's machinery (the agent, pickling, completion, the wire's records: about 25 ms of
-# imports) is imported where it is first used, not here: ``import scaler_executor`` stays
-# cheap, and the first constructor imports it once its embedded daemon has been started, so
-# the imports overlap the daemon's own start (docs/performance.rst, "On 4 December").
+# The client's machinery (the agent, pickling, completion, the wire's records) is imported
+# where it is first used, not here: ``import scaler_executor`` stays cheap.  An embedded
+# executor's constructor has it imported and built on a thread of its own (client/start.py)
+# while its daemon starts; one joining a running daemon imports it at once.
 if TYPE_CHECKING:
+    from scaler_executor.client.agent import ClientAgent
     from scaler_executor.client.completion import TaskInfo
     from scaler_executor.client.pickling import ObjectRef
+    from scaler_executor.client.start import AgentStart
     from scaler_executor.protocol.messages import TaskOptions
     from scaler_executor.scheduler.stats import Statistics
 
@@ -44,6 +47,37 @@ def _initializer_blob(initializer: Callable[..., object], initargs: tuple[Any, .
 
     key = bytes(multiprocessing.current_process().authkey)
     return ser.dumps((run_initializer, (key, ser.dumps((initializer, initargs)))))
+
+
+V = TypeVar("V")
+
+
+class _AfterStart(Generic[V]):
+    """A field of ``ScalerExecutor`` known once its client has started (client/start.py).
+
+    A non-data descriptor: its first reading waits for the start (raising
+    ``BrokenScalerExecutor`` if it failed) and stores the agent and the flags on the
+    instance, whose own fields then shadow it: no cost on the paths that read them.
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, executor: None, owner: type | None = None) -> _AfterStart[V]: ...
+    @overload
+    def __get__(self, executor: ScalerExecutor, owner: type | None = None) -> V: ...
+    def __get__(
+        self, executor: ScalerExecutor | None, owner: type | None = None
+    ) -> V | _AfterStart[V]:
+        if executor is None:  # read on the class (inspect, documentation tools)
+            return self
+        start = executor.__dict__.get("_start")
+        if start is None:  # a constructor that raised before it had an agent
+            raise AttributeError(f"this ScalerExecutor has no {self.name}: its constructor failed")
+        executor._use(start.agent())
+        value: V = executor.__dict__[self.name]
+        return value
 
 
 class ScalerExecutor(Executor):
@@ -82,6 +116,11 @@ class ScalerExecutor(Executor):
             complete as if nothing happened (a thread in ``result()`` sees a delay).  Not
             with ``address`` (a running daemon has its own ``--journal``).
 
+    The embedded cluster's constructor returns once its daemon is started and the client's
+    own start is under way on a thread (client/start.py); the first call waits for both.
+    Should the client fail to start, that call raises ``BrokenScalerExecutor`` with the
+    failure as its cause (the cluster is stopped then).
+
     Raises:
         ValueError / TypeError: for invalid arguments, naming the fix.
         ConfigError: a ``ValueError`` for an address that is not ``tcp://HOST:PORT`` or
@@ -91,6 +130,12 @@ class ScalerExecutor(Executor):
         DaemonLost: with ``address``, no daemon answered there within ``connect_timeout``
             (the message names the likely cause), or the daemon refused this client.
     """
+
+    # An embedded executor's two wait for its client's start at their first reading.
+    _agent: _AfterStart[ClientAgent] = _AfterStart()
+    _flags: _AfterStart[int] = _AfterStart()
+    _start: AgentStart
+    _finalizer: weakref.finalize[..., Any]
 
     def __init__(
         self,
@@ -136,20 +181,36 @@ class ScalerExecutor(Executor):
             address = self._cluster.address
             config = self._cluster.config
             self._max_workers = max_workers
-        from scaler_executor.client.agent import ClientAgent
-        from scaler_executor.protocol.messages import TaskFlags
-
         self._config = config
-        # plain submit/map: the config's default (forwarding needs the output captured)
-        self._flags = TaskFlags.CAPTURE if config.capture_output or config.forward_output else 0
         self._address = address
-        self._agent = ClientAgent(config, address, self._cluster, security)
-        if self._cluster is None:
-            from scaler_executor.client import connect
+        if self._cluster is not None:
+            # The client's machinery is imported and built on a thread of its own while the
+            # daemon starts; ``_agent`` and ``_flags`` wait for it at first use (_AfterStart).
+            from scaler_executor.client.start import AgentStart
 
-            connect.wait_for_welcome(self._agent, address, config.connect_timeout)  # raises DaemonLost
-        self._finalizer = weakref.finalize(self, ClientAgent.shutdown, self._agent, False)
-        self._finalizer.atexit = False  # interpreter exit is handled by the agent module (wait=True)
+            self._start = start = AgentStart(config, address, self._cluster)
+            try:
+                self._finalizer = weakref.finalize(self, start.shutdown, False)
+                self._finalizer.atexit = False  # interpreter exit is handled by the agent module
+            finally:
+                start.go()  # the build begins once this constructor is done (client/start.py)
+        else:
+            from scaler_executor.client import connect
+            from scaler_executor.client.agent import ClientAgent
+
+            agent = ClientAgent(config, address, None, security)
+            self._use(agent)
+            connect.wait_for_welcome(agent, address, config.connect_timeout)  # raises DaemonLost
+            self._finalizer = weakref.finalize(self, ClientAgent.shutdown, agent, False)
+            self._finalizer.atexit = (
+                False  # interpreter exit is handled by the agent module (wait=True)
+            )
+
+    def _use(self, agent: ClientAgent) -> None:
+        """Keep ``agent`` and the plain calls' flags as instance fields: from now on they
+        shadow the class's ``_AfterStart`` descriptors, and reading them costs nothing more."""
+        self.__dict__["_flags"] = _plain_flags(agent.config)
+        self.__dict__["_agent"] = agent
 
     # ------------------------------------------------------------------ Executor contract
 
@@ -166,9 +227,10 @@ class ScalerExecutor(Executor):
         buffersize: int | None = None,
     ) -> Iterator[T]:
         """``Executor.map`` with ``ProcessPoolExecutor``'s ``chunksize`` and Python 3.14's ``buffersize``."""
+        agent = self._agent  # first: a started client's modules are imported before mapping's
         from scaler_executor.client.mapping import run_map
 
-        return run_map(self._agent, 0, fn, iterables, timeout, chunksize, buffersize, self._flags)
+        return run_map(agent, 0, fn, iterables, timeout, chunksize, buffersize, self._flags)
 
     def get(self, dsk: Any, keys: Any, **options: Any) -> Any:
         """Compute ``keys`` of a Dask-style graph ``dsk`` in the cluster.
@@ -182,14 +244,19 @@ class ScalerExecutor(Executor):
             ValueError: the graph has a cycle (the message names a key on it).
             Exception: the first failing task's own exception, for a key that depends on it.
         """
+        agent = self._agent  # first: a started client's modules are imported before graph's
         from scaler_executor.client.graph import run_graph
 
         view = self.options(**options) if options else None
-        return run_graph(self._agent, dsk, keys, view._id() if view is not None else 0)
+        return run_graph(agent, dsk, keys, view._id() if view is not None else 0)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Standard semantics; idempotent.  Stops the embedded cluster once outstanding work is done."""
-        self._agent.shutdown(wait, cancel_futures=cancel_futures)
+        try:
+            agent = self._agent
+        except BrokenScalerExecutor:
+            return  # the client never started, and its cluster was stopped then
+        agent.shutdown(wait, cancel_futures=cancel_futures)
 
     # ------------------------------------------------------------------ extras
 
@@ -227,7 +294,9 @@ class ScalerExecutor(Executor):
         if not isinstance(writable, bool):
             raise TypeError(f"writable must be True or False, got {writable!r}")
         if capture_output is not None and not isinstance(capture_output, bool):
-            raise TypeError(f"capture_output must be True, False or None (the config's default), got {capture_output!r:.60}")
+            raise TypeError(
+                f"capture_output must be True, False or None (the config's default), got {capture_output!r:.60}"
+            )
         from scaler_executor.client.options import make_options
 
         options = make_options(resources, tags, priority, task_timeout, max_retries)
@@ -307,8 +376,17 @@ class ScalerExecutor(Executor):
 
         history = self._agent.request_history()
         stats = self.statistics(timeout)
-        client = {"address": self._address, "max_workers": self._max_workers or None, **self._config.to_dict()}
-        text = render_report(stats, history.result(timeout), client_config=client, source=f"ScalerExecutor.report (pid {os.getpid()})")
+        client = {
+            "address": self._address,
+            "max_workers": self._max_workers or None,
+            **self._config.to_dict(),
+        }
+        text = render_report(
+            stats,
+            history.result(timeout),
+            client_config=client,
+            source=f"ScalerExecutor.report (pid {os.getpid()})",
+        )
         write_report(path, text)
         return os.fspath(path)
 
@@ -317,14 +395,17 @@ class ScalerExecutor(Executor):
         return self._address
 
     def __repr__(self) -> str:
-        state = "broken" if self._agent.broken else "shutdown" if self._agent.shutdown_requested else "running"
         where = f"embedded, max_workers={self._max_workers}" if self._cluster else self._address
-        return f"<ScalerExecutor {state} ({where}) outstanding={self._agent.outstanding}>"
+        try:
+            agent = self._agent
+        except BrokenScalerExecutor:
+            return f"<ScalerExecutor broken ({where}): its client did not start>"
+        state = "broken" if agent.broken else "shutdown" if agent.shutdown_requested else "running"
+        return f"<ScalerExecutor {state} ({where}) outstanding={agent.outstanding}>"
 
 
 _nested_lock = threading.Lock()
 _nested: ScalerExecutor | None = None
-
 
 
 def get_executor() -> ScalerExecutor:
@@ -369,7 +450,11 @@ class _OptionsView:
     """``submit``/``map`` with scheduling options, on the same connection as its executor."""
 
     def __init__(
-        self, executor: ScalerExecutor, options: TaskOptions, writable: bool = False, capture_output: bool | None = None
+        self,
+        executor: ScalerExecutor,
+        options: TaskOptions,
+        writable: bool = False,
+        capture_output: bool | None = None,
     ) -> None:
         from scaler_executor.protocol.messages import TaskFlags
 
@@ -382,7 +467,9 @@ class _OptionsView:
             capturing = bool(executor._flags & TaskFlags.CAPTURE)
         else:
             capturing = capture_output
-        self._flags = (TaskFlags.WRITABLE if writable else 0) | (TaskFlags.CAPTURE if capturing else 0)
+        self._flags = (TaskFlags.WRITABLE if writable else 0) | (
+            TaskFlags.CAPTURE if capturing else 0
+        )
 
     def _id(self) -> int:
         if self._options_id is None:
@@ -402,7 +489,16 @@ class _OptionsView:
     ) -> Iterator[T]:
         from scaler_executor.client.mapping import run_map
 
-        return run_map(self._executor._agent, self._id(), fn, iterables, timeout, chunksize, buffersize, self._flags)
+        return run_map(
+            self._executor._agent,
+            self._id(),
+            fn,
+            iterables,
+            timeout,
+            chunksize,
+            buffersize,
+            self._flags,
+        )
 
     def get(self, dsk: Any, keys: Any) -> Any:
         """:meth:`ScalerExecutor.get` with this view's options."""
@@ -421,7 +517,9 @@ class _OptionsView:
         merged: dict[str, Any] = dict(zip(_OPTION_NAMES, self._options, strict=True))
         unknown = set(changes) - set(_OPTION_NAMES) - {"writable", "capture_output"}
         if unknown:
-            raise TypeError(f"unknown option(s) {sorted(unknown)}; valid: {[*_OPTION_NAMES, 'writable', 'capture_output']}")
+            raise TypeError(
+                f"unknown option(s) {sorted(unknown)}; valid: {[*_OPTION_NAMES, 'writable', 'capture_output']}"
+            )
         writable = changes.pop("writable", self._writable)
         capture_output = changes.pop("capture_output", self._capture_output)
         merged.update(changes)
@@ -469,7 +567,9 @@ def _config_for(
     return config
 
 
-def _remote_security(config: ClusterConfig, address: str, credentials: str | None) -> tuple[ClusterConfig, Any]:
+def _remote_security(
+    config: ClusterConfig, address: str, credentials: str | None
+) -> tuple[ClusterConfig, Any]:
     """The config and the security context (ConfigError: no key on tcp://) for a running daemon."""
     if credentials is not None:
         config = config.replace(credentials=credentials)
@@ -494,7 +594,9 @@ def _check_pool_arguments(mp_context: Any, initializer: Any, max_tasks_per_child
             raise ValueError("max_tasks_per_child must be >= 1")
 
 
-def _check_remote_arguments(max_workers: Any, initializer: Any, max_tasks_per_child: Any, min_workers: Any) -> None:
+def _check_remote_arguments(
+    max_workers: Any, initializer: Any, max_tasks_per_child: Any, min_workers: Any
+) -> None:
     """With ``address=``: the arguments that configure an embedded cluster must be unset."""
     if max_workers is not None:
         raise ValueError(
@@ -511,6 +613,13 @@ def _check_remote_arguments(max_workers: Any, initializer: Any, max_tasks_per_ch
         raise ValueError("min_workers applies to the embedded cluster; leave it None with address=")
 
 
+def _plain_flags(config: ClusterConfig) -> int:
+    """The flags of a plain ``submit``/``map``: the config's default (forwarding needs the output captured)."""
+    from scaler_executor.protocol.messages import TaskFlags
+
+    return TaskFlags.CAPTURE if config.capture_output or config.forward_output else 0
+
+
 def _check_embedded_counts(max_workers: Any, min_workers: Any) -> int:
     """The embedded cluster's worker counts; returns max_workers (default: usable CPUs)."""
     if max_workers is None:
@@ -521,7 +630,11 @@ def _check_embedded_counts(max_workers: Any, min_workers: Any) -> int:
         raise ValueError("max_workers must be greater than 0")
     if min_workers is not None:
         if not isinstance(min_workers, int) or isinstance(min_workers, bool):
-            raise TypeError(f"min_workers must be an integer or None, got {type(min_workers).__name__}")
+            raise TypeError(
+                f"min_workers must be an integer or None, got {type(min_workers).__name__}"
+            )
         if not 0 <= min_workers <= max_workers:
-            raise ValueError(f"min_workers must be between 0 and max_workers={max_workers}, got {min_workers}")
+            raise ValueError(
+                f"min_workers must be between 0 and max_workers={max_workers}, got {min_workers}"
+            )
     return max_workers
