@@ -18,9 +18,9 @@ from typing import Any
 
 import psutil
 import pytest
+from scaler_testing import child_env
 
 from scaler_executor import ScalerExecutor
-from scaler_testing import child_env
 
 pytestmark = pytest.mark.timeout(120)
 

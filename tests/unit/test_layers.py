@@ -256,9 +256,9 @@ def import_cycles(package_dir: Path = PACKAGE_DIR) -> list[str]:
         state[node] = 1
         for dep in sorted(graph.get(node, ())):
             if state.get(dep) == 1:
-                problems.append(" -> ".join(path[path.index(dep) :] + [dep]))
+                problems.append(" -> ".join([*path[path.index(dep) :], dep]))
             elif dep not in state and dep in graph:
-                visit(dep, path + [dep])
+                visit(dep, [*path, dep])
         state[node] = 2
 
     for node in sorted(graph):
