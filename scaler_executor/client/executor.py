@@ -156,55 +156,54 @@ class ScalerExecutor(Executor):
         _check_dashboard(dashboard, address)
         config = _config_for(config, journal, address)
         self._cluster: EmbeddedCluster | None = None
-        security = None
         if address is not None:
             check_address(address)
             _check_remote_arguments(max_workers, initializer, max_tasks_per_child, min_workers)
             config, security = _remote_security(config, address, credentials)
             self._max_workers = 0
-        else:
-            if credentials is not None:
-                raise ValueError(
-                    "credentials is for joining a tcp:// cluster (address=...); the embedded "
-                    "cluster is private to this user and needs none"
-                )
-            max_workers = _check_embedded_counts(max_workers, min_workers)
-            init_blob = _initializer_blob(initializer, tuple(initargs)) if initializer else None
-            self._cluster = EmbeddedCluster(
-                config,
-                processors=max_workers,
-                minimum=min_workers,
-                initializer=init_blob,
-                max_tasks_per_child=max_tasks_per_child,
-                dashboard=dashboard,
+            self._config, self._address = config, address
+            self._join(config, address, security)
+            return
+        if credentials is not None:
+            raise ValueError(
+                "credentials is for joining a tcp:// cluster (address=...); the embedded "
+                "cluster is private to this user and needs none"
             )
-            address = self._cluster.address
-            config = self._cluster.config
-            self._max_workers = max_workers
-        self._config = config
-        self._address = address
-        if self._cluster is not None:
-            # The client's machinery is imported and built on a thread of its own while the
-            # daemon starts; ``_agent`` and ``_flags`` wait for it at first use (_AfterStart).
-            from scaler_executor.client.start import AgentStart
+        max_workers = _check_embedded_counts(max_workers, min_workers)
+        init_blob = _initializer_blob(initializer, tuple(initargs)) if initializer else None
+        self._cluster = cluster = EmbeddedCluster(
+            config,
+            processors=max_workers,
+            minimum=min_workers,
+            initializer=init_blob,
+            max_tasks_per_child=max_tasks_per_child,
+            dashboard=dashboard,
+        )
+        self._max_workers = max_workers
+        self._config, self._address = cluster.config, cluster.address
+        # The client's machinery is imported and built on a thread of its own while the
+        # daemon starts; ``_agent`` and ``_flags`` wait for it at first use (_AfterStart).
+        from scaler_executor.client.start import AgentStart
 
-            self._start = start = AgentStart(config, address, self._cluster)
-            try:
-                self._finalizer = weakref.finalize(self, start.shutdown, False)
-                self._finalizer.atexit = False  # interpreter exit is handled by the agent module
-            finally:
-                start.go()  # the build begins once this constructor is done (client/start.py)
-        else:
-            from scaler_executor.client import connect
-            from scaler_executor.client.agent import ClientAgent
+        self._start = start = AgentStart(cluster.config, cluster.address, cluster)
+        try:
+            self._finalizer = weakref.finalize(self, start.shutdown, False)
+            self._finalizer.atexit = False  # interpreter exit is handled by the agent module
+        finally:
+            start.go()  # the build begins once this constructor is done (client/start.py)
 
-            agent = ClientAgent(config, address, None, security)
-            self._use(agent)
-            connect.wait_for_welcome(agent, address, config.connect_timeout)  # raises DaemonLost
-            self._finalizer = weakref.finalize(self, ClientAgent.shutdown, agent, False)
-            self._finalizer.atexit = (
-                False  # interpreter exit is handled by the agent module (wait=True)
-            )
+    def _join(self, config: ClusterConfig, address: str, security: Any) -> None:
+        """Connect to a running daemon and wait for its Welcome (raises ``DaemonLost``)."""
+        from scaler_executor.client import connect
+        from scaler_executor.client.agent import ClientAgent
+
+        agent = ClientAgent(config, address, None, security)
+        self._use(agent)
+        connect.wait_for_welcome(agent, address, config.connect_timeout)
+        self._finalizer = weakref.finalize(self, ClientAgent.shutdown, agent, False)
+        self._finalizer.atexit = (
+            False  # interpreter exit is handled by the agent module (wait=True)
+        )
 
     def _use(self, agent: ClientAgent) -> None:
         """Keep ``agent`` and the plain calls' flags as instance fields: from now on they
