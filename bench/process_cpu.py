@@ -2,7 +2,7 @@
 
 ::
 
-    chrt -r 1 python bench/process_cpu.py --before OLD --after NEW [--mode burst|round_trip|graph]
+    chrt -r 1 python bench/process_cpu.py --before OLD --after NEW [--mode burst|round_trip|graph|map]
                                           [--tasks N] [--reps 8]
 
 Each cell is a fresh interpreter started in its checkout (``PYTHONPATH=<checkout>``, the
@@ -121,6 +121,9 @@ def cell(mode: str, tasks: int) -> dict[str, float]:
         elif mode == "graph":
             for _ in range(tasks):
                 ex.get(dsk, root)
+        elif mode == "map":
+            for _ in ex.map(noop, range(tasks)):
+                pass
         else:
             for _ in range(tasks):
                 ex.submit(noop, 0).result()
@@ -157,17 +160,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--before")
     parser.add_argument("--after")
-    parser.add_argument("--mode", choices=("burst", "round_trip", "graph"), default="burst")
+    parser.add_argument("--mode", choices=("burst", "round_trip", "graph", "map"), default="burst")
     parser.add_argument("--tasks", type=int, default=0, help="per cell (default 20,000 burst, 3,000 round trip, 40 graphs)")
     parser.add_argument("--reps", type=int, default=8)
-    parser.add_argument("--cell", choices=("burst", "round_trip", "graph"), help=argparse.SUPPRESS)
+    parser.add_argument("--cell", choices=("burst", "round_trip", "graph", "map"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cell:
         print(json.dumps(cell(args.cell, args.tasks)))
         return 0
     if not args.before or not args.after:
         parser.error("--before and --after are required")
-    tasks = args.tasks or {"burst": 20_000, "round_trip": 3_000, "graph": 40}[args.mode]
+    tasks = args.tasks or {"burst": 20_000, "round_trip": 3_000, "graph": 40, "map": 20_000}[args.mode]
     for checkout in (args.before, args.after):
         # Every module compiled again: bench/ab.py's byte_compile says why.
         subprocess.run([_python(checkout), "-m", "compileall", "-q", "-f", os.path.join(checkout, "scaler_executor")], check=True)
