@@ -20,8 +20,10 @@ REFILL_AT = 1
 # Sub-millisecond tasks: deeper, up to MAX_DEPTH while the tasks queued behind the running
 # one add up to at most QUEUED_WORK_SECONDS (what one can wait behind the others while a
 # processor elsewhere is idle).  A write to a processor and the wake-up it causes cost
-# more than a no-op task; a top-up of 7 instead of 2 raised no-op throughput by ~20 %.
-MAX_DEPTH = 8
+# more than a no-op task; a top-up of 7 instead of 2 raised no-op throughput by ~20 %, and
+# MAX_DEPTH 32 instead of 8 by another ~15 % (docs/performance.rst, "Deeper for no-ops").
+# It binds only below QUEUED_WORK_SECONDS / 31 (65 us) a task: slower ones stop at the budget.
+MAX_DEPTH = 32
 UNTIMED_DEPTH = 2  # see task_depth
 QUEUED_WORK_SECONDS = 0.002
 # A processor whose running task has run this long gets nothing queued behind it, and the

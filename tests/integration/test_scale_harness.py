@@ -122,7 +122,8 @@ def test_processors_are_dealt_as_the_agent_deals() -> None:
     from scaler_executor.worker.dealing import MAX_DEPTH
 
     procs = Processors(2)
-    queue = deque((i, 0, b"") for i in range(40))
+    total = 2 + 3 * MAX_DEPTH + 6  # the first two, three top-ups, and some left over
+    queue = deque((i, 0, b"") for i in range(total))
     dealt = procs.deal(queue, 10.0, lambda: 0.001, lambda: 10.5)
     assert [(d[0], d[1], d[4][0]) for d in dealt] == [(0, 10.5, 0), (1, 10.5, 1)]  # untimed: one each, after the wake-up
     assert procs.deal(queue, 10.0, lambda: 0.001, lambda: 10.5) == []  # both busy
@@ -141,4 +142,4 @@ def test_processors_are_dealt_as_the_agent_deals() -> None:
     top = procs.deal(queue, 10.62, lambda: 0.001, lambda: 10.62)
     assert {d[0] for d in top} == {0} and len(top) == MAX_DEPTH - 1  # down to REFILL_AT: one top-up
     seen = [d[4][0] for d in dealt + more + again + top]
-    assert len(seen) == len(set(seen)) and len(queue) == 40 - len(seen)
+    assert len(seen) == len(set(seen)) and len(queue) == total - len(seen)

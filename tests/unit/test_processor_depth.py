@@ -24,7 +24,7 @@ from scaler_executor.worker.dealing import (
 
 @pytest.mark.parametrize(
     ("mean", "depth"),
-    [(None, 1), (10.0, 1), (SHORT_TASK_SECONDS, 1), (0.004, 3), (0.001, 3), (0.0005, 5), (0.0001, 8), (0.0, 8)],
+    [(None, 1), (10.0, 1), (SHORT_TASK_SECONDS, 1), (0.004, 3), (0.001, 3), (0.0005, 5), (0.0001, 21), (0.00001, MAX_DEPTH), (0.0, MAX_DEPTH)],
 )
 def test_depth_by_mean_task_duration(mean: float | None, depth: int) -> None:
     assert processor_depth(mean) == depth
@@ -40,7 +40,7 @@ def test_deeper_than_short_depth_only_while_the_queued_work_fits_the_budget() ->
 
 
 def test_a_timed_callable_goes_by_its_own_mean_whatever_the_worker_saw() -> None:
-    assert task_depth(0.0001, 10.0) == processor_depth(0.0001) == MAX_DEPTH
+    assert task_depth(0.00001, 10.0) == processor_depth(0.00001) == MAX_DEPTH
     assert task_depth(10.0, 0.0001) == 1
     assert task_depth(0.001, None) == processor_depth(0.001)
 
