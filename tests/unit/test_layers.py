@@ -76,24 +76,28 @@ def _unit(module: str) -> str:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
+def _imported(node: ast.Import | ast.ImportFrom, package: str, package_dir: Path) -> list[str]:
+    """The modules one import statement of a module of ``package`` imports."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level:  # relative: from the file's package, up level - 1
+        base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        module = ".".join(base + ([node.module] if node.module else []))
+    else:
+        module = node.module or ""
+    # ``from scaler_executor import _compat`` imports the submodule, not the facade
+    subs = (f"{module}.{alias.name}" for alias in node.names)
+    return [sub if _exists(sub, package_dir) else module for sub in subs]
+
+
 def imports(path: Path, package_dir: Path) -> list[tuple[int, str]]:
     """(line, module) for every import of a package module in the file, at any depth."""
     name = _module_name(path, package_dir)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: from the file's package, up level - 1
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
-            for alias in node.names:
-                # ``from scaler_executor import _compat`` imports the submodule, not the facade
-                sub = f"{module}.{alias.name}"
-                found.append((node.lineno, sub if _exists(sub, package_dir) else module))
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found += [(node.lineno, module) for module in _imported(node, package, package_dir)]
     ours = [(line, m) for line, m in found if m == PACKAGE or m.startswith(PACKAGE + ".")]
     return sorted(set(ours))  # once per module, not per imported name
 
@@ -214,17 +218,8 @@ def _executed_imports(path: Path, package_dir: Path) -> set[str]:
                 walk(node.finalbody)
                 for handler in node.handlers:
                     walk(handler.body)
-            elif isinstance(node, ast.Import):
-                found.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                    module = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    module = node.module or ""
-                for alias in node.names:
-                    sub = f"{module}.{alias.name}"
-                    found.add(sub if _exists(sub, package_dir) else module)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.update(_imported(node, package, package_dir))
 
     walk(ast.parse(path.read_text(), str(path)).body)
     return {m for m in found if m == PACKAGE or m.startswith(PACKAGE + ".")}
