@@ -201,9 +201,7 @@ class ScalerExecutor(Executor):
         self._use(agent)
         connect.wait_for_welcome(agent, address, config.connect_timeout)
         self._finalizer = weakref.finalize(self, ClientAgent.shutdown, agent, False)
-        self._finalizer.atexit = (
-            False  # interpreter exit is handled by the agent module (wait=True)
-        )
+        self._finalizer.atexit = False  # interpreter exit is handled by the agent module
 
     def _use(self, agent: ClientAgent) -> None:
         """Keep ``agent`` and the plain calls' flags as instance fields: from now on they
