@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from scaler_executor.exceptions import BrokenScalerExecutor
 
@@ -114,11 +114,3 @@ def _join_all_before_fork() -> None:
 
 os.register_at_fork(before=_join_all_before_fork)
 
-
-def settle(start: AgentStart) -> tuple[ClientAgent, Any]:
-    """(agent, the plain submit's flags) of a finished start, for the executor's fields."""
-    from scaler_executor.protocol.messages import TaskFlags
-
-    agent = start.agent()
-    config = agent.config
-    return agent, TaskFlags.CAPTURE if config.capture_output or config.forward_output else 0
