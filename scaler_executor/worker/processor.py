@@ -537,9 +537,10 @@ def processor_main(
                         use_bin_type=True,
                     )
                 )
-        # The arguments, the value and the dependency values go once the reply is on its way
-        # (_run says why).
-        del held
+        # The arguments, the value, the dependency values and the fetched objects (a large
+        # one's mapping may be the last reference to its memfd: 13 ms to free 100 MB) go once
+        # the reply is on its way (_run says why), not when the next RUN rebinds these names.
+        del held, raw, message, payload, deps, objects, blobs, result, in_memfd
         install_deps(None)
         state.blobs = None
         state.put_arrays_in_store()  # if the task imported NumPy
