@@ -154,6 +154,7 @@ const char *objstore_np_capsule_name(void);
 void objstore_np_disable(void *handler);
 objstore_status_t objstore_privatize(objstore_t *s);
 void objstore_np_stats(const void *handler, uint64_t out[4]);
+int objstore_populate_write(void *addr, uint64_t len);
 
 objstore_status_t objstore_stats(objstore_t *s, objstore_stats_t *out);
 objstore_status_t objstore_usage(const objstore_t *s, objstore_usage_t *out);

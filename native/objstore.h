@@ -358,6 +358,16 @@ objstore_status_t objstore_privatize(objstore_t *s);
 /* objstore_np_stats: the handler's counters, indexed by objstore_np_stat_t. */
 void objstore_np_stats(const void *handler, uint64_t out[OBJSTORE_NP_NSTATS]);
 
+/* ---------------------------------------------------------------- reading into fresh memory */
+
+/* objstore_populate_write: fault in the whole pages inside [addr, addr + len) for writing,
+ * in one madvise(MADV_POPULATE_WRITE) call (Linux 5.14), so that a copy into fresh memory
+ * that follows takes no page fault per 4 KiB page; the contents do not change. For any
+ * writable memory of the caller (a reader filling a new `bytes` from a socket: see
+ * scaler_executor/protocol/prefault.py). Returns 0, or the errno: EINVAL where the kernel
+ * (or this build) has no MADV_POPULATE_WRITE, so the caller can stop asking. */
+int objstore_populate_write(void *addr, uint64_t len);
+
 /* objstore_test_crash_point: tests only. The `countdown`-th time this handle reaches
  * `point` inside a critical section, perform `action`. point NONE disarms. */
 void objstore_test_crash_point(objstore_t *s, int point, uint32_t countdown, int action);

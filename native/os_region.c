@@ -686,3 +686,17 @@ objstore_status_t objstore_privatize(objstore_t *s) {
         memset(s->populated, 0, s->size / OS_POPULATE_CHUNK / 8 + 1);
     return OBJSTORE_OK;
 }
+
+int objstore_populate_write(void *addr, uint64_t len) {
+#ifdef MADV_POPULATE_WRITE
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t start = ((uintptr_t)addr + page - 1) & ~(page - 1);
+    uintptr_t end = ((uintptr_t)addr + (uintptr_t)len) & ~(page - 1);
+    if (addr == NULL || end <= start) return 0;
+    return madvise((void *)start, end - start, MADV_POPULATE_WRITE) == 0 ? 0 : errno;
+#else
+    (void)addr;
+    (void)len;
+    return EINVAL;
+#endif
+}

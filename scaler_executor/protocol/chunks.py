@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from scaler_executor.protocol import messages as m
+from scaler_executor.protocol import prefault
 
 
 class StreamError(Exception):
@@ -151,9 +152,10 @@ class PartsReader(io.RawIOBase):
         target = memoryview(buffer).cast("B")
         want, done = target.nbytes, 0
         views = self._views
+        ahead = prefault.Ahead(target)  # a large read: its pages faulted in a window ahead
         while done < want and (views or self._more()):
             view = views[0]
-            count = min(want - done, view.nbytes - self._offset)
+            count = min(ahead.limit(done) - done, view.nbytes - self._offset)
             target[done : done + count] = view[self._offset : self._offset + count]
             done += count
             self._offset += count

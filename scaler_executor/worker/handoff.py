@@ -44,6 +44,7 @@ import threading
 from typing import Any, NamedTuple
 
 from scaler_executor.protocol import messages as m
+from scaler_executor.protocol import prefault
 from scaler_executor.protocol.chunks import StreamError
 
 # Objects at least this large cross the agent <-> processor socket as memfds; smaller ones
@@ -393,6 +394,7 @@ class _StreamReader(io.RawIOBase):
         streamed = self.streamed
         target = memoryview(buffer).cast("B")
         want, done = min(target.nbytes, streamed.left), 0
+        ahead = prefault.Ahead(target[:want])  # a large read: its pages faulted in a window ahead
         while done < want:
-            done += streamed.recv_into(target[done:want])
+            done += streamed.recv_into(target[done : ahead.limit(done)])
         return done

@@ -1,9 +1,9 @@
 """A task's reply leaves its processor before the task's arguments and value are freed.
 
 Freeing a large argument or value gives its pages back to the kernel (about 7 ms for
-100 MB on the 2-core machine); done before the reply, as it was, it delayed the result by
-as much (``docs/security.rst``, "Freed after the reply"). ``ProcessPoolExecutor``'s
-workers send the result first too. Checked by order, not by time: the object's finalizer
+100 MB on the 2-core machine); done before the reply, as it was, it delayed the result
+by as much (``docs/security.rst``, "Freed after the reply, faulted in ahead").
+``ProcessPoolExecutor``'s workers send the result first too. Checked by order, not by time: the object's finalizer
 waits (bounded) until the client has the result and notes whether it came. Freed before
 the reply, the finalizer holds the reply back, so the client waits out the bound.
 """
