@@ -5,6 +5,7 @@ A script, not a test (its figures are measured, never asserted)::
     PYTHONPATH=. python bench/scale.py --workers 10,100,1000 --processors 4 --clients 1,10
     PYTHONPATH=. python bench/scale.py --transport tcp --workers 100 --clients 10       # CURVE on
     PYTHONPATH=. python bench/scale.py --transport tcp --insecure --workers 100
+    PYTHONPATH=. python bench/scale.py --workers 100 --clients 10 --journal-fsync turn   # journaled
 
 A real daemon (``python -m scaler_executor.cli.daemon --address ... --workers 0``) is started
 per size, pinned to core 0 with ``taskset``; this process, pinned to core 1, runs every
@@ -65,8 +66,10 @@ import heapq
 import json
 import os
 import random
+import shutil
 import socket
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -562,6 +565,8 @@ class Size:
     shared_core: bool = False  # the wake-ups are CPU time on one simulated core, in turn (Sim.shared_core)
     watch: float = 0.0  # seconds of the watched phase (0: skip): idle, one client asking for statistics
     stats_every: float = 1.0  # ... every this many seconds, as a dashboard or `scaler-top` would
+    journal_fsync: str = ""  # run the daemon with a journal synced this way ("": no journal)
+    journal_dir: str = "/var/tmp"  # ... made in a fresh directory here (a disk: fsync on tmpfs is free)
 
 
 def _watched(sim: Sim, daemon: DaemonProcess, size: Size, idle: dict[str, float]) -> dict[str, Any]:
@@ -618,6 +623,10 @@ def run_size(size: Size, workdir: str, prefix: list[str] | None = None) -> dict[
                 directory.issue(f"sim-{role}", role, path)
                 credentials[role] = load_credential(path)
             extra += ["--security", keys]
+    journal = ""
+    if size.journal_fsync:
+        journal = os.path.join(tempfile.mkdtemp(prefix="scale-journal-", dir=size.journal_dir), "journal")
+        extra += ["--journal", journal, "--journal-fsync", size.journal_fsync]
     daemon = DaemonProcess(address, extra, prefix, os.path.join(workdir, "daemon.log"), size.daemon_tree)
     peers = size.clients + 2 * size.workers + 1  # the pending phase adds the workers again; a monitor
     sim = Sim(address, credentials=credentials, duration=duration_sampler(size.duration), window=size.window, max_peers=peers,
@@ -627,6 +636,7 @@ def run_size(size: Size, workdir: str, prefix: list[str] | None = None) -> dict[
         "transport": size.transport + ("" if size.transport == "ipc" else (" insecure" if size.insecure else " curve")),
         "workers": size.workers, "processors": size.processors, "clients": size.clients,
         "zmq_max_sockets": sim.max_sockets if size.transport == "tcp" else None,
+        "journal_fsync": size.journal_fsync or None,
     }
     try:
         for _ in range(size.clients):
@@ -702,6 +712,10 @@ def run_size(size: Size, workdir: str, prefix: list[str] | None = None) -> dict[
     finally:
         sim.close()
         daemon.stop()
+        if journal:  # the journal and the store region it keeps for a restart
+            subprocess.run([sys.executable, "-m", "scaler_executor.cli.daemon", "--journal", journal, "--discard"],
+                           cwd=size.daemon_tree or None, capture_output=True, check=False)
+            shutil.rmtree(os.path.dirname(journal), ignore_errors=True)
     return row
 
 
@@ -768,6 +782,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shared-core", action="store_true",
                    help="the wake-ups are CPU time on one simulated core, served in turn (peers sharing a busy core)")
     p.add_argument("--transport", choices=("ipc", "tcp"), default="ipc")
+    p.add_argument("--journal-fsync", default="", metavar="MODE",
+                   help="run the daemon with a journal (--journal-fsync MODE: turn, interval or os); default none")
+    p.add_argument("--journal-dir", default="/var/tmp", help="where --journal-fsync's journal is made (a disk, not tmpfs)")
     p.add_argument("--insecure", action="store_true", help="tcp without CURVE")
     p.add_argument("--repeat", type=int, default=1, help="runs of every size, alternated")
     p.add_argument("--json", help="append each row as a JSON line to this file")
@@ -819,7 +836,7 @@ def main(argv: list[str] | None = None) -> int:
     duration_sampler(args.wake, "--wake"), args.client_wake and duration_sampler(args.client_wake, "--client-wake")
     sizes = [Size(w, pr, c, args.tasks, args.window, args.idle, args.pending, args.duration, args.transport, args.insecure,
                   wake=args.wake, client_wake=args.client_wake, shared_core=args.shared_core, watch=args.watch,
-                  stats_every=args.stats_every)
+                  stats_every=args.stats_every, journal_fsync=args.journal_fsync, journal_dir=args.journal_dir)
              for w in _ints(args.workers) for pr in _ints(args.processors) for c in _ints(args.clients)]
     trees = [os.path.abspath(t) for t in args.daemon_trees.split(",")] if args.daemon_trees else [""]
     for rep in range(args.repeat):
