@@ -53,8 +53,14 @@ class Ahead:
         global _usable
         if self._ready - filled < SLACK and self._ready < self._size:
             end = min(self._size, self._ready + WINDOW)
-            if _usable and self._lib.objstore_populate_write(self._pointer + self._ready, end - self._ready) == errno.EINVAL:
-                _usable = False  # no MADV_POPULATE_WRITE here: the faults will do
-            self._ready = self._size if not _usable else end
+            if _usable:
+                failed = self._lib.objstore_populate_write(self._pointer + self._ready, end - self._ready)
+                if failed in _UNSUPPORTED:
+                    _usable = False  # the faults will do, here and in every later read
+            # (any other error, ENOMEM say: this window faults as it is copied)
+            self._ready = end if _usable else self._size
         return self._ready
 
+
+# MADV_POPULATE_WRITE unknown to the kernel, or refused to this process (a seccomp filter)
+_UNSUPPORTED = (errno.EINVAL, errno.ENOSYS, errno.EPERM)
