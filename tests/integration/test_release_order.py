@@ -3,15 +3,16 @@
 Freeing a large argument or value gives its pages back to the kernel (about 7 ms for
 100 MB on the 2-core machine); done before the reply, as it was, it delayed the result
 by as much (``docs/security.rst``, "Freed after the reply, faulted in ahead").
-``ProcessPoolExecutor``'s workers send the result first too. Checked by order, not by time: the object's finalizer
-waits (bounded) until the client has the result and notes whether it came. Freed before
-the reply, the finalizer holds the reply back, so the client waits out the bound.
+``ProcessPoolExecutor``'s workers send the result first too. Checked by order, not by
+time: the object's finalizer waits (bounded) for the client to say it has the result and
+notes whether it did. Freed before the reply, the finalizer holds the reply back, so the
+client waits out the bound.
 """
 
 from __future__ import annotations
 
 import os
-import time
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,8 +24,9 @@ WAIT = 30.0  # the finalizer's bound: far beyond a result's round trip on a load
 
 
 class Finalized:
-    """Notes in ``note`` whether ``gate`` existed when it was freed (waiting up to WAIT for
-    it), in any process but the client's: there a copy is freed at the test's end."""
+    """Notes in ``note`` whether the client said it had the result when this object was
+    freed: it connects to the client's socket ``gate`` and waits up to WAIT for a byte.
+    Acts in any process but the client's (there a copy is freed at the test's end)."""
 
     def __init__(self, gate: str, note: str, client_pid: int) -> None:
         self.gate, self.note, self.client_pid = gate, note, client_pid
@@ -32,10 +34,14 @@ class Finalized:
     def __del__(self) -> None:
         if os.getpid() == self.client_pid:
             return
-        deadline = time.monotonic() + WAIT
-        while not os.path.exists(self.gate) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        Path(self.note).write_text("after the result" if os.path.exists(self.gate) else "before the result")
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(WAIT)
+            try:
+                sock.connect(self.gate)
+                came = sock.recv(1) == b"!"
+            except OSError:  # the bound passed, or the client gave up and closed its socket
+                came = False
+        Path(self.note).write_text("after the result" if came else "before the result")
 
 
 def takes(value: Finalized) -> int:
@@ -46,12 +52,22 @@ def makes(gate: str, note: str, client_pid: int) -> Finalized:
     return Finalized(gate, note, client_pid)
 
 
-def freed_after_the_result(tmp_path: Path, run: Callable[[str, str], object]) -> str:
-    gate, note = str(tmp_path / "result-came"), str(tmp_path / "note")
-    run(gate, note)  # raises TimeoutError if the reply waited for the finalizer
-    Path(gate).touch()
-    assert wait_until(lambda: os.path.exists(note), WAIT), "the object was never freed in the processor"
-    return Path(note).read_text()
+def freed_after_the_result(tmp_path: Path, run: Callable[[str, str], object], count: int = 1) -> list[str]:
+    """Runs ``run(gate, note)`` (it raises TimeoutError if the reply waited for a
+    finalizer), then tells the ``count`` finalizers that the result came; their notes."""
+    gate, note = str(tmp_path / "gate"), str(tmp_path / "note")
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(gate)
+        listener.listen(count)
+        listener.settimeout(WAIT)
+        run(gate, note)
+        for _ in range(count):
+            connection, _ = listener.accept()  # a finalizer, now or once the object is freed
+            with connection:
+                connection.sendall(b"!")
+    notes = [Path(note + (str(i) if count > 1 else "")) for i in range(count)]
+    assert wait_until(lambda: all(p.exists() for p in notes), WAIT), "the object was never freed in the processor"
+    return [p.read_text() for p in notes]
 
 
 def test_an_argument_is_freed_after_the_result(fresh_executor: Callable[..., ScalerExecutor], tmp_path: Path) -> None:
@@ -60,7 +76,7 @@ def test_an_argument_is_freed_after_the_result(fresh_executor: Callable[..., Sca
     def run(gate: str, note: str) -> object:
         return ex.submit(takes, Finalized(gate, note, os.getpid())).result(timeout=WAIT / 2)
 
-    assert freed_after_the_result(tmp_path, run) == "after the result"
+    assert freed_after_the_result(tmp_path, run) == ["after the result"]
 
 
 def test_a_value_is_freed_after_the_result(fresh_executor: Callable[..., ScalerExecutor], tmp_path: Path) -> None:
@@ -69,7 +85,7 @@ def test_a_value_is_freed_after_the_result(fresh_executor: Callable[..., ScalerE
     def run(gate: str, note: str) -> object:
         return ex.submit(makes, gate, note, os.getpid()).result(timeout=WAIT / 2)
 
-    assert freed_after_the_result(tmp_path, run) == "after the result"
+    assert freed_after_the_result(tmp_path, run) == ["after the result"]
 
 
 def test_a_map_chunk_is_freed_after_its_results(fresh_executor: Callable[..., ScalerExecutor], tmp_path: Path) -> None:
@@ -79,9 +95,4 @@ def test_a_map_chunk_is_freed_after_its_results(fresh_executor: Callable[..., Sc
         values = [Finalized(gate, note + str(i), os.getpid()) for i in range(3)]
         return list(ex.map(takes, values, chunksize=3, timeout=WAIT / 2))
 
-    gate, note = str(tmp_path / "result-came"), str(tmp_path / "note")
-    run(gate, note)
-    Path(gate).touch()
-    notes = [Path(note + str(i)) for i in range(3)]
-    assert wait_until(lambda: all(p.exists() for p in notes), WAIT), "the chunk's items were never freed"
-    assert [p.read_text() for p in notes] == ["after the result"] * 3
+    assert freed_after_the_result(tmp_path, run, count=3) == ["after the result"] * 3
