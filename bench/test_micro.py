@@ -33,13 +33,13 @@ from typing import Any
 import cloudpickle
 import pytest
 
+from scaler_executor._compat import python_version
 from scaler_executor._version import __version__
 from scaler_executor.client.serialization import dumps_args
 from scaler_executor.config import ClusterConfig
-from scaler_executor.protocol import codec
+from scaler_executor.protocol import codec, reply
 from scaler_executor.protocol import messages as m
-from scaler_executor.protocol import reply
-from scaler_executor.scheduler.core import Received, Scheduler, Send, python_version, refusal_for
+from scaler_executor.scheduler.core import Received, Scheduler, Send, refusal_for
 
 BATCH = 100
 CLIENT = b"\x00bench-client"

@@ -7,7 +7,7 @@
     Hello(role=monitor) ───────────────►    welcomed as a monitor (a monitor key where
                         ◄──── Welcome       security is on: scaler-keys issue --role monitor)
     snapshot(): StatsRequest ──────────►    one snapshot shared by all monitors, built at most
-                        ◄────── Stats       every MONITOR_SNAPSHOT_SECONDS (scheduler/core.py)
+                        ◄────── Stats       every MONITOR_SNAPSHOT_SECONDS (scheduler/core_events.py)
     history(): HistoryRequest ─────────►    one history shared by all monitors, built at most
                         ◄──── History       every MONITOR_HISTORY_SECONDS
 

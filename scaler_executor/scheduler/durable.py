@@ -60,7 +60,6 @@ from scaler_executor.protocol.codec import DecodeError, _record
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS, Role, Status
 from scaler_executor.protocol.rejoin import JOURNAL_FULL, NOT_RESUMABLE, UNKNOWN_PEER
 from scaler_executor.scheduler.core import (
-    NONE,
     Command,
     PeerUnreachable,
     Received,
@@ -68,6 +67,7 @@ from scaler_executor.scheduler.core import (
     Send,
     Tick,
 )
+from scaler_executor.scheduler.core_events import NONE
 from scaler_executor.scheduler.journal_format import JournalRecordInvalid
 from scaler_executor.scheduler.reconcile import client_report, worker_report
 from scaler_executor.scheduler.state import (

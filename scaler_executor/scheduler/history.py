@@ -36,7 +36,7 @@ from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.runlog import unpack
 
 if TYPE_CHECKING:
-    from scaler_executor.scheduler.core import Scheduler
+    from scaler_executor.scheduler.core_base import CoreBase
 
 __all__ = ["BUCKET_SECONDS", "MAX_BUCKETS", "RUNS", "History", "history_message"]
 
@@ -173,7 +173,7 @@ class History:
         return len(self._buckets)
 
 
-def history_message(core: Scheduler) -> m.History:
+def history_message(core: CoreBase) -> m.History:
     """The daemon's history as it travels (built only on request)."""
     history = core.history
     runs = [m.TaskRun(*run) for run in history.runs]

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status
-from scaler_executor.scheduler.core import CANCEL_ANSWER, CANCEL_FORCE, NO_CLIENT, _pack_lost
+from scaler_executor.scheduler.core_events import CANCEL_ANSWER, CANCEL_FORCE, NO_CLIENT, _pack_lost
 from scaler_executor.scheduler.state import AT_WORKER_STATES, QUEUED_STATES, TaskState, WorkerRecord
 
 if TYPE_CHECKING:

@@ -34,7 +34,7 @@ from scaler_executor.protocol.messages import Status
 from scaler_executor.protocol.runlog import DURATION_BOUNDS  # the workers count run times into it
 
 if TYPE_CHECKING:
-    from scaler_executor.scheduler.core import Scheduler
+    from scaler_executor.scheduler.core_base import CoreBase
 
 __all__ = [
     "DURATION_BOUNDS",
@@ -157,7 +157,7 @@ def _failure_text(status: int, payload: bytes) -> tuple[str, str]:
     return STATUS_NAMES.get(status, f"status {status}"), ""
 
 
-def stats_message(core: Scheduler) -> m.Stats:
+def stats_message(core: CoreBase) -> m.Stats:
     """The snapshot of ``core``'s state, as it travels (built only on request)."""
     now = core._now
     recorder = core.recorder

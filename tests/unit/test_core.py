@@ -24,7 +24,6 @@ from scaler_executor.protocol.codec import decode, encode
 from scaler_executor.protocol.messages import TASK_ID_BITS, Status, TaskFlags
 from scaler_executor.protocol.rejoin import is_unknown_peer
 from scaler_executor.scheduler.core import (
-    NOTICE_DELAY,
     PeerUnreachable,
     Received,
     Scheduler,
@@ -33,6 +32,7 @@ from scaler_executor.scheduler.core import (
     Wake,
     WorkerExited,
 )
+from scaler_executor.scheduler.core_events import NOTICE_DELAY
 from scaler_executor.scheduler.state import TaskState
 
 INTERVAL = 1.0

@@ -173,7 +173,7 @@ def test_the_core_records_runs_memory_and_workers_and_answers_clients(tmp_path: 
 
 
 def test_monitors_share_one_history_rebuilt_at_most_every_interval() -> None:
-    from scaler_executor.scheduler.core import MONITOR_HISTORY_SECONDS
+    from scaler_executor.scheduler.core_events import MONITOR_HISTORY_SECONDS
 
     cluster = Cluster()
     cluster.tick()

@@ -267,7 +267,7 @@ def test_a_rejected_task_is_a_failure_event(cluster: Cluster) -> None:
 
 
 def test_monitors_share_one_snapshot_built_at_most_every_interval(cluster: Cluster) -> None:
-    from scaler_executor.scheduler.core import MONITOR_SNAPSHOT_SECONDS
+    from scaler_executor.scheduler.core_events import MONITOR_SNAPSHOT_SECONDS
 
     cid, fn = client_with_function(cluster)
     cluster.worker(b"w1")
