@@ -89,7 +89,7 @@ from scaler_executor.protocol import channel, codec
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.rejoin import idle_heartbeat, is_unknown_peer
 from scaler_executor.scheduler import turns
-from scaler_executor.worker.agent import RESULT_BATCH, RESULT_LINGER
+from scaler_executor.worker.agent_base import RESULT_BATCH, RESULT_LINGER
 
 HARNESS_BOUND = 0.85  # share of a phase's wall time on a CPU above which the harness limited it
 _STAMP = struct.Struct("<d")

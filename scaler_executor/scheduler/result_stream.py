@@ -48,7 +48,7 @@ from scaler_executor.protocol import messages as m
 # the window must cover a turn of the client's credit (and, with CURVE, the daemon's I/O
 # thread encrypting toward the client more slowly than it decrypts from the worker).
 WINDOW_PARTS = 16
-CHUNK_BYTES = m.OBJECT_CHUNK_BYTES  # the worker agent's chunks (worker/agent.py _offload)
+CHUNK_BYTES = m.OBJECT_CHUNK_BYTES  # the worker agent's chunks (worker/agent_daemon.py _offload)
 
 
 class Ended(NamedTuple):

@@ -134,7 +134,7 @@ def test_processors_forked_after_the_worker_idled_start_with_the_nested_client_i
     ZYGOTE_WARM_IDLE, never while tasks run; processors forked later start with it."""
     import time
 
-    from scaler_executor.worker.agent import ZYGOTE_WARM_IDLE
+    from scaler_executor.worker.agent_base import ZYGOTE_WARM_IDLE
 
     def nested_client_imported() -> tuple[bool, int]:
         # Nested, so pickled by value: unpickling it imports no test module (this one
