@@ -39,7 +39,8 @@ from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import TASK_ID_BITS, Status, TaskFlags
 from scaler_executor.scheduler.core import Received, Send, Tick
-from scaler_executor.scheduler.durable import DurableScheduler, JournalWrite
+from scaler_executor.scheduler.durable import DurableScheduler
+from scaler_executor.scheduler.durable_records import JournalWrite
 from scaler_executor.scheduler.journal import open_journal
 from scaler_executor.scheduler.loop import journal_version
 

@@ -13,19 +13,13 @@ from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Role
 from scaler_executor.protocol.rejoin import idle_heartbeat
 from scaler_executor.protocol.runlog import MAX_REPORT_RUNS
-from scaler_executor.scheduler.core_events import (
-    MAX_REFUSAL_KEYS,
-    REFUSAL_LOG_SECONDS,
-    Command,
-)
+from scaler_executor.scheduler.core_events import MAX_REFUSAL_KEYS, REFUSAL_LOG_SECONDS, Command
 from scaler_executor.scheduler.deadlines import DeadlineQueue
 from scaler_executor.scheduler.history import History
 from scaler_executor.scheduler.managers import ManagerController
 from scaler_executor.scheduler.no_worker import NoWorkerWatch
 from scaler_executor.scheduler.placement import Placement
-from scaler_executor.scheduler.policies import (
-    LeastLoaded,
-)
+from scaler_executor.scheduler.policies import LeastLoaded
 from scaler_executor.scheduler.result_stream import ResultStreams
 from scaler_executor.scheduler.state import (
     ClientRecord,

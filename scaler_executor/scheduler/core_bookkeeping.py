@@ -16,11 +16,7 @@ from scaler_executor.scheduler.core_events import (
     Send,
 )
 from scaler_executor.scheduler.core_objects import ObjectController
-from scaler_executor.scheduler.state import (
-    ReadyQueue,
-    TaskRecord,
-    TaskState,
-)
+from scaler_executor.scheduler.state import ReadyQueue, TaskRecord, TaskState
 from scaler_executor.scheduler.stats import stats_message
 
 log = logging.getLogger("scaler_executor.daemon")

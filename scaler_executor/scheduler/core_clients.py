@@ -10,18 +10,9 @@ from typing import Any
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS as DEFAULT
 from scaler_executor.protocol.messages import TaskFlags
-from scaler_executor.scheduler.core_events import (
-    CLIENT_FLAGS,
-    ID_MASK,
-    NO_CLIENT,
-    NONE,
-)
+from scaler_executor.scheduler.core_events import CLIENT_FLAGS, ID_MASK, NO_CLIENT, NONE
 from scaler_executor.scheduler.core_workers import WorkerController
-from scaler_executor.scheduler.state import (
-    ClientRecord,
-    TaskRecord,
-    constraint_key,
-)
+from scaler_executor.scheduler.state import ClientRecord, TaskRecord, constraint_key
 
 log = logging.getLogger("scaler_executor.daemon")
 

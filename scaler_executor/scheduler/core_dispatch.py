@@ -10,23 +10,10 @@ from collections.abc import Iterable
 
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status, TaskFlags
-from scaler_executor.scheduler.core_events import (
-    CANCEL_ANSWER,
-    CANCEL_FORCE,
-    _dep_value,
-)
+from scaler_executor.scheduler.core_events import CANCEL_ANSWER, CANCEL_FORCE, _dep_value
 from scaler_executor.scheduler.core_graphs import GraphController
-from scaler_executor.scheduler.policies import (
-    LeastLoaded,
-    WorkerSlot,
-    prefetch_window,
-)
-from scaler_executor.scheduler.state import (
-    ConstraintKey,
-    TaskRecord,
-    WorkerRecord,
-    describe_key,
-)
+from scaler_executor.scheduler.policies import LeastLoaded, WorkerSlot, prefetch_window
+from scaler_executor.scheduler.state import ConstraintKey, TaskRecord, WorkerRecord, describe_key
 
 log = logging.getLogger("scaler_executor.daemon")
 

@@ -18,9 +18,7 @@ from scaler_executor.protocol.messages import Role, Status, TaskFlags
 from scaler_executor.scheduler.managers import AdmitKeys, WithdrawKeys
 from scaler_executor.scheduler.object_stream import CreditObjects, EndObjectSends
 from scaler_executor.scheduler.result_stream import AbortPartial, ForwardStored
-from scaler_executor.scheduler.state import (
-    TaskRecord,
-)
+from scaler_executor.scheduler.state import TaskRecord
 
 log = logging.getLogger("scaler_executor.daemon")
 

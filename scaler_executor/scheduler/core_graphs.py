@@ -9,11 +9,7 @@ import logging
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status, TaskFlags
 from scaler_executor.scheduler.core_bookkeeping import Bookkeeping
-from scaler_executor.scheduler.core_events import (
-    CANCEL_ANSWER,
-    CANCEL_FORCE,
-    _packb,
-)
+from scaler_executor.scheduler.core_events import CANCEL_ANSWER, CANCEL_FORCE, _packb
 from scaler_executor.scheduler.state import (
     AT_WORKER_STATES,
     QUEUED_STATES,

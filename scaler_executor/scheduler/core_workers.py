@@ -19,11 +19,7 @@ from scaler_executor.scheduler.core_events import (
     _pack_lost,
 )
 from scaler_executor.scheduler.result_stream import AbortPartial
-from scaler_executor.scheduler.state import (
-    TaskRecord,
-    TaskState,
-    WorkerRecord,
-)
+from scaler_executor.scheduler.state import TaskRecord, TaskState, WorkerRecord
 
 log = logging.getLogger("scaler_executor.daemon")
 

@@ -46,29 +46,32 @@ import dataclasses
 import hmac
 import logging
 import os
-import struct
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, NamedTuple
-
-import msgpack
+from typing import Any
 
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import messages as m
-from scaler_executor.protocol.codec import DecodeError, _record
 from scaler_executor.protocol.messages import DEFAULT_OPTIONS, Role, Status
 from scaler_executor.protocol.rejoin import JOURNAL_FULL, NOT_RESUMABLE, UNKNOWN_PEER
-from scaler_executor.scheduler.core import (
-    Command,
-    PeerUnreachable,
-    Received,
-    Scheduler,
-    Send,
-    Tick,
+from scaler_executor.scheduler import durable_restore
+from scaler_executor.scheduler.core import Command, PeerUnreachable, Received, Scheduler, Send, Tick
+from scaler_executor.scheduler.durable_records import (
+    _DISPATCH,
+    _KEY,
+    KEPT,
+    LOGICAL,
+    NEXT_PEER,
+    ON_LANE,
+    STORE,
+    Entries,
+    JournalWrite,
+    Ledger,
+    SendNow,
+    SweepStore,
+    _key,
+    _pack,
+    logical,
 )
-from scaler_executor.scheduler.core_events import NONE
-from scaler_executor.scheduler.journal_format import JournalRecordInvalid
 from scaler_executor.scheduler.reconcile import client_report, worker_report
 from scaler_executor.scheduler.state import (
     AT_WORKER_STATES,
@@ -76,146 +79,9 @@ from scaler_executor.scheduler.state import (
     TaskRecord,
     TaskState,
     WorkerRecord,
-    constraint_key,
 )
 
 log = logging.getLogger("scaler_executor.daemon")
-
-LOGICAL = b"\xffP"  # a journaled peer's id in the core; no transport identity starts so
-NEXT_PEER = b"n"
-ON_LANE = m.TaskFlags.ON_LANE
-STORE = b"s"  # the host's store region: kept by a restarted daemon (scheduler/objects.py)
-
-Entries = list[tuple[bytes, bytes | None]]
-MAX_PEER_ID = 1 << (64 - m.TASK_ID_BITS)  # a client's id prefixes its 64-bit task ids
-MAX_HOLDS = 1 << 24  # holds of one object by one client: more is a garbled record
-
-
-@dataclass(frozen=True, slots=True)
-class SendNow:
-    """Send at once, even while the loop holds the turns its journal could not write yet
-    (the refusals of submissions while the journal is full: they change no journaled state)."""
-
-    peer: bytes
-    messages: list[Any]
-
-
-@dataclass(frozen=True, slots=True)
-class SweepStore:
-    """Every peer the journal knew has reported or is gone: delete the objects the adopted
-    store region held at the restart that nobody holds (HostStore.sweep)."""
-
-
-@dataclass(frozen=True, slots=True)
-class JournalWrite:
-    """Write these entries to the journal before executing the turn's other commands."""
-
-    entries: Entries
-
-
-def logical(peer_id: int) -> bytes:
-    return LOGICAL + peer_id.to_bytes(8, "big")
-
-
-def _key(kind: bytes, number: int) -> bytes:
-    return _KEY(kind, number)
-
-
-_KEY = struct.Struct(">cQ").pack
-_DISPATCH = struct.Struct(">QI").pack  # a dispatch: the worker's peer id (8 bytes) and the attempt (4)
-
-
-def _pack(value: Any) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)
-
-
-def _unpack(data: bytes) -> Any:
-    return msgpack.unpackb(data, raw=False, strict_map_key=False)
-
-
-KEPT = "kept"  # first field of a ``t`` record that holds the task's result, not the task
-
-
-# The shapes of the records' values, checked at restore (the codec's validators): a record
-# the files hold intact but whose value makes no sense is refused, naming its key
-# (JournalRecordInvalid), never a crash inside restore or a core in a state it never had.
-class _Client(NamedTuple):
-    name: str
-    host: str
-    reply_to: str
-    authkey_file: str
-    token: bytes
-
-
-class _Worker(NamedTuple):
-    name: str
-    capacity: int
-    resources: dict[str, float]
-    tags: list[str]
-    pid: int
-    host: str
-    token: bytes
-
-
-class _Task(NamedTuple):
-    fn_id: int
-    flags: int
-    payload: bytes
-    deps: list[int]
-    objects: list[bytes]
-    parent: int
-    options: m.TaskOptions | None
-    attempt: int
-    failures: list[str] | None  # one line per failed attempt
-    dispatch: bytes  # b"", or the worker's id (8 bytes) and the attempt (4)
-
-
-class _Kept(NamedTuple):
-    kept: str
-    result: m.TaskResult
-
-
-class _Finished(NamedTuple):
-    result: bytes  # (a finished task holds its result for its dependents)
-    objects: list[bytes]
-
-
-_SHAPES: dict[type, Callable[[Any], Any]] = {}
-
-
-def _fields(key: bytes, value: bytes) -> Any:
-    try:
-        return _unpack(value)
-    except (ValueError, TypeError, msgpack.exceptions.UnpackException) as exc:  # (a list as a map key: TypeError)
-        raise JournalRecordInvalid(key, f"its value is not msgpack ({type(exc).__name__}: {exc})") from None
-
-
-def _load(key: bytes, value: bytes, shape: type, fields: Any = None) -> Any:
-    """The record's value as ``shape``, or JournalRecordInvalid naming ``key``."""
-    check = _SHAPES.get(shape) or _SHAPES.setdefault(shape, _record(shape))
-    try:
-        return check(_fields(key, value) if fields is None else fields)
-    except DecodeError as exc:
-        raise JournalRecordInvalid(key, f"its value is not a {shape.__name__.strip('_').lower()} record: {exc}") from None
-
-
-def _number(key: bytes, value: bytes) -> int:
-    if len(value) != 8:
-        raise JournalRecordInvalid(key, f"its value is {len(value)} bytes, not an 8-byte number")
-    return int.from_bytes(value, "big")
-
-
-class Ledger:
-    """A client's results sent and not yet acknowledged: kept (and journaled, ``k``) until its
-    ResultsAck counts the TaskResults message that carried them."""
-
-    __slots__ = ("batches", "client_id", "kept", "seq")
-
-    def __init__(self, client_id: int) -> None:
-        self.client_id = client_id
-        self.kept: dict[int, m.TaskResult] = {}
-        self.batches: deque[tuple[int, list[int]]] = deque()  # (seq, task ids) of messages sent
-        self.seq = 0  # TaskResults messages sent since the client's last Welcome
 
 
 class DurableScheduler(Scheduler):
@@ -730,192 +596,7 @@ class DurableScheduler(Scheduler):
     def restore(self, live: dict[bytes, bytes], now: float) -> None:
         """Rebuild from a journal's live map (first-insertion order); the daemon then recovers
         for ``restart_grace`` seconds.  Records that refer to what is gone are deleted."""
-        self._now = now
-        self.restored = True
-        grace_end = now + self.grace
-        garbage: list[bytes] = []
-        holds: list[tuple[bytes, bytes]] = []
-        by_kind: dict[bytes, list[tuple[int, bytes]]] = {}
-        for key, value in live.items():
-            if key == NEXT_PEER:
-                number = _number(key, value)
-                if not 0 < number < MAX_PEER_ID:
-                    raise JournalRecordInvalid(key, f"next peer id {number} out of range")
-                self._next_peer_id = max(self._next_peer_id, number)
-            elif key == STORE:
-                try:
-                    self._sweep = self.object_store == value.decode()  # the loop kept that region
-                except UnicodeDecodeError:
-                    raise JournalRecordInvalid(key, "its value is not a store region's name") from None
-            elif key[:1] == b"o" and len(key) >= 9:  # (an object id may be empty)
-                holds.append((key, value))
-            elif len(key) == 9 and key[:1] in b"cwftdrk":
-                number = int.from_bytes(key[1:], "big")
-                if key[:1] in b"cw" and not 0 < number < MAX_PEER_ID:
-                    raise JournalRecordInvalid(key, f"peer id {number} out of range")
-                by_kind.setdefault(key[:1], []).append((number, value))
-            else:
-                raise JournalRecordInvalid(key, "an unknown key: not a journal of this version")
-        liveness = self.config.heartbeat_interval * self.config.heartbeat_liveness
-        for peer_id, value in by_kind.get(b"c", []):
-            name, host, reply_to, authkey_file, token = _load(_key(b"c", peer_id), value, _Client)
-            peer = logical(peer_id)
-            self.clients[peer] = ClientRecord(peer, peer_id, name, grace_end, host=host, reply_to=reply_to, authkey_file=authkey_file)
-            self._tokens[peer] = token
-            self._ledgers[peer] = Ledger(peer_id)
-            self.absent.add(peer)
-            self._liveness.add(peer, grace_end + max(liveness, self.config.client_timeout))
-            self._next_peer_id = max(self._next_peer_id, peer_id + 1)
-        for peer_id, value in by_kind.get(b"w", []):
-            name, capacity, resources, tags, pid, host, token = _load(_key(b"w", peer_id), value, _Worker)
-            if capacity < 1 or any(not 0.0 <= q < float("inf") for q in resources.values()):
-                raise JournalRecordInvalid(_key(b"w", peer_id), f"capacity {capacity} or resources {resources!r} out of range")
-            peer = logical(peer_id)
-            self.workers[peer] = WorkerRecord(
-                peer, peer_id, name, capacity, resources, frozenset(tags), grace_end, pid=pid, host=host,
-                idle_since=now, draining=True,
-            )
-            self.placement.add(self.workers[peer])  # held back (draining) until its report
-            self._tokens[peer] = token
-            self._results_in[peer] = 0
-            self.absent.add(peer)
-            self._held_back.add(peer)
-            self._liveness.add(peer, grace_end + liveness)
-            self._next_peer_id = max(self._next_peer_id, peer_id + 1)
-        for key, value in holds:
-            peer = LOGICAL + key[1:9]
-            client = self.clients.get(peer)
-            if client is None:
-                garbage.append(key)
-                continue
-            object_id, count = key[9:], _number(key, value)
-            if not 0 < count <= MAX_HOLDS:
-                raise JournalRecordInvalid(key, f"a hold count of {count} (a hold that ended is deleted)")
-            client.objects[object_id] = count
-            self.object_holds[object_id] = self.object_holds.get(object_id, 0) + count
-            self._jo[(peer, object_id)] = count
-        for fn_id, value in by_kind.get(b"f", []):
-            client = self.clients.get(logical(fn_id >> m.TASK_ID_BITS))
-            if client is None:
-                garbage.append(_key(b"f", fn_id))
-                continue
-            self.functions[fn_id] = value
-            client.functions.add(fn_id)
-        dispatched = dict(by_kind.get(b"d", []))
-        finished = dict(by_kind.get(b"r", []))
-        for task_id, value in by_kind.get(b"t", []):
-            self._restore_task(task_id, value, dispatched, finished, garbage)
-        for task_id in list(self._jr):  # a result kept for no dependent (a garbled record's): forgotten
-            task = self.tasks[task_id]
-            if task.holds <= 0:
-                self._maybe_release(task)
-        for task_id in dispatched:
-            if task_id not in self._dkeys:
-                garbage.append(_key(b"d", task_id))
-        for task_id in finished:
-            if task_id not in self._jr:
-                garbage.append(_key(b"r", task_id))
-        for task_id, value in by_kind.get(b"k", []):
-            ledger = self._ledgers.get(logical(task_id >> m.TASK_ID_BITS))
-            if ledger is None:
-                garbage.append(_key(b"k", task_id))
-                continue
-            kept = _load(_key(b"k", task_id), value, m.TaskResult)
-            if kept.task_id != task_id:
-                raise JournalRecordInvalid(_key(b"k", task_id), f"it holds the result of task {kept.task_id:#x}")
-            ledger.kept[task_id] = kept
-            self._kkey[task_id] = b"k"
-        self._entries.extend((key, None) for key in garbage)
-        if any(True for _ in self.workers):
-            self.recovering_until = grace_end
-        log.info(
-            "daemon: restored %d clients, %d workers, %d tasks (%d at workers, %d maybe at workers: unclaimed until they "
-            "report), %d results to deliver from the journal; waiting up to %g s for them (restart_grace)",
-            len(self.clients), len(self.workers), len(self.tasks), sum(len(w.inflight) for w in self.workers.values()),
-            len(self.unclaimed),
-            sum(len(ledger.kept) for ledger in self._ledgers.values()), self.grace,
-        )
-
-    def _restore_task(
-        self, task_id: int, value: bytes, dispatched: dict[int, bytes], finished: dict[int, bytes], garbage: list[bytes]
-    ) -> None:
-        tkey = _key(b"t", task_id)
-        peer = logical(task_id >> m.TASK_ID_BITS)
-        client = self.clients.get(peer)
-        fields = _fields(tkey, value)
-        if type(fields) is list and fields and fields[0] == KEPT:  # the task ended; its result waits for its client's acknowledgement
-            kept = _load(tkey, value, _Kept, fields).result
-            if kept.task_id != task_id:
-                raise JournalRecordInvalid(tkey, f"it holds the result of task {kept.task_id:#x}")
-            if client is None:
-                garbage.append(tkey)
-            else:
-                self._ledgers[peer].kept[task_id] = kept
-                self._kkey[task_id] = b"t"
-            return
-        fn_id, flags, payload, deps, objects, parent, options, attempt, failures, in_t = _load(tkey, value, _Task, fields)
-        if not 0 <= attempt < 1 << 32 or len(in_t) not in (0, 12) or flags & m.TaskFlags.ON_LANE:
-            raise JournalRecordInvalid(tkey, f"attempt {attempt}, flags {flags:#x} or dispatch {in_t!r} impossible")
-        if client is None or (fn_id and fn_id not in self.functions):
-            garbage.append(_key(b"t", task_id))
-            return
-        task_options = DEFAULT_OPTIONS if options is None else options
-        task = TaskRecord(
-            task_id, peer, fn_id, task_options, flags, payload, objects or NONE, deps or NONE, parent, self.state_counts
-        )
-        task.attempt = attempt
-        task.failures = failures
-        self.tasks[task_id] = task
-        client.tasks.add(task_id)
-        self._jt[task_id] = attempt
-        if objects:
-            self._hold(objects)
-        if fn_id:
-            self.function_refs[fn_id] = self.function_refs.get(fn_id, 0) + 1
-        kept = finished.get(task_id)
-        if kept is not None:  # done, its result kept for dependents
-            result, result_objects = _load(_key(b"r", task_id), kept, _Finished)
-            task.deps_released = True
-            task.set_state(TaskState.FINISHED)
-            task.result = result
-            if result_objects:
-                task.result_objects = result_objects
-                self._hold(result_objects)
-            self._jr.add(task_id)
-            return
-        if task.deps and not self._link(task):
-            self._dirty.add(task_id)  # waiting, or answered (a dependency is gone): rewritten at the turn's end
-            return
-        key = constraint_key(task_options.resources, task_options.tags) if task_options is not DEFAULT_OPTIONS else None
-        task.queue_key = key
-        record = dispatched.get(task_id) or in_t
-        if len(record) not in (0, 12):
-            raise JournalRecordInvalid(_key(b"d", task_id), f"its value is {len(record)} bytes, not a worker id and attempt (12)")
-        if record:
-            worker = self.workers.get(logical(int.from_bytes(record[:8], "big")))
-            if worker is not None and int.from_bytes(record[8:], "big") == attempt:
-                task.transition("dispatch")
-                task.worker = worker.peer
-                worker.inflight[task_id] = None
-                if key is not None:
-                    for name, quantity in key[0]:
-                        worker.used[name] = worker.used.get(name, 0.0) + quantity
-                self._jd[task_id] = record
-                if task_id in dispatched:
-                    self._dkeys.add(task_id)
-                return
-        if self.workers and not self._at_most_once(task):
-            # No dispatch journaled (none is, in a later turn, for a task with retries left),
-            # or one naming a worker gone: it may be at a worker that has not reported yet
-            # (queued, running, or its result kept).  Until one claims it or the recovery
-            # ends it goes nowhere else: sent elsewhere, it would be cancelled there as a
-            # stray and run twice.  (Released, it gets a new attempt: its ``t`` is rewritten.)
-            task.set_state(TaskState.UNCLAIMED)
-            self.unclaimed[task_id] = None
-            return
-        task.queued_at = self._now
-        self._queue(task)
-        self._dirty.add(task_id)
+        durable_restore.restore(self, live, now)
 
     def _at_most_once(self, task: TaskRecord) -> bool:
         """May this task run at most once (``max_retries=0``)?  Only such tasks' dispatches

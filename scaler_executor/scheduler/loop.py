@@ -59,7 +59,7 @@ from scaler_executor.scheduler.core import (
     Wake,
     WorkerExited,
 )
-from scaler_executor.scheduler.durable import JournalWrite, SweepStore
+from scaler_executor.scheduler.durable_records import JournalWrite, SweepStore
 from scaler_executor.scheduler.managers import AdmitKeys, WithdrawKeys
 from scaler_executor.scheduler.object_stream import CreditObjects, EndObjectSends, Finish, Outbound
 from scaler_executor.scheduler.result_stream import AbortPartial, ForwardStored
@@ -557,7 +557,7 @@ class Daemon:
         a daemon killed at any point never said what its journal does not hold.  A full disk
         (JournalFull) holds the turn, and every later one, until a write succeeds (retried
         every turn); meanwhile the core refuses new submissions (sent at once: SendNow)."""
-        from scaler_executor.scheduler.durable import SendNow
+        from scaler_executor.scheduler.durable_records import SendNow
         from scaler_executor.scheduler.journal import JournalFull
 
         now_sends = [c for c in commands if type(c) is SendNow]

@@ -32,7 +32,8 @@ from scaler_executor.protocol.codec import decode, encode
 from scaler_executor.protocol.messages import TASK_ID_BITS, Status, TaskFlags
 from scaler_executor.protocol.rejoin import is_unknown_peer
 from scaler_executor.scheduler.core import DeleteObjects, Received, Send, Tick
-from scaler_executor.scheduler.durable import DurableScheduler, JournalWrite
+from scaler_executor.scheduler.durable import DurableScheduler
+from scaler_executor.scheduler.durable_records import JournalWrite
 from scaler_executor.scheduler.state import TaskState
 
 CONFIG = ClusterConfig(

@@ -48,7 +48,8 @@ from test_core_fuzz import (
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.codec import decode, encode
 from scaler_executor.scheduler.core import PeerUnreachable, Received, Send, Tick
-from scaler_executor.scheduler.durable import LOGICAL, DurableScheduler, JournalWrite
+from scaler_executor.scheduler.durable import DurableScheduler
+from scaler_executor.scheduler.durable_records import LOGICAL, JournalWrite
 from scaler_executor.scheduler.journal import JournalError, JournalRecordInvalid
 
 EXAMPLES = int(os.environ.get("SCALER_DURABLE_FUZZ_EXAMPLES", "50"))
