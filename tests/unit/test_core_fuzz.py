@@ -25,7 +25,7 @@ import pytest
 from core_testing import CommandsCluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_core import CONFIG, hello, result, spec, tid
+from core_testing import CONFIG, hello, result, spec, tid
 
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.codec import VERSION_FRAME, DecodeError, decode, encode

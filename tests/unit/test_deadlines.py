@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from test_core import DEADLINE, INTERVAL, Cluster, hello
+from core_testing import DEADLINE, INTERVAL, Cluster, hello
 
 from scaler_executor.protocol import messages as m
 from scaler_executor.scheduler.deadlines import DeadlineQueue

@@ -33,7 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from journal_testing import live_after
-from test_core import CONFIG, hello, spec, tid
+from core_testing import CONFIG, hello, spec, tid
 from test_core_fuzz import (
     _BYTES,
     _INTS,

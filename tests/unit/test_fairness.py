@@ -7,7 +7,7 @@ core's public ``handle`` with an injected clock, as in test_core.py.
 
 from __future__ import annotations
 
-from test_core import Cluster, hello, result, spec, tid
+from core_testing import Cluster, hello, result, spec, tid
 
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import TASK_ID_BITS

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from test_core import CONFIG, Cluster, client_with_function, hello, spec, tid
+from core_testing import CONFIG, Cluster, client_with_function, hello, spec, tid
 
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.codec import decode, encode

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from test_core import Cluster, hello, result
+from core_testing import Cluster, hello, result
 
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import messages as m

@@ -17,7 +17,7 @@ import socket
 from typing import Any
 
 import pytest
-from test_core import Cluster, hello, spec, tid
+from core_testing import Cluster, hello, spec, tid
 
 from scaler_executor.client import serialization as ser
 from scaler_executor.exceptions import ProxyUnavailable

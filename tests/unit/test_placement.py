@@ -3,7 +3,7 @@
 Up to 1,000 workers with random processors, resources (gpu 0-4, mem in GB to a tenth)
 and tags, a few thousand tasks with random needs (some plain, some that no worker can
 ever run) from several clients, driven through the core's public ``handle`` (the
-``Cluster`` helper of test_core.py: ``validate()`` and a codec round trip after every
+``Cluster`` helper of core_testing.py: ``validate()`` and a codec round trip after every
 step).  Workers return random subsets of what they hold, several workers per step; some
 leave (Goodbye, their tasks handed back or interrupted) and new ones join.
 
@@ -62,7 +62,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_core import Cluster, Out, hello, result
+from core_testing import Cluster, Out, hello, result
 
 from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import messages as m

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from core_testing import CommandsCluster
-from test_core import DEADLINE
+from core_testing import DEADLINE
 
 from scaler_executor.protocol import messages as m
 from scaler_executor.scheduler.core import AbortPuts, StoreChunk

@@ -8,7 +8,7 @@ import re
 from html.parser import HTMLParser
 from pathlib import Path
 
-from test_core import Cluster, client_with_function, spec, tid
+from core_testing import Cluster, client_with_function, spec, tid
 
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import Status
@@ -50,7 +50,7 @@ def _run() -> tuple[Cluster, m.History]:
 
 
 def _hello_fields() -> dict[str, object]:
-    from test_core import hello
+    from core_testing import hello
 
     return hello(m.Role.WORKER)._asdict()
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from core_testing import CommandsCluster
-from test_core import DEADLINE, spec, tid
+from core_testing import DEADLINE, spec, tid
 
 from scaler_executor.client.pushed import NOT_PUSHED, PushedResults
 from scaler_executor.config import ClusterConfig

@@ -5,7 +5,7 @@ and buckets stay bounded, and that it survives the wire as a monitor receives it
 from __future__ import annotations
 
 import pytest
-from test_core import DEADLINE, Cluster, client_with_function, hello, result, spec, tid
+from core_testing import DEADLINE, Cluster, client_with_function, hello, result, spec, tid
 
 from scaler_executor import Statistics
 from scaler_executor.protocol import messages as m

@@ -5,7 +5,7 @@ through the pure core with a fake clock, validate() after every step."""
 from __future__ import annotations
 
 import pytest
-from test_core import Cluster, hello, tid
+from core_testing import Cluster, hello, tid
 
 from scaler_executor.protocol import messages as m
 from scaler_executor.scheduler.core import Wake
