@@ -54,7 +54,6 @@ import tempfile
 import time
 from typing import Any
 
-from scaler_executor.config import ClusterConfig
 from scaler_executor.protocol import channel
 from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.chunks import Incoming
@@ -66,27 +65,14 @@ log = logging.getLogger("scaler_executor.worker")
 
 
 class WorkerAgent(Timers):
-    def __init__(
-        self,
-        config: ClusterConfig,
-        address: str,
-        *,
-        processors: int,
-        name: str | None = None,
-        initializer: bytes | None = None,
-        max_tasks_per_child: int | None = None,
-        lifeline_fd: int | None = None,
-        resources: dict[str, float] | None = None,
-        tags: list[str] | None = None,
-        memory_limit: int | None = None,
-        fetch_objects: bool = False,
-        security: Any = None,  # a security.client.ClientSecurity on a secured tcp:// daemon
-    ) -> None:
-        super().__init__(
-            config, address, processors=processors, name=name, initializer=initializer,
-            max_tasks_per_child=max_tasks_per_child, lifeline_fd=lifeline_fd, resources=resources,
-            tags=tags, memory_limit=memory_limit, fetch_objects=fetch_objects, security=security,
-        )  # fmt: skip
+    """A worker: its connection to the daemon and its processors (the module's docstring).
+
+    Built as ``AgentBase(config, address, processors=..., ...)`` says."""
+
+    def _join_layers(self) -> None:
+        """What the layers above the base provide, bound as the base's ``__init__`` ends: the
+        handlers of what the daemon sends, the fetched objects' callback; then the
+        processors are asked for."""
         # fetched objects that come in parts (protocol/chunks.py), written into memfds that
         # the processors map (worker/handoff.py)
         self.incoming = Incoming(

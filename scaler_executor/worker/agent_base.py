@@ -9,6 +9,7 @@ import os
 import socket
 import tempfile
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -53,11 +54,11 @@ def _error(text: str) -> bytes:
     return proc.dump_exception(RuntimeError(text))
 
 
-class AgentBase:
+class AgentBase(ABC):
     """The state every layer of the agent shares (``__init__``).  Not an agent alone:
     ``WorkerAgent`` completes it."""
 
-    # Made by WorkerAgent, from the methods of the layers above this one.
+    # Made by WorkerAgent._join_layers, from the methods of the layers above this one.
     incoming: Incoming  # fetched objects that come in parts
     _daemon_handlers: dict[type, Callable[[Any], None]]  # what the daemon sends, by type
 
@@ -177,6 +178,11 @@ class AgentBase:
         self.poller.register(self._signal_r)
         if lifeline_fd is not None:
             self.poller.register(lifeline_fd)
+        self._join_layers()
+
+    @abstractmethod
+    def _join_layers(self) -> None:
+        """Bind what the layers above provide (WorkerAgent)."""
 
     def _capture_dir(self) -> str:
         if not self.capture_dir:
