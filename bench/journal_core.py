@@ -43,9 +43,13 @@ from scaler_executor.protocol import messages as m
 from scaler_executor.protocol.messages import TASK_ID_BITS, Status, TaskFlags
 from scaler_executor.scheduler.core import Received, Scheduler, Send, Tick
 from scaler_executor.scheduler.durable import DurableScheduler
-from scaler_executor.scheduler.durable_records import JournalWrite
 from scaler_executor.scheduler.journal import open_journal
 from scaler_executor.scheduler.loop import journal_version
+
+try:
+    from scaler_executor.scheduler.durable_records import JournalWrite
+except ImportError:  # --before a checkout older than durable_records.py (its records were in durable.py)
+    from scaler_executor.scheduler.durable import JournalWrite
 
 
 def _hello(role: str, name: str, capacity: int = 0) -> m.Hello:
