@@ -67,19 +67,25 @@ class Dispatcher(GraphController):
         if type(self.policy) is LeastLoaded:
             # Its first choices without a pass over every open worker: the idle ones, in join
             # order, each filled to its processors (policies.py; placement.py, "Idle workers");
-            # the pass below is for the rest.
-            idle = placement.take_idle(self.ready.live)
-            for i, worker in enumerate(idle):
+            # the pass below is for the rest.  One at a time, only while tasks remain: a thin
+            # queue takes one worker off the heap per processors' worth of tasks, not one per
+            # task, and puts none back.
+            ready = self.ready
+            while ready.live:
+                worker = placement.next_idle()
+                if worker is None:
+                    break
+                given = 0
                 for _ in range(worker.capacity):
-                    task = self.ready.pop()
+                    task = ready.pop()
                     if task is None:
                         break
                     self._assign(worker, task, out)
-                if not self.ready.live:
-                    for unused in idle[i + 1:]:
-                        placement.put_back(unused)
-                    return
-            if not self.ready.live:
+                    given += 1
+                if not given:
+                    placement.put_back(worker)
+                    break
+            if not ready.live:
                 return
         workers, slots = [], []
         for w in placement.open_workers(self.workers):

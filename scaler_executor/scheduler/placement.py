@@ -19,11 +19,12 @@ number of such queues.  This module removes both factors:
   the open set is nearly every worker, and a pass over it cost O(workers) per turn, divided
   among few tasks.  The least-loaded policy's first choices are known without a pass: the
   idle workers (nothing in flight but seceded tasks, so load 0), in join order, each
-  filled to its processors (policies.py).  ``take_idle`` pops them from a heap by join order, filled by ``refresh`` with the
+  filled to its processors (policies.py).  ``next_idle`` pops them one at a time, while
+  tasks remain, from a heap by join order, filled by ``refresh`` with the
   workers that grew while idle; entries that went stale (the worker got tasks, left,
   drains) are dropped when popped.  The core gives them the first ready tasks and runs the
-  full pass only for what remains, so the placement is the policy's, at O(tasks · log
-  workers) a turn for a thin queue.
+  full pass only for what remains, so the placement is the policy's, at O(tasks /
+  processors · log workers) a turn for a thin queue.
 * **Stuck keys.**  When a pass over a key's fitting workers leaves tasks in its queue, no
   worker can take one more of them *now* (its tasks all need the same): the key is *stuck*
   and is not tried again until a worker that could ever run it may have room for more:
@@ -271,14 +272,13 @@ class Placement:
         found.sort(key=_joined)
         return found
 
-    def take_idle(self, n: int) -> list[WorkerRecord]:
-        """Up to ``n`` open workers with nothing in flight (seceded tasks aside) that may take
-        a task, in join order: the least-loaded policy's first choices for ``n`` tasks (each
-        is filled to its processors in turn, policies.py; the caller puts back the rest).
-        Taken off the heap: a worker the caller gives no task goes back by :meth:`put_back`."""
-        out: list[WorkerRecord] = []
+    def next_idle(self) -> WorkerRecord | None:
+        """The first-joined open worker with nothing in flight (seceded tasks aside) that may
+        take a task, or None: the least-loaded policy's next choice while workers are idle
+        (filled to its processors, policies.py).  Taken off the heap: a worker the caller
+        gives no task goes back by :meth:`put_back`."""
         idle, idle_in, open_ = self._idle, self._idle_in, self.open
-        while idle and len(out) < n:
+        while idle:
             entry = heapq.heappop(idle)
             idle_in.discard(entry)
             worker = open_.get(entry[1])
@@ -287,11 +287,11 @@ class Placement:
                 or worker.broken is not None or worker.draining or worker.capacity <= 0
             ):
                 continue  # stale: it grows again (and comes back here) when it may take one
-            out.append(worker)
-        return out
+            return worker
+        return None
 
     def put_back(self, worker: WorkerRecord) -> None:
-        """An idle worker :meth:`take_idle` gave out that got no task."""
+        """An idle worker :meth:`next_idle` gave out that got no task."""
         entry = (worker.worker_id, worker.peer)
         if entry not in self._idle_in:
             self._idle_in.add(entry)
