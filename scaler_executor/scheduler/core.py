@@ -108,6 +108,7 @@ __all__ = [
 
 log = logging.getLogger("scaler_executor.daemon")
 
+
 class Scheduler(ClientController):
     """The whole daemon state.  ``handle`` is the only entry point that changes it."""
 

@@ -206,9 +206,6 @@ def lose(cluster: Cluster, peer: bytes, how: str) -> Out:
     raise AssertionError(how)
 
 
-
-
-
 from scaler_executor.protocol import messages as m
 
 #: A client, a worker and a monitor: the roles that may, may also and may not send objects.

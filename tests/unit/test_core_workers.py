@@ -343,7 +343,6 @@ def test_lost_worker_with_a_cancelling_task(cluster: Cluster) -> None:
     assert not cluster.scheduler.workers[b"w2"].inflight
 
 
-
 def test_a_force_cancelled_task_whose_worker_is_lost_ends_its_dependents(cluster: Cluster) -> None:
     """Found by the core fuzz: the dependent waited on a task that was gone."""
     cid = cluster.client()
