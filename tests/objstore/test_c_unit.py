@@ -1,4 +1,5 @@
-"""The C unit tests (native/test_objstore.c), built and run under ASan and UBSan."""
+"""The C unit tests (native/test_objstore.c, test_objstore_commit.c, test_support.c), built
+and run under ASan and UBSan."""
 
 from __future__ import annotations
 
@@ -11,14 +12,8 @@ from pathlib import Path
 import pytest
 
 NATIVE = Path(__file__).resolve().parents[2] / "native"
-SOURCES = [
-    "test_objstore.c",
-    "objstore.c",
-    "os_alloc.c",
-    "os_journal.c",
-    "os_region.c",
-    "os_numpy.c",
-]
+LIBRARY = ["objstore.c", "os_alloc.c", "os_journal.c", "os_region.c", "os_numpy.c"]
+SOURCES = ["test_objstore.c", "test_objstore_commit.c", "test_support.c", *LIBRARY]
 SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:", "SUMMARY:")
 
 
@@ -81,7 +76,7 @@ def test_c_damaged_region_tests_under_sanitizers(
     """native/test_damage.c: a region whose layout, undo journal, block headers or index
     were damaged (what the fuzzer found, native/fuzz) is refused, never followed."""
     binary = tmp_path / "test_damage"
-    sources = ["test_damage.c", *SOURCES[1:]]
+    sources = ["test_damage.c", *LIBRARY]
     build = subprocess.run(
         [
             "gcc",
