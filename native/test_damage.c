@@ -5,7 +5,7 @@
  * stray write from another process that maps the region would.
  *
  * Built and run under ASan and UBSan by tests/objstore/test_c_unit.py, like
- * test_objstore.c. usage: test_damage NAME_PREFIX
+ * test_objstore.c, with the same helpers (test_support.c). usage: test_damage NAME_PREFIX
  * Every region it creates is named NAME_PREFIX-<n> and removed before it returns.
  */
 #define _GNU_SOURCE
@@ -16,46 +16,17 @@
 #include <string.h>
 
 #include "os_internal.h"
-
-static int failures = 0;
-static const char *prefix;
-static int name_counter = 0;
-
-#define CHECK(cond)                                                                   \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-            failures++;                                                               \
-        }                                                                             \
-    } while (0)
-
-#define CHECK_ST(expr, want)                                                          \
-    do {                                                                              \
-        objstore_status_t st_ = (expr);                                               \
-        if (st_ != (want)) {                                                          \
-            fprintf(stderr, "%s:%d: %s -> %s, want %s\n", __FILE__, __LINE__, #expr,  \
-                    objstore_status_name(st_), objstore_status_name(want));           \
-            failures++;                                                               \
-        }                                                                             \
-    } while (0)
+#include "test_support.h"
 
 static objstore_status_t validate(objstore_t *s, char *msg, size_t n) {
     return objstore_validate(s, msg, n);
 }
 
-static objstore_t *new_store(char *name, size_t n, uint64_t capacity) {
-    objstore_options_t o = {0};
-    o.capacity = capacity;
-    snprintf(name, n, "%s-%d", prefix, name_counter++);
-    objstore_t *s = NULL;
-    CHECK_ST(objstore_create_region(name, &o, &s), OBJSTORE_OK);
+/* A store whose lock waits are bounded: a damaged region must fail, never hang. */
+static objstore_t *new_damageable(char *name, size_t n, uint64_t capacity) {
+    objstore_t *s = new_store(name, n, capacity, 0);
     if (s != NULL) objstore_set_lock_timeout(s, 2000);
     return s;
-}
-
-static void drop_store(objstore_t *s) {
-    objstore_unlink(s);
-    objstore_close(s);
 }
 
 static void id_of(char id[OBJSTORE_ID_SIZE], unsigned k) {
@@ -68,7 +39,7 @@ static void id_of(char id[OBJSTORE_ID_SIZE], unsigned k) {
  * so a damaged header made it allocate 16 GiB; and attach trusted every table offset. */
 static void test_layout(void) {
     char name[128], msg[256];
-    objstore_t *s = new_store(name, sizeof name, 1 << 20), *t = NULL;
+    objstore_t *s = new_damageable(name, sizeof name, 1 << 20), *t = NULL;
     if (s == NULL) return;
     os_header_t *h = os_hdr(s);
     uint64_t keep = h->max_objects;
@@ -97,7 +68,7 @@ static void test_layout(void) {
  * refused whole (CORRUPT) and write nothing, while a genuine one still rolls back. */
 static void test_journal(void) {
     char name[128], msg[256], id[OBJSTORE_ID_SIZE];
-    objstore_t *s = new_store(name, sizeof name, 16u << 20);
+    objstore_t *s = new_damageable(name, sizeof name, 16u << 20);
     if (s == NULL) return;
     os_header_t *h = os_hdr(s);
     id_of(id, 1);
@@ -153,7 +124,7 @@ static void *seal_in_thread(void *arg) {
 static void test_dead_holder_journal(void) {
     char name[128], msg[256], id[OBJSTORE_ID_SIZE];
     for (int damaged = 0; damaged < 2; damaged++) {
-        objstore_t *s = new_store(name, sizeof name, 1 << 20);
+        objstore_t *s = new_damageable(name, sizeof name, 1 << 20);
         if (s == NULL) return;
         void *data;
         id_of(id, 9);
@@ -188,7 +159,7 @@ static void test_dead_holder_journal(void) {
  * not followed; lookups stop at an index outside the table. */
 static void test_heap_and_index(void) {
     char name[128], msg[256], id[OBJSTORE_ID_SIZE];
-    objstore_t *s = new_store(name, sizeof name, 16u << 20);
+    objstore_t *s = new_damageable(name, sizeof name, 16u << 20);
     if (s == NULL) return;
     os_header_t *h = os_hdr(s);
     id_of(id, 2);

@@ -1,6 +1,7 @@
 /*
  * test_support.h -- what the C unit tests of the object store share (test_objstore.c
- * and test_objstore_commit.c, built into one program by tests/objstore/test_c_unit.py).
+ * and test_objstore_commit.c, built into one program, and test_damage.c, by
+ * tests/objstore/test_c_unit.py).
  */
 #ifndef TEST_SUPPORT_H
 #define TEST_SUPPORT_H

@@ -76,7 +76,7 @@ def test_c_damaged_region_tests_under_sanitizers(
     """native/test_damage.c: a region whose layout, undo journal, block headers or index
     were damaged (what the fuzzer found, native/fuzz) is refused, never followed."""
     binary = tmp_path / "test_damage"
-    sources = ["test_damage.c", *LIBRARY]
+    sources = ["test_damage.c", "test_support.c", *LIBRARY]
     build = subprocess.run(
         [
             "gcc",
